@@ -1,0 +1,55 @@
+# maibot: `make run` (start it) and `make test` (the whole suite) are all a fresh machine needs.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8000
+PG_URL ?= postgres://postgres@127.0.0.1:5432/maibot
+REDIS_TEST_URL ?= redis://127.0.0.1:6379/1
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: run test test-sqlite test-postgres lint bench venv venv-dev venv-mm07 clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.runtime: requirements.txt | $(BIN)/python
+	$(BIN)/pip install -q -r requirements.txt
+	touch $@
+
+$(VENV)/.dev: requirements.txt requirements-dev.txt | $(BIN)/python
+	$(BIN)/pip install -q -r requirements.txt -r requirements-dev.txt
+	touch $(VENV)/.runtime $@
+
+venv: $(VENV)/.runtime
+venv-dev: $(VENV)/.dev
+
+# The maim_message 0.7.x (Socket.IO) client lives in its own environment: one environment cannot
+# hold both wire versions. Tests run it as a subprocess.
+venv-mm07: .venv-mm07/.installed
+.venv-mm07/.installed: tests/mm07/requirements.txt
+	test -x .venv-mm07/bin/python || $(PYTHON) -m venv .venv-mm07
+	.venv-mm07/bin/pip install -q -r tests/mm07/requirements.txt
+	touch $@
+
+run: venv
+	$(BIN)/python manage.py bootstrap
+	HOST=$(HOST) PORT=$(PORT) $(BIN)/python manage.py serve
+
+test: venv-dev venv-mm07
+	MAIBOT_DATA_DIR=$(CURDIR)/.test-data $(BIN)/python -m pytest
+
+# The same suite on PostgreSQL (and Redis for the channel layer and the task broker).
+test-postgres: venv-dev venv-mm07
+	MAIBOT_DATA_DIR=$(CURDIR)/.test-data-pg DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS_TEST_URL) $(BIN)/python -m pytest
+
+lint: venv-dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: venv-dev
+	$(BIN)/python bench/delivery.py
+
+clean:
+	rm -rf .test-data .test-data-pg

@@ -1,0 +1,10 @@
+from django.apps import AppConfig
+
+
+class ChatConfig(AppConfig):
+    name = "chat"
+    verbose_name = "Chat"
+
+    def ready(self) -> None:
+        # Built-in tools register themselves with the tool registry on import.
+        import chat.tools.scheduling  # noqa: F401

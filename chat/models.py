@@ -1,0 +1,290 @@
+"""Chat sessions, their messages (inbound and the outbound outbox), media, and the planner's records."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class ChatType(models.TextChoices):
+    PRIVATE = "private", "Private"
+    GROUP = "group", "Group"
+
+
+def make_session_id(platform: str, chat_type: str, target_id: str) -> str:
+    """Stable, globally unique id of a conversation: platform + chat type + user or group id."""
+    return hashlib.sha1(f"{platform}|{chat_type}|{target_id}".encode()).hexdigest()[:24]
+
+
+class ChatSession(models.Model):
+    session_id = models.CharField(max_length=32, unique=True, editable=False)
+    platform = models.CharField(max_length=64)
+    chat_type = models.CharField(max_length=16, choices=ChatType.choices)
+    # Private chat: the person. Group chat: the last person seen (group_id is the target).
+    user_id = models.CharField(max_length=128, blank=True)
+    user_nickname = models.CharField(max_length=255, blank=True)
+    user_cardname = models.CharField(max_length=255, blank=True)
+    group_id = models.CharField(max_length=128, blank=True)
+    group_name = models.CharField(max_length=255, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_active_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-last_active_at"]
+        constraints = [
+            models.CheckConstraint(
+                name="session_target_present",
+                condition=(Q(chat_type="private") & ~Q(user_id="")) | (Q(chat_type="group") & ~Q(group_id="")),
+            ),
+        ]
+        indexes = [models.Index(fields=["platform", "chat_type", "user_id"])]
+
+    def __str__(self) -> str:
+        if self.chat_type == ChatType.GROUP:
+            return f"{self.platform} group {self.group_name or self.group_id}"
+        return f"{self.platform} private {self.user_nickname or self.user_id}"
+
+    @property
+    def is_private(self) -> bool:
+        return self.chat_type == ChatType.PRIVATE
+
+    @property
+    def target_id(self) -> str:
+        return self.user_id if self.is_private else self.group_id
+
+
+class Direction(models.TextChoices):
+    IN = "in", "Inbound"
+    OUT = "out", "Outbound"
+
+
+class SourceKind(models.TextChoices):
+    USER = "user", "User"
+    REPLY = "reply", "Planner reply"
+    SCHEDULED_SEND = "scheduled_send", "Scheduled send"
+    PROACTIVE = "proactive", "Proactive (API)"
+    TIMER = "timer", "Timer / life loop"
+    ADMIN = "admin", "Operator"
+
+
+class DeliveryStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    SENDING = "sending", "Sending"
+    SENT = "sent", "Sent"
+    FAILED = "failed", "Failed"
+
+
+class Message(models.Model):
+    """One chat message. Outbound rows double as the outbox the ASGI side delivers from."""
+
+    # Our own id, sent to the adapter as message_info.message_id and echoed back in receipts.
+    uid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="messages")
+    direction = models.CharField(max_length=3, choices=Direction.choices)
+    source_kind = models.CharField(max_length=16, choices=SourceKind.choices)
+    # The platform's id: from the inbound envelope, or from the adapter's echo receipt for outbound.
+    platform_message_id = models.CharField(max_length=128, blank=True)
+    sender_id = models.CharField(max_length=128, blank=True)
+    sender_nickname = models.CharField(max_length=255, blank=True)
+    sender_cardname = models.CharField(max_length=255, blank=True)
+    receiver_id = models.CharField(max_length=128, blank=True)
+    segments = models.JSONField(default=list)
+    text = models.TextField(blank=True)
+    # The platform id of the quoted message, when this message quotes one.
+    reply_to_platform_id = models.CharField(max_length=128, blank=True)
+    extra = models.JSONField(default=dict, blank=True)
+    time = models.DateTimeField(db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    # Outbound delivery (empty for inbound).
+    delivery_status = models.CharField(max_length=8, choices=DeliveryStatus.choices, blank=True)
+    delivery_error = models.CharField(max_length=255, blank=True)
+    delivery_attempts = models.PositiveIntegerField(default=0)
+    delivery_claim = models.CharField(max_length=64, blank=True)
+    delivery_lease_until = models.DateTimeField(null=True, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["time", "id"]
+        constraints = [
+            models.CheckConstraint(
+                name="message_delivery_only_outbound",
+                condition=(Q(direction="in") & Q(delivery_status="")) | (Q(direction="out") & ~Q(delivery_status="")),
+            ),
+            models.CheckConstraint(
+                name="message_sent_has_time",
+                condition=~Q(delivery_status="sent") | Q(delivered_at__isnull=False),
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["session", "time"]),
+            models.Index(fields=["delivery_status", "id"], name="message_outbox_idx"),
+            models.Index(fields=["session", "platform_message_id"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_direction_display()} {self.text[:40]}"
+
+
+class MediaKind(models.TextChoices):
+    IMAGE = "image", "Image"
+    EMOJI = "emoji", "Emoji"
+    VOICE = "voice", "Voice"
+
+
+def media_upload_to(instance: Media, filename: str) -> str:
+    return f"{instance.kind}/{instance.sha256[:2]}/{filename}"
+
+
+class Media(models.Model):
+    """An image, emoji or voice clip, stored once by content hash; messages reference it by hash."""
+
+    sha256 = models.CharField(max_length=64)
+    kind = models.CharField(max_length=8, choices=MediaKind.choices)
+    file = models.FileField(upload_to=media_upload_to, max_length=255)
+    mime = models.CharField(max_length=64, blank=True)
+    size = models.PositiveIntegerField(default=0)
+    description = models.TextField(blank=True)
+    emotion = models.CharField(max_length=64, blank=True)
+    usage_count = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["sha256", "kind"], name="media_unique_hash_kind")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.sha256[:12]}"
+
+
+class CommandResponse(models.Model):
+    """A `command_response` receipt from an adapter, stored as it came."""
+
+    platform = models.CharField(max_length=64)
+    command_name = models.CharField(max_length=128, blank=True)
+    success = models.BooleanField(default=False)
+    payload = models.JSONField(default=dict)
+    received_at = models.DateTimeField(auto_now_add=True)
+
+
+class AdapterConnection(models.Model):
+    """One adapter websocket connection, kept so every process (and the dashboard) knows who is online."""
+
+    platform = models.CharField(max_length=64, db_index=True)
+    protocol = models.CharField(max_length=16)  # "ws" (0.6.x) or "socketio" (0.7.x)
+    channel_name = models.CharField(max_length=255, blank=True)
+    remote = models.CharField(max_length=255, blank=True)
+    accept_format = models.JSONField(default=list, blank=True)
+    connected_at = models.DateTimeField(auto_now_add=True)
+    disconnected_at = models.DateTimeField(null=True, blank=True)
+    close_code = models.IntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-connected_at"]
+
+
+# --- the planner's record -------------------------------------------------------------------------
+
+
+class CycleKind(models.TextChoices):
+    CHAT = "chat", "Chat planner"
+    LIFE = "life", "Life loop"
+
+
+class PlannerCycle(models.Model):
+    """One observe → plan → execute cycle (or one life-loop turn), kept for the next cycle and operators."""
+
+    cycle_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    kind = models.CharField(max_length=8, choices=CycleKind.choices, default=CycleKind.CHAT)
+    session = models.ForeignKey(ChatSession, null=True, blank=True, on_delete=models.CASCADE, related_name="cycles")
+    started_at = models.DateTimeField(db_index=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    timings = models.JSONField(default=dict, blank=True)  # phase → milliseconds
+    action = models.CharField(max_length=64, blank=True)  # reply | no_reply | ...
+    reasoning = models.TextField(blank=True)
+    outcome = models.TextField(blank=True)
+    replanned = models.BooleanField(default=False)
+    trigger = models.CharField(max_length=255, blank=True)
+    prompt = models.JSONField(default=list, blank=True)  # the rendered messages sent to the model
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-started_at"]
+        indexes = [models.Index(fields=["session", "started_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.kind} cycle {self.cycle_id} {self.action}"
+
+
+class ToolCallRecord(models.Model):
+    """One tool call the model made in a cycle, with its arguments and result."""
+
+    cycle = models.ForeignKey(PlannerCycle, on_delete=models.CASCADE, related_name="tool_calls")
+    round = models.PositiveSmallIntegerField(default=0)
+    tool_call_id = models.CharField(max_length=128, blank=True, db_index=True)
+    name = models.CharField(max_length=128)
+    arguments = models.JSONField(default=dict, blank=True)
+    raw_arguments = models.TextField(blank=True)
+    result = models.JSONField(default=dict, blank=True)
+    ok = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+
+class LLMCall(models.Model):
+    """The ledger: every call to a model, with its tokens, latency and cost."""
+
+    cycle = models.ForeignKey(PlannerCycle, null=True, blank=True, on_delete=models.SET_NULL, related_name="llm_calls")
+    session = models.ForeignKey(ChatSession, null=True, blank=True, on_delete=models.SET_NULL)
+    purpose = models.CharField(max_length=32)  # planner | life | summary | ...
+    model = models.CharField(max_length=128)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(default=0)
+    latency_ms = models.PositiveIntegerField(default=0)
+    cost = models.DecimalField(max_digits=12, decimal_places=6, default=0)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+
+# --- the proactive API's credentials --------------------------------------------------------------
+
+
+class ApiToken(models.Model):
+    """A bearer token for the proactive message API; only its hash is stored."""
+
+    name = models.CharField(max_length=100, unique=True)
+    prefix = models.CharField(max_length=12, editable=False)
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+
+class IdempotencyRecord(models.Model):
+    """The first response to an API request carrying an Idempotency-Key, replayed for repeats."""
+
+    token = models.ForeignKey(ApiToken, on_delete=models.CASCADE)
+    key = models.CharField(max_length=255)
+    request_hash = models.CharField(max_length=64)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    response = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["token", "key"], name="idempotency_unique_key")]

@@ -1,0 +1,176 @@
+"""Every write to chat data: sessions, and the one send service all outbound messages go through."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.dispatch import Signal
+from django.utils import timezone
+
+from chat.models import (
+    ChatSession,
+    ChatType,
+    DeliveryStatus,
+    Direction,
+    Message,
+    SourceKind,
+    make_session_id,
+)
+
+logger = logging.getLogger(__name__)
+
+# Sent after the transaction that wrote outbound messages commits, in the process that wrote them:
+# the gateway wakes its outbox deliverer, the planner appends them to a live runtime's history.
+# kwargs: messages (list[Message]).
+outbound_created = Signal()
+
+
+def session_get_or_create(
+    *,
+    platform: str,
+    chat_type: str,
+    user_id: str = "",
+    user_nickname: str = "",
+    user_cardname: str = "",
+    group_id: str = "",
+    group_name: str = "",
+) -> ChatSession:
+    """The conversation for this platform target, created on first sight; names kept current."""
+    if chat_type not in ChatType.values:
+        raise ValueError(f"unknown chat type {chat_type!r}")
+    target = group_id if chat_type == ChatType.GROUP else user_id
+    if not target:
+        raise ValueError("a private chat needs a user id and a group chat a group id")
+    session_id = make_session_id(platform, chat_type, str(target))
+    defaults = {
+        "platform": platform,
+        "chat_type": chat_type,
+        "user_id": str(user_id),
+        "user_nickname": user_nickname or "",
+        "user_cardname": user_cardname or "",
+        "group_id": str(group_id),
+        "group_name": group_name or "",
+    }
+    session, created = ChatSession.objects.get_or_create(session_id=session_id, defaults=defaults)
+    if not created:
+        changed = {
+            k: v
+            for k, v in defaults.items()
+            if v and k in {"user_id", "user_nickname", "user_cardname", "group_name"} and getattr(session, k) != v
+        }
+        if changed:
+            for k, v in changed.items():
+                setattr(session, k, v)
+            session.save(update_fields=list(changed))
+    return session
+
+
+def text_segments(text: str, *, reply_to_platform_id: str = "") -> list[dict[str, Any]]:
+    """The seglist for a plain text message, quoting a platform message when asked."""
+    segments: list[dict[str, Any]] = []
+    if reply_to_platform_id:
+        segments.append({"type": "reply", "data": str(reply_to_platform_id)})
+    if text:
+        segments.append({"type": "text", "data": text})
+    return segments
+
+
+def plain_text(segments: Sequence[dict[str, Any]]) -> str:
+    """A readable text rendering of segments, for history windows and the admin."""
+    parts: list[str] = []
+    for seg in segments:
+        kind, data = seg.get("type"), seg.get("data")
+        if kind == "text":
+            parts.append(str(data))
+        elif kind == "seglist" and isinstance(data, list):
+            parts.append(plain_text(data))
+        elif kind == "reply":
+            continue
+        else:
+            parts.append(f"[{kind}]")
+    return "".join(parts)
+
+
+@dataclass
+class Outbound:
+    """One message to send: to a session, as segments, from a source."""
+
+    session: ChatSession
+    source_kind: str
+    text: str = ""
+    segments: list[dict[str, Any]] = field(default_factory=list)
+    reply_to_platform_id: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _build_message(item: Outbound, now: datetime) -> Message:
+    if item.source_kind not in SourceKind.values or item.source_kind == SourceKind.USER:
+        raise ValueError(f"not an outbound source kind: {item.source_kind!r}")
+    segments = item.segments or text_segments(item.text, reply_to_platform_id=item.reply_to_platform_id)
+    if not segments:
+        raise ValueError("an outbound message needs text or segments")
+    if item.reply_to_platform_id and item.segments:
+        segments = [{"type": "reply", "data": str(item.reply_to_platform_id)}, *segments]
+    session = item.session
+    return Message(
+        session=session,
+        direction=Direction.OUT,
+        source_kind=item.source_kind,
+        sender_id="",
+        receiver_id=session.target_id,
+        segments=segments,
+        text=item.text or plain_text(segments),
+        reply_to_platform_id=item.reply_to_platform_id,
+        extra=item.extra,
+        time=now,
+        delivery_status=DeliveryStatus.PENDING,
+    )
+
+
+def messages_send(items: Sequence[Outbound], *, now: datetime | None = None) -> list[Message]:
+    """The send service: store outbound messages as pending outbox rows, in one transaction.
+
+    The ASGI side delivers pending rows to the adapter of their platform (chat.outbox). Call inside
+    a caller's transaction to make the send atomic with the caller's own writes.
+    """
+    now = now or timezone.now()
+    messages = [_build_message(item, now) for item in items]
+    with transaction.atomic():
+        Message.objects.bulk_create(messages)
+        session_ids = {m.session_id for m in messages}
+        ChatSession.objects.filter(pk__in=session_ids).update(last_active_at=now)
+        transaction.on_commit(lambda: _announce(messages))
+    return messages
+
+
+def message_send(
+    *,
+    session: ChatSession,
+    source_kind: str,
+    text: str = "",
+    segments: list[dict[str, Any]] | None = None,
+    reply_to_platform_id: str = "",
+    extra: dict[str, Any] | None = None,
+) -> Message:
+    """Send one message through the send service (see messages_send)."""
+    item = Outbound(
+        session=session,
+        source_kind=source_kind,
+        text=text,
+        segments=list(segments or []),
+        reply_to_platform_id=reply_to_platform_id,
+        extra=dict(extra or {}),
+    )
+    return messages_send([item])[0]
+
+
+def _announce(messages: list[Message]) -> None:
+    # send_robust: one listener's failure must never block the others or a committed send.
+    for receiver, result in outbound_created.send_robust(sender=Message, messages=messages):
+        if isinstance(result, Exception):
+            logger.error("outbound_created listener %r failed: %s", receiver, result, exc_info=result)

@@ -1,0 +1,304 @@
+"""The bot's own configuration (bot_config.toml in the data dir): its model, loading and the one object
+everything reads it through (`get_config()`).
+
+Each field's description is its documentation: the commented template in config/ is generated from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import tomlkit
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+TEMPLATE_PATH = Path(__file__).resolve().parent.parent / "config" / "bot_config.toml"
+
+
+class ConfigError(Exception):
+    """The config file cannot be used; the message names the key and the problem."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class BotSection(Section):
+    """Who the bot is."""
+
+    nickname: str = Field("麦麦", min_length=1, description="The bot's name in chats.")
+    alias_names: list[str] = Field(
+        default_factory=lambda: ["MaiBot", "麦麦"],
+        description="Other names that count as mentioning the bot in a group chat.",
+    )
+    language: str = Field(
+        "zh",
+        pattern=r"^[a-z]{2}(-[A-Za-z]{2,4})?$",
+        description="The language the bot speaks (BCP 47, e.g. zh or en). Fixed texts follow it.",
+    )
+    persona: str = Field(
+        "你是麦麦，一个友善、简洁、有点俏皮的大学生。说话口语化，不长篇大论。",
+        min_length=1,
+        description="The persona given to the model at the top of every prompt.",
+    )
+    time_zone: str = Field(
+        "",
+        description=(
+            "IANA time zone the bot lives in (times without an offset are read in it). "
+            "Empty: the MAIBOT_TIME_ZONE environment setting."
+        ),
+    )
+
+    @field_validator("time_zone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        if value:
+            try:
+                ZoneInfo(value)
+            except (ZoneInfoNotFoundError, ValueError) as exc:
+                raise ValueError(f"unknown time zone {value!r}") from exc
+        return value
+
+
+class LLMSection(Section):
+    """The OpenAI-compatible model the planner and the life loop call."""
+
+    base_url: str = Field("", description="API base URL, e.g. https://api.openai.com/v1 (OPENAI_BASE_URL overrides).")
+    model: str = Field("", description="Model name. Empty: offline mode (MAIBOT_LLM_MODEL overrides).")
+    api_key_env: str = Field(
+        "OPENAI_API_KEY", min_length=1, description="Name of the environment variable holding the API key."
+    )
+    timeout: float = Field(120.0, gt=0, le=3600, description="Seconds before one LLM call times out.")
+    max_retries: int = Field(2, ge=0, le=10, description="Retries the SDK makes on connection errors and 5xx.")
+    temperature: float = Field(0.7, ge=0, le=2, description="Sampling temperature.")
+    price_input_per_1m: float = Field(0.0, ge=0, description="Price per 1M prompt tokens (for the cost ledger).")
+    price_output_per_1m: float = Field(0.0, ge=0, description="Price per 1M completion tokens (for the cost ledger).")
+
+
+class ChatSection(Section):
+    """The per-session planner loop."""
+
+    debounce_seconds: float = Field(
+        1.0, ge=0, le=60, description="Wait this long after a message so a burst becomes one cycle."
+    )
+    max_rounds: int = Field(5, ge=1, le=20, description="Tool-call rounds per cycle before it must end.")
+    no_reply_timeout: float = Field(
+        300.0, gt=0, description="After no_reply, seconds before the planner looks again without a new message."
+    )
+    history_window: int = Field(30, ge=1, le=500, description="Recent messages shown to the planner.")
+    cycle_records: int = Field(5, ge=0, le=50, description="Previous cycle records shown to the planner.")
+    talk_frequency: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="Group chats: how readily the bot speaks unprompted (0 only when mentioned, 1 freely).",
+    )
+    max_runtimes: int = Field(500, ge=1, description="At most this many session loops live at once.")
+    idle_evict_seconds: float = Field(
+        1800.0, gt=0, description="A session loop idle this long is stopped (it restarts on the next message)."
+    )
+
+
+class SchedulingSection(Section):
+    """Scheduled private messages and their delivery."""
+
+    horizon_days: int = Field(365, ge=1, le=3650, description="How far ahead a message may be scheduled.")
+    max_text_length: int = Field(1024, ge=1, le=100_000, description="Longest scheduled message text.")
+    max_pending_per_session: int = Field(20, ge=1, le=10_000, description="Pending scheduled messages per chat.")
+    expire_after_seconds: int = Field(
+        86400,
+        ge=1,
+        description="An overdue message older than this (e.g. after downtime) fails as expired instead of sending.",
+    )
+    max_attempts: int = Field(5, ge=1, le=100, description="Send attempts before a message fails.")
+    retry_backoff_seconds: float = Field(2.0, gt=0, description="First retry delay; each further retry doubles it.")
+    lease_seconds: float = Field(
+        30.0, gt=0, description="A claimed message not finished within this is taken back and retried."
+    )
+    poll_interval: float = Field(
+        0.25, gt=0, le=5, description="How often the dispatcher looks for newly due work (seconds)."
+    )
+    batch_size: int = Field(500, ge=1, le=10_000, description="Messages the dispatcher claims per round.")
+
+
+class GatewaySection(Section):
+    """Delivery to platform adapters."""
+
+    offline_expiry_seconds: int = Field(
+        3600, ge=1, description="An outbound message waiting longer than this for its adapter fails (adapter_offline)."
+    )
+
+
+class ApiSection(Section):
+    """The proactive message HTTP API."""
+
+    rate_limit_per_minute: int = Field(60, ge=1, description="Requests per minute per API token.")
+    max_text_length: int = Field(1024, ge=1, le=100_000, description="Longest text a proactive message may carry.")
+
+
+class LifeSection(Section):
+    """The life loop (timers, inner state)."""
+
+    turn_timeout: float = Field(120.0, gt=0, le=3600, description="Hard timeout of one life-loop turn (seconds).")
+
+
+class BotConfig(Section):
+    bot: BotSection = Field(default_factory=BotSection)
+    llm: LLMSection = Field(default_factory=LLMSection)
+    chat: ChatSection = Field(default_factory=ChatSection)
+    scheduling: SchedulingSection = Field(default_factory=SchedulingSection)
+    gateway: GatewaySection = Field(default_factory=GatewaySection)
+    api: ApiSection = Field(default_factory=ApiSection)
+    life: LifeSection = Field(default_factory=LifeSection)
+
+    # --- derived values, read through the config so callers never look at os.environ ----------
+    @property
+    def tzinfo(self) -> ZoneInfo:
+        from django.conf import settings
+
+        return ZoneInfo(self.bot.time_zone or settings.TIME_ZONE)
+
+    @property
+    def llm_model(self) -> str:
+        return os.environ.get("MAIBOT_LLM_MODEL") or self.llm.model
+
+    @property
+    def llm_base_url(self) -> str | None:
+        return os.environ.get("OPENAI_BASE_URL") or self.llm.base_url or None
+
+    @property
+    def llm_api_key(self) -> str:
+        return os.environ.get(self.llm.api_key_env) or os.environ.get("OPENAI_API_KEY") or "not-needed"
+
+    @property
+    def offline(self) -> bool:
+        """No model configured: the clearly labelled offline planner answers instead."""
+        return not self.llm_model
+
+
+# --- loading --------------------------------------------------------------------------------------
+
+
+def _format_errors(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(file)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"{key}: {msg}")
+    return "; ".join(lines)
+
+
+def parse_config(text: str, source: str = "bot_config.toml") -> BotConfig:
+    """Parse and validate TOML text. Raises ConfigError naming the key and the problem."""
+    try:
+        data = tomlkit.parse(text).unwrap()
+    except Exception as exc:  # tomlkit raises several ParseError subclasses
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from exc
+    try:
+        return BotConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {_format_errors(exc)}") from exc
+
+
+def config_path() -> Path:
+    from django.conf import settings
+
+    return Path(settings.DATA_DIR) / "bot_config.toml"
+
+
+def ensure_config_file(path: Path | None = None) -> Path:
+    """Create the live config from the template on first run; never overwrite an existing one."""
+    path = path or config_path()
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = TEMPLATE_PATH.read_text(encoding="utf-8") if TEMPLATE_PATH.exists() else render_template()
+        # Write aside, then link into place: the file appears whole or not at all, and a
+        # concurrent first start never overwrites what another process created.
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+    return path
+
+
+def load_config(path: Path | None = None) -> BotConfig:
+    path = ensure_config_file(path)
+    return parse_config(path.read_text(encoding="utf-8"), source=str(path))
+
+
+_lock = threading.RLock()
+_current: BotConfig | None = None
+
+
+def get_config() -> BotConfig:
+    """The bot configuration in force. Loaded on first use; swapped atomically on reload."""
+    global _current
+    cfg = _current
+    if cfg is None:
+        with _lock:
+            if _current is None:
+                _current = load_config()
+            cfg = _current
+    return cfg
+
+
+def set_config(cfg: BotConfig) -> None:
+    global _current
+    with _lock:
+        _current = cfg
+
+
+def reload_config() -> BotConfig:
+    """Re-read the file; on error the old config stays in force and ConfigError is raised."""
+    cfg = load_config()
+    set_config(cfg)
+    return cfg
+
+
+@contextlib.contextmanager
+def override(**sections: dict[str, Any]) -> Iterator[BotConfig]:
+    """Temporarily replace config values in this process: override(scheduling={"max_attempts": 2})."""
+    old = get_config()
+    data = old.model_dump()
+    for name, values in sections.items():
+        data[name] = {**data[name], **values}
+    set_config(BotConfig.model_validate(data))
+    try:
+        yield get_config()
+    finally:
+        set_config(old)
+
+
+# --- template -------------------------------------------------------------------------------------
+
+
+def render_template() -> str:
+    """The commented bot_config.toml template, generated from the model's descriptions."""
+    doc = tomlkit.document()
+    doc.add(tomlkit.comment("maibot bot configuration. Generated from maibot/config.py: edit the"))
+    doc.add(tomlkit.comment("descriptions there, then run `python manage.py write_config_template`."))
+    defaults = BotConfig()
+    for name, field in BotConfig.model_fields.items():
+        section_model = field.annotation
+        table = tomlkit.table()
+        if section_model.__doc__:
+            table.add(tomlkit.comment(section_model.__doc__.strip()))
+        section_value = getattr(defaults, name)
+        for key, sub in section_model.model_fields.items():
+            if sub.description:
+                table.add(tomlkit.comment(sub.description))
+            table.add(key, getattr(section_value, key))
+        doc.add(tomlkit.nl())
+        doc.add(name, table)
+    return tomlkit.dumps(doc)

@@ -1,0 +1,182 @@
+"""Django settings for maibot: every deployment knob comes from the environment, with embedded defaults.
+
+Embedded default (nothing else installed): SQLite in the data dir, django-q2 ORM broker, in-memory
+channel layer. Scale-out: set DATABASE_URL (PostgreSQL) and REDIS_URL (channels_redis + Redis broker).
+The bot's own behaviour (persona, limits, model) lives in bot_config.toml, read through maibot.config.
+"""
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DATA_DIR = Path(os.environ.get("MAIBOT_DATA_DIR") or BASE_DIR / "data").resolve()
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+MEDIA_ROOT = DATA_DIR / "media"
+MEDIA_URL = "/media/"
+
+HOST = os.environ.get("HOST", "127.0.0.1")
+PORT = int(os.environ.get("PORT", "8000"))
+
+
+def _secret_key() -> str:
+    """SECRET_KEY from the environment, else one generated once into the data dir."""
+    if os.environ.get("SECRET_KEY"):
+        return os.environ["SECRET_KEY"]
+    key_file = DATA_DIR / "secret_key"
+    if not key_file.exists():
+        # O_EXCL: two processes starting at once must not write two different keys.
+        try:
+            fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_urlsafe(50))
+    return key_file.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = os.environ.get("DEBUG", "").lower() in {"1", "true", "yes"}
+ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",") if h]
+CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    # scheduling before django_q: its `qcluster` command wraps django-q2's to run the dispatcher.
+    "maibot",
+    "chat",
+    "scheduling",
+    "django_q",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "maibot.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = None
+ASGI_APPLICATION = "maibot.asgi.application"
+
+# --- database -------------------------------------------------------------------------------------
+SQLITE_OPTIONS = {
+    # WAL + IMMEDIATE transactions + a busy timeout: no "database is locked" between the ASGI
+    # process and the cluster (Django >= 5.1 runs init_command on every new connection).
+    "transaction_mode": "IMMEDIATE",
+    "timeout": 20,
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+}
+
+DATABASE_URL = os.environ.get("DATABASE_URL", "")
+if DATABASE_URL:
+    _db = dj_database_url.parse(DATABASE_URL, conn_max_age=0)
+else:
+    _db = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(DATA_DIR / "db.sqlite3")}
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    _db["OPTIONS"] = {**SQLITE_OPTIONS, **_db.get("OPTIONS", {})}
+    # Tests run processes (qcluster, daphne) against the test database: it must be a file.
+    _db["TEST"] = {"NAME": os.environ.get("MAIBOT_TEST_DB") or str(DATA_DIR / "test.sqlite3")}
+DATABASES = {"default": _db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- channels and the task cluster ----------------------------------------------------------------
+REDIS_URL = os.environ.get("REDIS_URL", "")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "capacity": 5000},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+Q_CLUSTER = {
+    "name": os.environ.get("MAIBOT_Q_NAME", "maibot"),
+    "workers": int(os.environ.get("MAIBOT_Q_WORKERS", "2")),
+    # A life-loop turn has a hard 120 s timeout of its own; retry must exceed timeout.
+    "timeout": 300,
+    "retry": 360,
+    "max_attempts": 3,
+    "catch_up": False,
+    "poll": 0.2,
+    "ack_failures": True,
+    "save_limit": 1000,
+    "label": "Task queue",
+}
+if REDIS_URL:
+    Q_CLUSTER["redis"] = REDIS_URL
+else:
+    Q_CLUSTER["orm"] = "default"
+
+# --- i18n / time ----------------------------------------------------------------------------------
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = os.environ.get("MAIBOT_TIME_ZONE", "Asia/Shanghai")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+STATICFILES_DIRS = [BASE_DIR / "templates" / "static"]
+LOGIN_URL = "/admin/login/"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+# --- adapters -------------------------------------------------------------------------------------
+# Comma-separated tokens accepted from platform adapters (the raw `Authorization` header).
+MAIBOT_ADAPTER_TOKENS = [t.strip() for t in os.environ.get("MAIBOT_ADAPTER_TOKENS", "").split(",") if t.strip()]
+
+# --- logging --------------------------------------------------------------------------------------
+LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "line": {
+            "format": "%(asctime)s %(levelname)-7s %(name)s %(module)s:%(lineno)d %(message)s",
+        },
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "line"},
+    },
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {
+        "django": {"level": "INFO"},
+        "daphne": {"level": "WARNING"},
+        "django_q": {"level": "INFO"},
+    },
+}

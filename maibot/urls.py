@@ -1,0 +1,8 @@
+"""HTTP routes: the admin (operator console), the API, the chat page."""
+
+from django.contrib import admin
+from django.urls import path
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+]

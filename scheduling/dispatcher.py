@@ -1,0 +1,295 @@
+"""The dispatcher: claims due work atomically and delivers it, inside the django-q2 cluster process.
+
+django-q2's own scheduler looks at its Schedule rows only every 30 s, so `manage.py qcluster` (our
+wrapper, scheduling/management/commands/qcluster.py) runs this loop in a thread beside the cluster.
+It sleeps until the next due instant (re-checking every `poll_interval` for new work), claims rows
+with a conditional UPDATE (… WHERE status='pending'), and finishes each claimed batch in one
+transaction that is valid only while its claim holds. Several clusters may run it at once: every row
+is sent exactly once, and a row whose claimer died is taken back when its lease runs out.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from django.db import close_old_connections, transaction
+from django.db.models import F, Min
+from django.utils import timezone
+
+from chat.models import SourceKind
+from chat.services import Outbound, messages_send
+from maibot.config import get_config
+from scheduling.models import ScheduledMessage, ScheduledStatus
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RoundReport:
+    claimed: int = 0
+    sent: int = 0
+    retried: int = 0
+    failed: int = 0
+    expired: int = 0
+    recovered: int = 0
+    lateness: list[float] = field(default_factory=list)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.claimed or self.expired or self.recovered)
+
+
+class DueSource(Protocol):
+    """Something the dispatcher fires when due (scheduled messages; timers)."""
+
+    name: str
+
+    def next_due(self) -> datetime | None: ...
+
+    def run_due(self, now: datetime) -> bool:
+        """Do one round of due work; True when there may be more due right now."""
+        ...
+
+
+# --- scheduled messages ---------------------------------------------------------------------------
+
+
+def expire_overdue(now: datetime) -> int:
+    """Fail pending messages that waited past the expiry (e.g. after long downtime)."""
+    cutoff = now - timedelta(seconds=get_config().scheduling.expire_after_seconds)
+    return ScheduledMessage.objects.filter(status=ScheduledStatus.PENDING, due_at__lt=cutoff).update(
+        status=ScheduledStatus.FAILED, last_error="expired", updated_at=now
+    )
+
+
+def recover_expired_leases(now: datetime) -> int:
+    """Take back rows whose claimer did not finish within its lease; they are due again at once."""
+    return ScheduledMessage.objects.filter(status=ScheduledStatus.SENDING, lease_until__lt=now).update(
+        status=ScheduledStatus.PENDING, claim_token="", lease_until=None, due_at=now, updated_at=now
+    )
+
+
+def claim_due(now: datetime, *, limit: int, lease_seconds: float) -> tuple[str, list[ScheduledMessage]]:
+    """Atomically claim up to `limit` due pending rows. Only rows this call moved to `sending` are
+    returned: a concurrent claimer's rows fail the `status='pending'` condition and are skipped."""
+    token = uuid.uuid4().hex
+    due_ids = list(
+        ScheduledMessage.objects.filter(status=ScheduledStatus.PENDING, due_at__lte=now)
+        .order_by("due_at")
+        .values_list("pk", flat=True)[:limit]
+    )
+    if not due_ids:
+        return token, []
+    ScheduledMessage.objects.filter(pk__in=due_ids, status=ScheduledStatus.PENDING).update(
+        status=ScheduledStatus.SENDING,
+        claim_token=token,
+        lease_until=now + timedelta(seconds=lease_seconds),
+        attempts=F("attempts") + 1,
+        updated_at=now,
+    )
+    claimed = list(
+        ScheduledMessage.objects.filter(claim_token=token, status=ScheduledStatus.SENDING)
+        .select_related("session")
+        .order_by("due_at")
+    )
+    return token, claimed
+
+
+def _outbound(task: ScheduledMessage) -> Outbound:
+    return Outbound(
+        session=task.session,
+        source_kind=SourceKind.SCHEDULED_SEND,
+        text=task.message_text,
+        segments=list(task.segments),
+        extra={"scheduled_message_id": task.pk},
+    )
+
+
+def _finish_batch(token: str, tasks: list[ScheduledMessage]) -> list[ScheduledMessage]:
+    """Write the outbound messages and mark the tasks sent, in one transaction, for the rows the
+    claim still holds. Returns the tasks sent."""
+    with transaction.atomic():
+        held = set(
+            ScheduledMessage.objects.select_for_update()
+            .filter(pk__in=[t.pk for t in tasks], claim_token=token, status=ScheduledStatus.SENDING)
+            .values_list("pk", flat=True)
+        )
+        live = [t for t in tasks if t.pk in held]
+        if not live:
+            return []
+        now = timezone.now()
+        messages = messages_send([_outbound(t) for t in live], now=now)
+        for task, message in zip(live, messages, strict=True):
+            task.status = ScheduledStatus.SENT
+            task.sent_message = message
+            task.sent_at = now
+            task.claim_token = ""
+            task.lease_until = None
+            task.last_error = ""
+            task.updated_at = now
+            task.history = [
+                *task.history,
+                {
+                    "at": now.isoformat(),
+                    "event": "sent",
+                    "by": "dispatcher",
+                    "lateness_ms": round((now - task.send_at).total_seconds() * 1000, 1),
+                    "attempt": task.attempts,
+                },
+            ]
+        ScheduledMessage.objects.bulk_update(
+            live,
+            ["status", "sent_message", "sent_at", "claim_token", "lease_until", "last_error", "updated_at", "history"],
+        )
+    return live
+
+
+def _fail_or_retry(token: str, task: ScheduledMessage, error: str) -> str:
+    """After a failed attempt: retry later with exponential backoff, or fail for good."""
+    cfg = get_config().scheduling
+    now = timezone.now()
+    error = error[:2000] or "send failed"
+    history = [*task.history, {"at": now.isoformat(), "event": "attempt_failed", "by": "dispatcher", "error": error}]
+    held = ScheduledMessage.objects.filter(pk=task.pk, claim_token=token, status=ScheduledStatus.SENDING)
+    if task.attempts >= cfg.max_attempts:
+        held.update(
+            status=ScheduledStatus.FAILED,
+            last_error=error,
+            claim_token="",
+            lease_until=None,
+            history=history,
+            updated_at=now,
+        )
+        logger.error("scheduled message %s failed after %d attempts: %s", task.pk, task.attempts, error)
+        return "failed"
+    delay = cfg.retry_backoff_seconds * 2 ** (task.attempts - 1)
+    held.update(
+        status=ScheduledStatus.PENDING,
+        due_at=now + timedelta(seconds=delay),
+        last_error=error,
+        claim_token="",
+        lease_until=None,
+        history=history,
+        updated_at=now,
+    )
+    logger.warning("scheduled message %s attempt %d failed (%s); retry in %.1fs", task.pk, task.attempts, error, delay)
+    return "retried"
+
+
+def deliver_claimed(token: str, tasks: list[ScheduledMessage], report: RoundReport) -> None:
+    try:
+        sent = _finish_batch(token, tasks)
+    except Exception:
+        # One bad row must not hold back the rest: fall back to one transaction per row.
+        logger.exception("batch delivery failed; delivering %d messages one by one", len(tasks))
+        sent = []
+        for task in tasks:
+            try:
+                sent.extend(_finish_batch(token, [task]))
+            except Exception as exc:
+                outcome = _fail_or_retry(token, task, f"{type(exc).__name__}: {exc}")
+                setattr(report, outcome, getattr(report, outcome) + 1)
+    report.sent += len(sent)
+    report.lateness.extend(t.lateness_seconds for t in sent)
+
+
+def deliver_due(now: datetime | None = None) -> RoundReport:
+    """One dispatcher round for scheduled messages: expire, recover leases, claim, deliver."""
+    cfg = get_config().scheduling
+    now = now or timezone.now()
+    report = RoundReport()
+    report.expired = expire_overdue(now)
+    report.recovered = recover_expired_leases(now)
+    token, tasks = claim_due(now, limit=cfg.batch_size, lease_seconds=cfg.lease_seconds)
+    report.claimed = len(tasks)
+    if tasks:
+        deliver_claimed(token, tasks, report)
+    if report.expired:
+        logger.warning("%d overdue scheduled messages expired", report.expired)
+    if report.recovered:
+        logger.warning("%d scheduled messages taken back after their lease ran out", report.recovered)
+    return report
+
+
+class ScheduledMessageSource:
+    name = "scheduled_messages"
+
+    def next_due(self) -> datetime | None:
+        agg = ScheduledMessage.objects.filter(status=ScheduledStatus.PENDING).aggregate(due=Min("due_at"))
+        lease = ScheduledMessage.objects.filter(status=ScheduledStatus.SENDING).aggregate(due=Min("lease_until"))
+        candidates = [d for d in (agg["due"], lease["due"]) if d is not None]
+        return min(candidates) if candidates else None
+
+    def run_due(self, now: datetime) -> bool:
+        report = deliver_due(now)
+        return report.claimed >= get_config().scheduling.batch_size or report.recovered > 0
+
+
+# Other apps add their sources here (timers) at import time of their dispatcher module.
+SOURCES: list[DueSource] = [ScheduledMessageSource()]
+
+
+def register_source(source: DueSource) -> None:
+    if all(s.name != source.name for s in SOURCES):
+        SOURCES.append(source)
+
+
+class Dispatcher:
+    """The loop: run due sources, then sleep until the next due instant or the poll interval."""
+
+    def __init__(
+        self,
+        sources: list[DueSource] | None = None,
+        stop_event: threading.Event | None = None,
+        clock: Callable[[], datetime] = timezone.now,
+    ) -> None:
+        self.sources = sources if sources is not None else SOURCES
+        self.stop_event = stop_event or threading.Event()
+        self.clock = clock
+
+    def tick(self) -> bool:
+        """Run every source once; True when some source may have more due work right now."""
+        more = False
+        for source in self.sources:
+            try:
+                more |= source.run_due(self.clock())
+            except Exception:
+                # A broken source (or a lost database connection) must not spin: back off a poll.
+                logger.exception("dispatcher source %s failed", source.name)
+                close_old_connections()
+                self.stop_event.wait(get_config().scheduling.poll_interval)
+        return more
+
+    def seconds_to_sleep(self) -> float:
+        poll = get_config().scheduling.poll_interval
+        soonest = None
+        for source in self.sources:
+            try:
+                due = source.next_due()
+            except Exception:
+                logger.exception("dispatcher source %s: next_due failed", source.name)
+                close_old_connections()
+                continue
+            if due is not None and (soonest is None or due < soonest):
+                soonest = due
+        if soonest is None:
+            return poll
+        return max(0.0, min(poll, (soonest - self.clock()).total_seconds()))
+
+    def run_forever(self) -> None:
+        logger.info("dispatcher started (sources: %s)", ", ".join(s.name for s in self.sources))
+        while not self.stop_event.is_set():
+            if self.tick():
+                continue
+            self.stop_event.wait(self.seconds_to_sleep())
+        close_old_connections()
+        logger.info("dispatcher stopped")
+
+    def stop(self) -> None:
+        self.stop_event.set()

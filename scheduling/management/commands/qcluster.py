@@ -1,0 +1,53 @@
+"""`manage.py qcluster`: django-q2's cluster plus our dispatcher thread in the same process.
+
+django-q2 checks its Schedule rows only every 30 s; scheduled messages and timers must go out well
+under a second late, so the dispatcher (scheduling.dispatcher) runs beside the cluster instead.
+"""
+
+import os
+import threading
+import time
+
+from django.conf import settings
+from django.db import connections
+from django_q.cluster import Cluster
+from django_q.management.commands.qcluster import Command as DjangoQCommand
+
+from scheduling.dispatcher import Dispatcher
+
+
+class Command(DjangoQCommand):
+    help = "Starts the django-q2 cluster and the maibot dispatcher (scheduled messages, timers)."
+
+    def add_arguments(self, parser) -> None:
+        super().add_arguments(parser)
+        parser.add_argument("--no-dispatcher", action="store_true", help="Run only django-q2's workers, no dispatcher.")
+
+    def handle(self, *args, **options) -> None:
+        settings.SECRET_KEY  # noqa: B018 - django-q2 signs tasks with it; fail early when unset
+        if options.get("cluster_name"):
+            os.environ["Q_CLUSTER_NAME"] = options["cluster_name"]
+        # The cluster forks: no database connection may be shared across the fork.
+        connections.close_all()
+        cluster = Cluster()
+        cluster.start()
+        if options.get("run_once"):
+            cluster.stop()
+            return
+        dispatcher = None
+        thread = None
+        if not options.get("no_dispatcher"):
+            # Import the timer source so it registers itself with the dispatcher.
+            import scheduling.sources  # noqa: F401
+
+            dispatcher = Dispatcher()
+            thread = threading.Thread(target=dispatcher.run_forever, name="maibot-dispatcher", daemon=True)
+            thread.start()
+        try:
+            # SIGINT/SIGTERM reach Cluster.sig_handler, which stops and joins the sentinel.
+            while cluster.sentinel is not None and cluster.sentinel.is_alive():
+                time.sleep(0.2)
+        finally:
+            if dispatcher is not None:
+                dispatcher.stop()
+                thread.join(timeout=30)

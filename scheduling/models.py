@@ -1,0 +1,122 @@
+"""Scheduled messages: text written now, sent as written at send_at by the dispatcher."""
+
+from __future__ import annotations
+
+import secrets
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from chat.models import ApiToken, ChatSession, ChatType, Message
+
+_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"
+
+
+def new_task_id() -> str:
+    """Short, unambiguous ids a person (or a model) can type back: `sm_k3v9xq2mtr`."""
+    return "sm_" + "".join(secrets.choice(_ALPHABET) for _ in range(10))
+
+
+class ScheduledStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    SENDING = "sending", "Sending"
+    SENT = "sent", "Sent"
+    CANCELLED = "cancelled", "Cancelled"
+    FAILED = "failed", "Failed"
+
+
+class Actor(models.TextChoices):
+    """Who created, cancelled or rescheduled a scheduled message."""
+
+    TOOL = "tool", "Planner tool"
+    OPERATOR = "operator", "Operator"
+    API = "api", "API"
+    SYSTEM = "system", "System"
+
+
+class ScheduledMessage(models.Model):
+    id = models.CharField(primary_key=True, max_length=16, default=new_task_id, editable=False)
+    session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="scheduled_messages")
+    chat_type = models.CharField(max_length=16, choices=ChatType.choices)
+    message_text = models.TextField(blank=True)
+    # Extra segments (e.g. an image from the API); empty means a plain text message.
+    segments = models.JSONField(default=list, blank=True)
+    send_at = models.DateTimeField(help_text="When the message is meant to go out (UTC).")
+    # When the dispatcher should next look at it: send_at, or later after a failed attempt.
+    due_at = models.DateTimeField()
+    status = models.CharField(max_length=16, choices=ScheduledStatus.choices, default=ScheduledStatus.PENDING)
+    replace_existing = models.BooleanField(default=False)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+    # The lease of the dispatcher that claimed it; a `sending` row past its lease is taken back.
+    claim_token = models.CharField(max_length=32, blank=True, editable=False)
+    lease_until = models.DateTimeField(null=True, blank=True, editable=False)
+    sent_message = models.OneToOneField(
+        Message, null=True, blank=True, on_delete=models.PROTECT, related_name="scheduled_message"
+    )
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    created_via = models.CharField(max_length=16, choices=Actor.choices)
+    created_by_tool_call_id = models.CharField(max_length=128, blank=True)
+    created_by_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_by_token = models.ForeignKey(
+        ApiToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="scheduled_messages"
+    )
+    # For API messages: api | scheduler | connector | system.
+    origin = models.CharField(max_length=16, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    cancelled_via = models.CharField(max_length=16, choices=Actor.choices, blank=True)
+    cancelled_by_tool_call_id = models.CharField(max_length=128, blank=True)
+    cancelled_by_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    cancel_reason = models.CharField(max_length=255, blank=True)
+    rescheduled_at = models.DateTimeField(null=True, blank=True)
+    rescheduled_by_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Audit trail: [{"at": iso, "event": "created|cancelled|rescheduled|...", "by": "..."}].
+    history = models.JSONField(default=list, blank=True, editable=False)
+
+    class Meta:
+        ordering = ["send_at"]
+        indexes = [
+            models.Index(fields=["status", "due_at"], name="scheduled_due_idx"),
+            models.Index(fields=["session", "status"], name="scheduled_session_status_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                name="scheduled_sent_has_message",
+                condition=~Q(status="sent") | (Q(sent_message__isnull=False) & Q(sent_at__isnull=False)),
+            ),
+            models.CheckConstraint(
+                name="scheduled_sending_has_lease",
+                condition=~Q(status="sending") | (Q(lease_until__isnull=False) & ~Q(claim_token="")),
+            ),
+            models.CheckConstraint(
+                name="scheduled_cancelled_has_time",
+                condition=~Q(status="cancelled") | Q(cancelled_at__isnull=False),
+            ),
+            models.CheckConstraint(
+                name="scheduled_failed_has_error",
+                condition=~Q(status="failed") | ~Q(last_error=""),
+            ),
+            models.CheckConstraint(
+                name="scheduled_has_content",
+                condition=~Q(message_text="") | ~Q(segments=[]),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} → {self.session} at {self.send_at:%Y-%m-%d %H:%M}"
+
+    @property
+    def lateness_seconds(self) -> float | None:
+        if self.sent_at is None:
+            return None
+        return (self.sent_at - self.send_at).total_seconds()

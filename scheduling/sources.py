@@ -1,0 +1,1 @@
+"""Registers every due source with the dispatcher (timers add theirs here)."""

@@ -1,0 +1,57 @@
+"""A real `manage.py qcluster` process delivers scheduled messages on time."""
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from scheduling.models import ScheduledMessage, ScheduledStatus
+from scheduling.services import SYSTEM, scheduled_message_create
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def wait_for(predicate, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_qcluster_delivers_a_task_due_in_two_seconds_on_time(make_session, start_qcluster):
+    start_qcluster()
+    session = make_session()
+    task = scheduled_message_create(
+        session=session, send_at=timezone.now() + timedelta(seconds=2), message_text="准时 on time", acted_by=SYSTEM
+    ).task
+    assert wait_for(lambda: ScheduledMessage.objects.get(pk=task.pk).status == ScheduledStatus.SENT)
+    task.refresh_from_db()
+    assert task.sent_message.text == "准时 on time"
+    assert 0 <= task.lateness_seconds < 1.0, task.lateness_seconds
+
+
+def test_two_clusters_send_every_task_exactly_once(make_session, start_qcluster):
+    start_qcluster("a")
+    start_qcluster("b")
+    when = timezone.now() + timedelta(seconds=2)
+    ids = [
+        scheduled_message_create(session=make_session(), send_at=when, message_text=f"m{i}", acted_by=SYSTEM).task.pk
+        for i in range(200)
+    ]
+    assert wait_for(
+        lambda: ScheduledMessage.objects.filter(pk__in=ids, status=ScheduledStatus.SENT).count() == 200, timeout=30
+    )
+    from chat.models import Message
+
+    assert Message.objects.filter(source_kind="scheduled_send").count() == 200
+    assert len(set(Message.objects.values_list("extra__scheduled_message_id", flat=True))) == 200
+
+
+def test_qcluster_stops_cleanly_on_sigterm(start_qcluster):
+    proc = start_qcluster()
+    code = proc.stop()
+    assert code == 0, proc.output()
+    assert "dispatcher stopped" in proc.output()
