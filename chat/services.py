@@ -29,6 +29,10 @@ logger = logging.getLogger(__name__)
 # kwargs: messages (list[Message]).
 outbound_created = Signal()
 
+# Sent by the gateway, in the ASGI process, once inbound messages are stored: the planner's runtime
+# registry listens and wakes the session's loop. kwargs: messages (list[Message]).
+inbound_stored = Signal()
+
 
 def session_get_or_create(
     *,

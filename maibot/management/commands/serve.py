@@ -54,7 +54,7 @@ class Command(BaseCommand):
             while not stopping and all(p.poll() is None for p in children.values()):
                 time.sleep(0.2)
         finally:
-            for name, proc in children.items():
+            for proc in children.values():
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGTERM)
             deadline = time.monotonic() + 30
