@@ -126,3 +126,39 @@ def start_qcluster(tmp_path, transactional_db) -> Iterator[Callable[..., Proc]]:
     yield start
     for p in procs:
         p.stop()
+
+
+@pytest.fixture
+def start_server(tmp_path, transactional_db) -> Iterator[Callable[..., tuple[Proc, str]]]:
+    """Start a real ASGI server (daphne, as in production) on 127.0.0.1 against the test database.
+
+    Returns (process, "http://127.0.0.1:PORT"). Extra keyword arguments become environment variables.
+    """
+    procs: list[Proc] = []
+
+    def start(name: str = "web", **env: str) -> tuple[Proc, str]:
+        port = free_port()
+        data_dir = tmp_path / f"data-{name}"
+        data_dir.mkdir(exist_ok=True)
+        proc = Proc(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "maibot.asgi:application"],
+            subprocess_env(MAIBOT_DATA_DIR=str(data_dir), **env),
+            tmp_path / f"{name}.log",
+        )
+        procs.append(proc)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if proc.popen.poll() is not None:
+                raise RuntimeError(f"daphne exited:\n{proc.output()}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+            except OSError:
+                time.sleep(0.05)
+        else:
+            raise TimeoutError(f"daphne did not listen on {port}:\n{proc.output()}")
+        return proc, f"http://127.0.0.1:{port}"
+
+    yield start
+    for p in procs:
+        p.stop()
