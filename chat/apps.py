@@ -6,5 +6,8 @@ class ChatConfig(AppConfig):
     verbose_name = "Chat"
 
     def ready(self) -> None:
-        # Built-in tools register themselves with the tool registry on import.
+        # Built-in tools register themselves with the tool registry on import; chat.runtime connects
+        # the planner's runtimes to `inbound_stored` (sent by the gateway in the ASGI process).
+        import chat.runtime
+        import chat.tools.chat
         import chat.tools.scheduling  # noqa: F401

@@ -33,6 +33,9 @@ class Tool:
     func: ToolFunc
     # Decides per session whether the model is offered the tool (e.g. private chats only).
     available: Callable[[ToolContext], bool] = lambda ctx: True
+    # The planner's cycle ends once such a tool succeeded (reply, no_reply, send_emoji): its result
+    # is not sent back to the model, so a plain reply costs exactly one LLM call.
+    ends_cycle: bool = False
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI `tools=[...]` entry."""

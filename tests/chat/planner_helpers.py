@@ -1,0 +1,88 @@
+"""Test helpers for the planner: store inbound messages as the gateway will, wake runtimes, wait."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+import pytest_asyncio
+from asgiref.sync import sync_to_async
+from django.utils import timezone
+
+from chat.models import ChatSession, Direction, Message, SourceKind
+from chat.services import inbound_stored
+from maibot import config
+from tests.fake_llm import FakeLLM
+
+_platform_ids = itertools.count(900_000)
+
+
+def inbound_store(
+    *,
+    session: ChatSession,
+    text: str,
+    sender_id: str = "",
+    sender_nickname: str = "",
+    platform_message_id: str = "",
+    reply_to_platform_id: str = "",
+) -> Message:
+    """An inbound user message row, as the gateway stores one (stand-in until the gateway lands)."""
+    return Message.objects.create(
+        session=session,
+        direction=Direction.IN,
+        source_kind=SourceKind.USER,
+        platform_message_id=platform_message_id or str(next(_platform_ids)),
+        sender_id=sender_id or session.user_id,
+        sender_nickname=sender_nickname or session.user_nickname or "someone",
+        segments=[{"type": "text", "data": text}],
+        text=text,
+        reply_to_platform_id=reply_to_platform_id,
+        time=timezone.now(),
+    )
+
+
+async def say(session: ChatSession, text: str, *, from_thread: bool = False, **kw) -> Message:
+    """Store an inbound message and send `inbound_stored`, from the event loop or a worker thread."""
+    message = await sync_to_async(inbound_store)(session=session, text=text, **kw)
+    if from_thread:
+        await sync_to_async(inbound_stored.send, thread_sensitive=False)(sender=Message, messages=[message])
+    else:
+        inbound_stored.send(sender=Message, messages=[message])
+    return message
+
+
+async def wait_until(check: Callable[[], Awaitable[bool]], timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+# --- fixtures (import them into a test module) --------------------------------------------------------
+
+
+@pytest.fixture(name="fake_llm")
+def fake_llm_fixture():
+    """FakeLLM as the configured model, with a short debounce so tests stay quick."""
+    with (
+        FakeLLM() as server,
+        config.override(
+            llm={"base_url": server.base_url, "model": "fake-model", "max_retries": 0},
+            chat={"debounce_seconds": 0.2},
+        ),
+    ):
+        yield server
+
+
+@pytest_asyncio.fixture(name="runtimes")
+async def runtimes_fixture():
+    """The process's runtime registry, stopped cleanly after the test."""
+    from chat.runtime import registry
+
+    yield registry
+    await registry.shutdown()
