@@ -59,7 +59,9 @@ def test_four_processes_racing_send_every_message_exactly_once(make_session, tmp
     assert sum(1 for n in per_worker if n) >= 2, per_worker  # they really raced
     assert ScheduledMessage.objects.filter(pk__in=ids, status=ScheduledStatus.SENT).count() == 400
     sent_for = list(
-        Message.objects.filter(source_kind=SourceKind.SCHEDULED_SEND).values_list("extra__scheduled_message_id", flat=True)
+        Message.objects.filter(source_kind=SourceKind.SCHEDULED_SEND).values_list(
+            "extra__scheduled_message_id", flat=True
+        )
     )
     assert sorted(sent_for) == sorted(ids)  # one outbound message per task, none twice
 
