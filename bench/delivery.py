@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def main() -> None:
@@ -55,7 +55,7 @@ def main() -> None:
     from scheduling.models import Actor, ScheduledMessage, ScheduledStatus
     from scheduling.services import SYSTEM, scheduled_message_create
 
-    log = open(data_dir / "qcluster.log", "w")  # noqa: SIM115
+    log = open(data_dir / "qcluster.log", "w")
     cluster = subprocess.Popen(
         [sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
     )
