@@ -47,10 +47,11 @@ import logging
 import math
 import re
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from asgiref.sync import sync_to_async
 from django.utils import timezone
@@ -116,14 +117,14 @@ prompt_manager.add_prompt(
         construct={
             "context_blocks": lambda c: "\n\n".join(f"## {name}\n{text}" for name, text in c["blocks"]),
             "cycle_records": lambda c: _render_cycle_records(c["cycles"], c["tz"]),
-            "history": lambda c: _render_history(c["history"], c["new_ids"], c["cfg"]),
+            "history": lambda c: _render_history(c["history"], c["new_ids"], c["cfg"], c.get("rendered")),
         },
     ),
     system=True,
 )
 
 
-def _speaker(message: Message, cfg: BotConfig) -> str:
+def _speaker(message: HistoryLine, cfg: BotConfig) -> str:
     if message.direction == Direction.OUT:
         marks = {
             SourceKind.REPLY: "you",
@@ -136,7 +137,14 @@ def _speaker(message: Message, cfg: BotConfig) -> str:
     return message.sender_cardname or message.sender_nickname or message.sender_id or "someone"
 
 
-def _render_history(history: list[Message], new_ids: set[int], cfg: BotConfig) -> str:
+def render_history_line(m: HistoryLine, cfg: BotConfig, tz) -> str:
+    ref = f"#{m.platform_message_id} " if m.platform_message_id else ""
+    quote = f" (quoting #{m.reply_to_platform_id})" if m.reply_to_platform_id else ""
+    text = (m.text or "").replace("\n", "\n    ")
+    return f"{ref}[{m.time.astimezone(tz):%m-%d %H:%M:%S}] {_speaker(m, cfg)}{quote}: {text}"
+
+
+def _render_history(history: list[HistoryLine], new_ids: set[int], cfg: BotConfig, rendered=None) -> str:
     if not history:
         return "Chat history: (empty)"
     tz = cfg.tzinfo
@@ -146,10 +154,7 @@ def _render_history(history: list[Message], new_ids: set[int], cfg: BotConfig) -
         if m.pk in new_ids and not marked:
             lines.append("--- new since your last turn ---")
             marked = True
-        ref = f"#{m.platform_message_id} " if m.platform_message_id else ""
-        quote = f" (quoting #{m.reply_to_platform_id})" if m.reply_to_platform_id else ""
-        text = (m.text or "").replace("\n", "\n    ")
-        lines.append(f"{ref}[{m.time.astimezone(tz):%m-%d %H:%M:%S}] {_speaker(m, cfg)}{quote}: {text}")
+        lines.append(rendered(m) if rendered else render_history_line(m, cfg, tz))
     return "\n".join(lines)
 
 
@@ -255,22 +260,91 @@ class _RoundOutcome:
     tool_messages: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _history(session: ChatSession, window: int) -> list[Message]:
-    return list(reversed(Message.objects.filter(session=session).order_by("-time", "-id")[:window]))
+class HistoryLine(NamedTuple):
+    """The fields of a message the prompt shows (a full Message costs ~4× as much to load)."""
+
+    pk: int
+    direction: str
+    source_kind: str
+    platform_message_id: str
+    sender_id: str
+    sender_nickname: str
+    sender_cardname: str
+    text: str
+    reply_to_platform_id: str
+    time: datetime
+
+
+def _history(session: ChatSession, window: int) -> list[HistoryLine]:
+    rows = Message.objects.filter(session=session).order_by("-time", "-id").values_list(*HistoryLine._fields)
+    return [HistoryLine(*row) for row in reversed(rows[:window])]
+
+
+class HistoryCache:
+    """A runtime's copy of its session's recent messages, topped up with only the rows stored since
+    the last cycle (its own replies, scheduled sends from the cluster, new inbound messages alike)."""
+
+    def __init__(self) -> None:
+        self.lines: deque[HistoryLine] = deque()
+        self.window = 0
+        self.last_pk = 0
+        self._rendered: dict[int, str] = {}
+        self._render_key: tuple = ()
+
+    def rendered(self, cfg: BotConfig):
+        """A line renderer that renders each message once (per nickname and time zone)."""
+        tz = cfg.tzinfo
+        key = (cfg.bot.nickname, tz.key)
+        if key != self._render_key:
+            self._rendered, self._render_key = {}, key
+        live = {line.pk for line in self.lines}
+        for pk in [pk for pk in self._rendered if pk not in live]:
+            del self._rendered[pk]
+
+        def render(m: HistoryLine) -> str:
+            text = self._rendered.get(m.pk)
+            if text is None:
+                text = self._rendered[m.pk] = render_history_line(m, cfg, tz)
+            return text
+
+        return render
+
+    def refresh(self, session: ChatSession, window: int) -> list[HistoryLine]:
+        if window != self.window or not self.lines:
+            self.lines = deque(_history(session, window), maxlen=window)
+            self.window = window
+        else:
+            rows = (
+                Message.objects.filter(session=session, pk__gt=self.last_pk)
+                .order_by("time", "id")
+                .values_list(*HistoryLine._fields)
+            )
+            self.lines.extend(HistoryLine(*row) for row in rows)
+        if self.lines:
+            self.last_pk = max(self.last_pk, max(line.pk for line in self.lines))
+        return list(self.lines)
 
 
 def prepare(
-    *, session: ChatSession, new_messages: list[Message], trigger: str, mentioned: bool, cycle: PlannerCycle
+    *,
+    session: ChatSession,
+    new_messages: list[Message],
+    trigger: str,
+    mentioned: bool,
+    cycle: PlannerCycle,
+    history_cache: HistoryCache | None = None,
 ) -> _Prepared:
     """Read what the prompt needs and render it (sync: run it in a thread)."""
     cfg = get_config()
     tz = cfg.tzinfo
-    history = _history(session, cfg.chat.history_window)
+    window = cfg.chat.history_window
+    history = history_cache.refresh(session, window) if history_cache else _history(session, window)
     cycles = []
     if cfg.chat.cycle_records:
         cycles = list(
             PlannerCycle.objects.filter(session=session, kind=CycleKind.CHAT)
             .exclude(pk=cycle.pk)
+            .only("started_at", "action", "reasoning", "outcome", "error")  # not the big prompt
             .order_by("-started_at")[: cfg.chat.cycle_records]
         )[::-1]
     tools = registry.available(ToolContext(session=session, cycle=cycle))
@@ -288,6 +362,7 @@ def prepare(
         cycles=cycles,
         history=history,
         new_ids={m.pk for m in new_messages},
+        rendered=history_cache.rendered(cfg) if history_cache else None,
         now=f"{format_instant(now, tz)} ({now.astimezone(tz):%A}, time zone {tz.key})",
         instruction=_instruction(trigger, private=session.is_private, mentioned=mentioned),
     )
@@ -297,8 +372,31 @@ def prepare(
     )
 
 
-def cycle_open(*, session: ChatSession, trigger: str, started_at: datetime) -> PlannerCycle:
-    return PlannerCycle.objects.create(session=session, kind=CycleKind.CHAT, started_at=started_at, trigger=trigger)
+def cycle_open(
+    *,
+    session: ChatSession,
+    trigger: str,
+    started_at: datetime,
+    new_messages: list[Message],
+    mentioned: bool,
+    history_cache: HistoryCache | None = None,
+) -> tuple[PlannerCycle, _Prepared | Exception]:
+    """Open the cycle's record and prepare its prompt, in one trip to a thread."""
+    cycle = PlannerCycle.objects.create(
+        session=session, kind=CycleKind.CHAT, started_at=started_at, trigger=trigger[:255]
+    )
+    try:
+        return cycle, prepare(
+            session=session,
+            new_messages=new_messages,
+            trigger=trigger,
+            mentioned=mentioned,
+            cycle=cycle,
+            history_cache=history_cache,
+        )
+    except Exception as exc:  # recorded on the cycle by the caller
+        logger.exception("preparing planner cycle %s failed", cycle.cycle_id)
+        return cycle, exc
 
 
 def _rank(action: str) -> int:
@@ -428,6 +526,7 @@ async def run_cycle(
     has_news: Callable[[], bool],
     observe_more: Callable[[], Awaitable[list[Message]]],
     observe_ms: float = 0.0,
+    history_cache: HistoryCache | None = None,
 ) -> CycleResult:
     """One cycle with the model. `has_news()` tells whether messages came in since the last observe;
     `observe_more()` fetches them (for the one replan)."""
@@ -435,7 +534,14 @@ async def run_cycle(
     watch = Stopwatch()
     watch.timings["observe_ms"] = round(observe_ms, 3)
     t = time.perf_counter()
-    cycle = await _open(session=session, trigger=trigger[:255], started_at=timezone.now())
+    cycle, prepared = await _open(
+        session=session,
+        trigger=trigger,
+        started_at=timezone.now(),
+        new_messages=new_messages,
+        mentioned=mentioned,
+        history_cache=history_cache,
+    )
     fields: dict[str, Any] = {"action": "", "reasoning": "", "outcome": "", "error": "", "replanned": False}
     shared: dict[str, Any] = {}
     reasoning: list[str] = []
@@ -444,9 +550,8 @@ async def run_cycle(
     llm_ms = 0.0
     conversation: list[dict[str, Any]] = []
     try:
-        prepared = await _prepare(
-            session=session, new_messages=new_messages, trigger=trigger, mentioned=mentioned, cycle=cycle
-        )
+        if isinstance(prepared, Exception):
+            raise prepared
         conversation = list(prepared.messages)
         schemas = [tool.schema() for tool in prepared.tools]
         t = watch.add("prompt_ms", t)
@@ -470,7 +575,12 @@ async def run_cycle(
                     new_messages = [*new_messages, *more]
                     fields["replanned"] = True
                     prepared = await _prepare(
-                        session=session, new_messages=new_messages, trigger=trigger, mentioned=mentioned, cycle=cycle
+                        session=session,
+                        new_messages=new_messages,
+                        trigger=trigger,
+                        mentioned=mentioned,
+                        cycle=cycle,
+                        history_cache=history_cache,
                     )
                     conversation = list(prepared.messages)
                     schemas = [tool.schema() for tool in prepared.tools]

@@ -76,6 +76,7 @@ class SessionRuntime:
         # consecutive unaddressed cycles that ended silent.
         self.backlog = 0
         self.silent_streak = 0
+        self.history = planner.HistoryCache()
         self._news = False
         self._event = asyncio.Event()
         self.task: asyncio.Task | None = None
@@ -198,6 +199,7 @@ class SessionRuntime:
             has_news=lambda: self._news,
             observe_more=self._observe_more,
             observe_ms=observe_ms,
+            history_cache=self.history,
         )
         self.cycles += 1
         self.backlog = 0
