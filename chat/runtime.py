@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from asgiref.sync import SyncToAsync, sync_to_async
+from django.db import close_old_connections, connections
 
 from chat import planner
 from chat.models import ChatSession, Direction, Message
@@ -112,6 +113,7 @@ class SessionRuntime:
                     # The loop goes on: one broken cycle (a lost DB connection, a bug) must not
                     # silence the session; a short pause keeps a persistent fault from spinning.
                     logger.exception("planner runtime for session %s: cycle failed", self.session_pk)
+                    await sync_to_async(close_old_connections)()  # a broken connection is replaced
                     await asyncio.sleep(1)
                 finally:
                     self.busy = False
@@ -302,6 +304,8 @@ class RuntimeRegistry:
             _done, pending = await asyncio.wait(tasks, timeout=timeout)
             if pending:
                 logger.warning("%d planner runtimes did not stop within %.0fs", len(pending), timeout)
+        # The runtimes' ORM work ran in asgiref's shared thread: release its connection too.
+        await sync_to_async(connections.close_all)()
         logger.info("planner runtimes stopped (%d)", len(runtimes))
         self.runtimes = {}
         self.loop = None

@@ -88,7 +88,11 @@ class ChatSection(Section):
     )
     max_rounds: int = Field(5, ge=1, le=20, description="Tool-call rounds per cycle before it must end.")
     no_reply_timeout: float = Field(
-        300.0, gt=0, description="After no_reply, seconds before the planner looks again without a new message."
+        300.0,
+        gt=0,
+        description=(
+            "Private chats: after no_reply, seconds before the planner looks once more without a new message."
+        ),
     )
     history_window: int = Field(30, ge=1, le=500, description="Recent messages shown to the planner.")
     cycle_records: int = Field(5, ge=0, le=50, description="Previous cycle records shown to the planner.")
