@@ -18,6 +18,7 @@ trigger; elsewhere call `await registry.shutdown()`.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import sys
 from collections.abc import Iterable
@@ -231,8 +232,10 @@ class RuntimeRegistry:
         if loop is None:
             logger.warning("inbound messages for session %s but no event loop to run a planner on", session_pk)
             return False
-        first = min(message_pks, default=None)
-        loop.call_soon_threadsafe(self._notify, session_pk, first)
+        first = min((pk for pk in message_pks if pk is not None), default=None)
+        # A fresh context: the sender's (e.g. asgiref's single-thread executor marker, or a consumer's
+        # thread-sensitive context) must not leak into the runtime, or its ORM calls would deadlock.
+        loop.call_soon_threadsafe(self._notify, session_pk, first, context=contextvars.Context())
         return True
 
     def _loop_for_caller(self) -> asyncio.AbstractEventLoop | None:
@@ -272,7 +275,10 @@ class RuntimeRegistry:
             last_seen = (first_pk - 1) if first_pk is not None else 0
             runtime = SessionRuntime(self, session_pk, last_seen)
             self.runtimes[session_pk] = runtime
-            runtime.task = asyncio.get_running_loop().create_task(runtime.run(), name=f"planner-session-{session_pk}")
+            runtime.task = asyncio.get_running_loop().create_task(
+                runtime.run(), name=f"planner-session-{session_pk}", context=contextvars.Context()
+            )
+            runtime.task.add_done_callback(_log_crash)
         runtime.notify()
 
     def _make_room(self) -> None:
@@ -311,6 +317,11 @@ class RuntimeRegistry:
         self.loop = None
         self.stopping = False
         return len(runtimes)
+
+
+def _log_crash(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("planner runtime %s crashed", task.get_name(), exc_info=task.exception())
 
 
 registry = RuntimeRegistry()

@@ -45,10 +45,12 @@ def inbound_store(
 
 
 async def say(session: ChatSession, text: str, *, from_thread: bool = False, **kw) -> Message:
-    """Store an inbound message and send `inbound_stored`, from the event loop or a worker thread."""
+    """Store an inbound message and send `inbound_stored`: directly on the event loop, or as the
+    gateway does (`asend_robust`, which runs sync receivers in asgiref's thread)."""
     message = await sync_to_async(inbound_store)(session=session, text=text, **kw)
     if from_thread:
-        await sync_to_async(inbound_stored.send, thread_sensitive=False)(sender=Message, messages=[message])
+        for _receiver, result in await inbound_stored.asend_robust(sender=Message, messages=[message]):
+            assert not isinstance(result, Exception), result
     else:
         inbound_stored.send(sender=Message, messages=[message])
     return message
