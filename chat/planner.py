@@ -280,6 +280,17 @@ def _history(session: ChatSession, window: int) -> list[HistoryLine]:
     return [HistoryLine(*row) for row in reversed(rows[:window])]
 
 
+def _recent_cycles(session: ChatSession, n: int, *, exclude_pk: int | None) -> list[PlannerCycle]:
+    if not n:
+        return []
+    return list(
+        PlannerCycle.objects.filter(session=session, kind=CycleKind.CHAT)
+        .exclude(pk=exclude_pk)
+        .only("started_at", "action", "reasoning", "outcome", "error")  # not the big prompt
+        .order_by("-started_at")[:n]
+    )[::-1]
+
+
 class HistoryCache:
     """A runtime's copy of its session's recent messages, topped up with only the rows stored since
     the last cycle (its own replies, scheduled sends from the cluster, new inbound messages alike)."""
@@ -290,6 +301,17 @@ class HistoryCache:
         self.last_pk = 0
         self._rendered: dict[int, str] = {}
         self._render_key: tuple = ()
+        self._cycles: deque[PlannerCycle] | None = None
+
+    def recent_cycles(self, session: ChatSession, n: int, *, exclude_pk: int | None) -> list[PlannerCycle]:
+        """The session's last chat cycles: read once, then kept as the runtime records them."""
+        if self._cycles is None or self._cycles.maxlen != n:
+            self._cycles = deque(_recent_cycles(session, n, exclude_pk=exclude_pk), maxlen=n)
+        return [c for c in self._cycles if c.pk != exclude_pk]
+
+    def remember_cycle(self, cycle: PlannerCycle) -> None:
+        if self._cycles is not None:
+            self._cycles.append(cycle)
 
     def rendered(self, cfg: BotConfig):
         """A line renderer that renders each message once (per nickname and time zone)."""
@@ -339,14 +361,10 @@ def prepare(
     tz = cfg.tzinfo
     window = cfg.chat.history_window
     history = history_cache.refresh(session, window) if history_cache else _history(session, window)
-    cycles = []
-    if cfg.chat.cycle_records:
-        cycles = list(
-            PlannerCycle.objects.filter(session=session, kind=CycleKind.CHAT)
-            .exclude(pk=cycle.pk)
-            .only("started_at", "action", "reasoning", "outcome", "error")  # not the big prompt
-            .order_by("-started_at")[: cfg.chat.cycle_records]
-        )[::-1]
+    if history_cache:
+        cycles = history_cache.recent_cycles(session, cfg.chat.cycle_records, exclude_pk=cycle.pk)
+    else:
+        cycles = _recent_cycles(session, cfg.chat.cycle_records, exclude_pk=cycle.pk)
     tools = registry.available(ToolContext(session=session, cycle=cycle))
     now = timezone.now()
     system = prompt_manager.get_prompt(SYSTEM_PROMPT).render(

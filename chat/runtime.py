@@ -182,8 +182,10 @@ class SessionRuntime:
         mentioned = any(planner.mentions_bot(m, cfg, seen.bot_message_ids) for m in seen.messages)
         if cfg.offline:
             self.busy = True
-            await offline.run_offline_cycle(session=session, new_messages=seen.messages, mentioned=mentioned)
-            self.cycles += 1
+            cycle = await offline.run_offline_cycle(session=session, new_messages=seen.messages, mentioned=mentioned)
+            if cycle is not None:
+                self.history.remember_cycle(cycle)
+                self.cycles += 1
             return
         if not session.is_private:
             if mentioned:
@@ -204,6 +206,7 @@ class SessionRuntime:
             observe_ms=observe_ms,
             history_cache=self.history,
         )
+        self.history.remember_cycle(result.cycle)
         self.cycles += 1
         self.backlog = 0
         if result.action in ("reply", "send_emoji"):
