@@ -72,11 +72,18 @@ class Prompt:
             raise PromptError(f"prompt {self.prompt_name!r} has no construct function {name!r}")
 
     def add_block(self, prompt_block: Prompt, block_name: str | None = None, *, suppress: bool = False) -> None:
-        """Append another prompt's blocks (prefixed `block_name.` when given) and construct functions."""
-        for name, template in prompt_block.content_block.items():
-            self.add_text_block(f"{block_name}.{name}" if block_name else name, template, suppress=suppress)
+        """Append another prompt's blocks (prefixed `block_name.` when given) and construct functions.
+        All or nothing: on a clash nothing is added."""
+        blocks = {(f"{block_name}.{n}" if block_name else n): t for n, t in prompt_block.content_block.items()}
+        if not suppress:
+            clashes = [n for n in blocks if n in self.content_block]
+            clashes += [n for n in prompt_block.construct_function if n in self.construct_function]
+            if clashes:
+                raise PromptError(f"prompt {self.prompt_name!r} already has {', '.join(map(repr, clashes))}")
+        for name, template in blocks.items():
+            self.add_text_block(name, template, suppress=True)
         for name, func in prompt_block.construct_function.items():
-            self.add_construct_function(name, func, suppress=suppress)
+            self.add_construct_function(name, func, suppress=True)
 
     def remove_block(self, block_name: str) -> None:
         if self.content_block.pop(block_name, None) is None:

@@ -280,3 +280,11 @@ async def test_emoji_is_offered_only_when_stored_and_sent_as_an_emoji_segment(fa
     [sent] = await outbound(private)
     assert cycle.action == "send_emoji" and sent.segments[0]["type"] == "emoji"
     assert sent.source_kind == SourceKind.REPLY
+
+
+async def test_malformed_provider_answer_is_an_error_not_a_message(fake_llm, runtimes, private):
+    fake_llm.script({"id": "broken", "object": "chat.completion", "choices": []})
+    await say(private, "hi")
+    [cycle] = await finished_cycles(private)
+    assert cycle.action == "error" and "no choices" in cycle.error
+    assert await outbound(private) == []
