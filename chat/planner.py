@@ -10,9 +10,10 @@ conversation sent); every tool call a ToolCallRecord; every model call an LLMCal
 When does the bot speak?
 * Private chats: every new message is considered (one cycle per debounced burst).
 * Group chats: a new message *mentions* the bot when its text contains the nickname or one of
-  `bot.alias_names` (case-insensitive), an `@<name:id>` mention whose name is one of those, or it
-  quotes one of the bot's own messages. A mention always starts a cycle. Otherwise the model is
-  asked only once enough unaddressed messages have piled up:
+  `bot.alias_names` (case-insensitive), when it has an `@<name:id>` mention whose name is one of
+  those or whose id is the message's receiver id (the bot's account, when the adapter sends
+  receiver_info), or when it quotes one of the bot's own messages. A mention always starts a cycle.
+  Otherwise the model is asked only once enough unaddressed messages have piled up:
       backlog >= ceil(1 / chat.talk_frequency) * 2 ** min(silent_streak, 4)
   where backlog counts unaddressed messages since the bot last planned, and silent_streak counts the
   consecutive unaddressed cycles that ended in no_reply (reset by a reply or a mention). With
@@ -209,8 +210,10 @@ def mentions_bot(message: Message, cfg: BotConfig, bot_message_ids: set[str] = f
     text = (message.text or "").casefold()
     if any(name in text for name in names):
         return True
-    if any(nick.strip().casefold() in names for nick, _id in _AT_MENTION.findall(message.text or "")):
-        return True
+    own_id = getattr(message, "receiver_id", "") or ""  # the bot's account, when the adapter says so
+    for nick, at_id in _AT_MENTION.findall(message.text or ""):
+        if nick.strip().casefold() in names or (own_id and at_id.strip() == own_id):
+            return True
     return bool(message.reply_to_platform_id and message.reply_to_platform_id in bot_message_ids)
 
 

@@ -31,6 +31,7 @@ def test_mention_rule():
     assert mentions_bot(said("hey maibot, what's up"), cfg)
     assert mentions_bot(said("@<麦麦:3355> 在吗"), cfg)
     assert not mentions_bot(said("@<Alice:1> lunch?"), cfg)
+    assert mentions_bot(Message(text="@<小麦:3355> hi", receiver_id="3355"), cfg)  # the bot's own account id
     assert not mentions_bot(said("lunch anyone?"), cfg)
     assert mentions_bot(said("yes", quote="42"), cfg, bot_message_ids={"42"})
     assert not mentions_bot(said("yes", quote="43"), cfg, bot_message_ids={"42"})
