@@ -456,6 +456,9 @@ def execute_round(
             except Exception as exc:
                 logger.exception("tool %s failed in cycle %s", call.name, cycle.cycle_id)
                 res = error("tool_failed", f"{type(exc).__name__}: {exc}"[:500])
+        # What is recorded is exactly what the model is told (and anything odd becomes text).
+        content = json.dumps(res, ensure_ascii=False, default=str)
+        res = json.loads(content)
         succeeded = bool(res.get("ok"))
         records.append(
             ToolCallRecord(
@@ -469,9 +472,7 @@ def execute_round(
                 ok=succeeded,
             )
         )
-        out.tool_messages.append(
-            {"role": "tool", "tool_call_id": call.id, "content": json.dumps(res, ensure_ascii=False, default=str)}
-        )
+        out.tool_messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
         if succeeded and tool is not None and tool.ends_cycle:
             out.ended = True
             # reply outranks send_emoji outranks no_reply (outranks other ending tools) as the action.
@@ -485,7 +486,8 @@ def execute_round(
                 out.reasoning.append(str(call.arguments.get("reason", "")))
                 out.outcome.append("stayed silent")
         elif not succeeded:
-            out.outcome.append(f"{call.name} failed: {res.get('error', {}).get('code', '?')}")
+            err = res.get("error")
+            out.outcome.append(f"{call.name} failed: {err.get('code', '?') if isinstance(err, dict) else err}")
         else:
             out.outcome.append(f"{call.name} ok")
     ToolCallRecord.objects.bulk_create(records)
@@ -525,6 +527,10 @@ _close = sync_to_async(cycle_close)
 
 
 class Stopwatch:
+    """Milliseconds per phase: observe, prompt (open the record, read, render), plan (the model calls,
+    of which llm_ms is the providers' own HTTP time), execute (tools), record (assembling the record;
+    the one UPDATE that stores it is the only untimed step), total."""
+
     def __init__(self) -> None:
         self.timings: dict[str, float] = {}
         self._t0 = time.perf_counter()
