@@ -192,6 +192,11 @@ def main() -> None:
     )
     print(f"LLM HTTP time per cycle (FakeLLM, instant): p50 {pct(llm_ms, 0.5):.1f} ms")
     print(f"wake → cycle recorded (wall, incl. LLM): p50 {pct(walls, 0.5):.2f} ms, p99 {pct(walls, 0.99):.2f} ms")
+    strict = [w - c.timings["llm_ms"] for w, c in zip(walls, cycles, strict=True)]
+    print(
+        f"stricter: wake → recorded wall time minus LLM HTTP time (adds signal, wake-up, final UPDATE): "
+        f"p50 {pct(strict, 0.5):.2f} ms, p99 {pct(strict, 0.99):.2f} ms"
+    )
     print(f"LLM calls per plain reply: {calls_per_reply:.2f} (target 1)")
     print(
         f"prompt tokens per cycle (ESTIMATED from the rendered prompt + tool schemas): "

@@ -257,6 +257,7 @@ class _Prepared:
 @dataclass
 class _RoundOutcome:
     ended: bool = False
+    closed: bool = False
     action: str = ""
     reasoning: list[str] = field(default_factory=list)
     outcome: list[str] = field(default_factory=list)
@@ -433,9 +434,17 @@ def _bind(tool: Tool, ctx: ToolContext, arguments: dict[str, Any]) -> str:
 
 
 def execute_round(
-    *, session: ChatSession, cycle: PlannerCycle, round_no: int, result: llm.LLMResult, tools: list[Tool], shared: dict
+    *,
+    session: ChatSession,
+    cycle: PlannerCycle,
+    round_no: int,
+    result: llm.LLMResult,
+    tools: list[Tool],
+    shared: dict,
+    close: Callable[[_RoundOutcome], dict[str, Any]] | None = None,
 ) -> _RoundOutcome:
-    """Run one answer's tool calls in order and record them (sync: run it in a thread)."""
+    """Run one answer's tool calls in order and record them (sync: run it in a thread). When the
+    round ends the cycle and `close` is given, the cycle record is closed in the same trip."""
     by_name = {t.name: t for t in tools}
     out = _RoundOutcome()
     records = []
@@ -491,6 +500,9 @@ def execute_round(
         else:
             out.outcome.append(f"{call.name} ok")
     ToolCallRecord.objects.bulk_create(records)
+    if close is not None and out.ended:
+        cycle_close(cycle=cycle, fields=close(out))
+        out.closed = True
     return out
 
 
@@ -576,6 +588,30 @@ async def run_cycle(
     llm_calls = 0
     llm_ms = 0.0
     conversation: list[dict[str, Any]] = []
+    closed = False
+
+    def finalize() -> dict[str, Any]:
+        nonlocal t
+        watch.timings["llm_ms"] = round(llm_ms, 3)
+        fields["reasoning"] = "\n".join(r for r in reasoning if r)[:4000]
+        fields["outcome"] = "; ".join(o for o in outcome if o)[:4000]
+        fields["prompt"] = conversation
+        t = watch.add("record_ms", t)
+        watch.total()
+        fields["timings"] = watch.timings
+        return fields
+
+    def close_after(done: _RoundOutcome) -> dict[str, Any]:
+        # Runs in the tool thread while this coroutine waits: the final round's results and the
+        # record go to the database in one trip.
+        nonlocal t
+        t = watch.add("execute_ms", t)
+        reasoning.extend(r for r in done.reasoning if r)
+        outcome.extend(done.outcome)
+        conversation.extend(done.tool_messages)
+        fields["action"] = done.action
+        return finalize()
+
     try:
         if isinstance(prepared, Exception):
             raise prepared
@@ -634,16 +670,22 @@ async def run_cycle(
                 break
             conversation.append(result.assistant_message or {"role": "assistant", "content": result.content})
             done = await _execute(
-                session=session, cycle=cycle, round_no=round_no, result=result, tools=prepared.tools, shared=shared
+                session=session,
+                cycle=cycle,
+                round_no=round_no,
+                result=result,
+                tools=prepared.tools,
+                shared=shared,
+                close=close_after,
             )
             tools_ran = True
+            if done.closed:
+                closed = True
+                break
             t = watch.add("execute_ms", t)
             reasoning.extend(r for r in done.reasoning if r)
             outcome.extend(done.outcome)
             conversation.extend(done.tool_messages)
-            if done.ended:
-                fields["action"] = done.action
-                break
             round_no += 1
     except asyncio.CancelledError:
         fields["action"] = fields["action"] or "cancelled"
@@ -654,16 +696,10 @@ async def run_cycle(
         fields["action"] = fields["action"] or "error"
         fields["error"] = f"{type(exc).__name__}: {exc}"[:2000]
     finally:
-        watch.timings["llm_ms"] = round(llm_ms, 3)
-        fields["reasoning"] = "\n".join(r for r in reasoning if r)[:4000]
-        fields["outcome"] = "; ".join(o for o in outcome if o)[:4000]
-        fields["prompt"] = conversation
-        t = watch.add("record_ms", t)
-        watch.total()
-        fields["timings"] = watch.timings
-        # A cancelled runtime (shutdown, eviction) still leaves an honest record behind.
-        try:
-            await _close(cycle=cycle, fields=fields)
-        except Exception:
-            logger.exception("could not record planner cycle %s", cycle.cycle_id)
+        if not closed:
+            # A cancelled runtime (shutdown, eviction) still leaves an honest record behind.
+            try:
+                await _close(cycle=cycle, fields=finalize())
+            except Exception:
+                logger.exception("could not record planner cycle %s", cycle.cycle_id)
     return CycleResult(cycle=cycle, action=fields["action"], mentioned=mentioned, llm_calls=llm_calls)
