@@ -315,7 +315,17 @@ class HistoryCache:
 
     def remember_cycle(self, cycle: PlannerCycle) -> None:
         if self._cycles is not None:
-            self._cycles.append(cycle)
+            # Only what the prompt shows: the full conversation stays in the database.
+            self._cycles.append(
+                PlannerCycle(
+                    pk=cycle.pk,
+                    started_at=cycle.started_at,
+                    action=cycle.action,
+                    reasoning=cycle.reasoning,
+                    outcome=cycle.outcome,
+                    error=cycle.error,
+                )
+            )
 
     def rendered(self, cfg: BotConfig):
         """A line renderer that renders each message once (per nickname and time zone)."""

@@ -37,6 +37,9 @@ class FakeLLM:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body go out as two writes: with Nagle on, a keep-alive client's delayed ACK
+            # stalls every answer after the first by ~40 ms.
+            disable_nagle_algorithm = True
 
             def log_message(self, *args: Any) -> None:
                 pass
