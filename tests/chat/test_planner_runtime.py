@@ -63,14 +63,22 @@ async def test_unaddressed_group_talk_backs_off_after_each_silent_turn(fake_llm,
     group = await sync_to_async(make_session)(chat_type="group")
     fake_llm.default = lambda body: fake_llm.tool_call("no_reply", {"reason": "not my business"})
     with config.override(chat={"talk_frequency": 0.5, "debounce_seconds": 0.05}):
-        for i in range(1, 7):
+        # Bar 2: the first message alone costs nothing, the second one asks the model.
+        await say(group, "chatter 1", sender_nickname="Bob")
+        await asyncio.sleep(0.4)
+        assert fake_llm.requests == []
+        await say(group, "chatter 2", sender_nickname="Bob")
+        await wait_cycles(group, 1)
+        assert "Nobody addressed you" in fake_llm.requests[0]["messages"][1]["content"]
+        # It stayed silent: the bar doubles to 4.
+        for i in (3, 4, 5):
             await say(group, f"chatter {i}", sender_nickname="Bob")
-            await asyncio.sleep(0.25)
-        await asyncio.sleep(0.5)
-    # Bar 2 → asked after message 2 (silent) → bar 4 → asked after message 6.
-    assert len(fake_llm.requests) == 2
-    assert "Nobody addressed you" in fake_llm.requests[0]["messages"][1]["content"]
-    assert await sent_texts(group) == []
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(0.3)
+        assert len(fake_llm.requests) == 1
+        await say(group, "chatter 6", sender_nickname="Bob")
+        await wait_cycles(group, 2)
+    assert len(fake_llm.requests) == 2 and await sent_texts(group) == []
 
 
 async def test_runtime_cap_stops_the_least_recently_active(fake_llm, runtimes, make_session):
