@@ -34,6 +34,12 @@ class Command(DjangoQCommand):
         if options.get("run_once"):
             cluster.stop()
             return
+        # Config watcher, log lines to the console, heartbeat for /healthz: started after the fork
+        # above so the cluster's children never inherit their threads.
+        from maibot.process import start_process_services, stop_process_services
+
+        if settings.MAIBOT_CONSOLE_SERVICES:
+            start_process_services("cluster")
         dispatcher = None
         thread = None
         if not options.get("no_dispatcher"):
@@ -51,3 +57,4 @@ class Command(DjangoQCommand):
             if dispatcher is not None:
                 dispatcher.stop()
                 thread.join(timeout=30)
+            stop_process_services()
