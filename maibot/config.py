@@ -155,6 +155,7 @@ class ConsoleSection(Section):
         ge=10,
         le=10_000,
         description="Config file changes are applied once the file has been quiet this long (milliseconds).",
+        json_schema_extra={"requires_restart": True},  # the file watcher reads it when it starts
     )
     log_level: str = Field(
         "INFO",
@@ -318,8 +319,8 @@ def override(**sections: dict[str, Any]) -> Iterator[BotConfig]:
 
 def requires_restart(field: Any) -> bool:
     """A field marked `json_schema_extra={"requires_restart": True}` is read once at start-up, so a hot
-    reload does not change it. No bot config field needs this today: components read get_config() on
-    each use."""
+    reload does not change it. Components read get_config() on each use, so only the watcher's own
+    `console.reload_debounce_ms` needs this."""
     extra = field.json_schema_extra
     return bool(isinstance(extra, dict) and extra.get("requires_restart"))
 

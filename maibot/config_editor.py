@@ -47,8 +47,10 @@ def _form_field(info: FieldInfo, default: Any) -> forms.Field:
         return forms.FloatField(**common)
     if kind == "list":
         return ListField(required=False, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}), **common)
-    widget = forms.Textarea(attrs={"rows": 3, "cols": 80}) if len(str(default)) > LONG_TEXT else forms.TextInput(
-        attrs={"size": 60}
+    widget = (
+        forms.Textarea(attrs={"rows": 3, "cols": 80})
+        if len(str(default)) > LONG_TEXT
+        else forms.TextInput(attrs={"size": 60})
     )
     return forms.CharField(required=False, strip=False, widget=widget, **common)
 
@@ -87,9 +89,8 @@ class ConfigForm(forms.Form):
 
     @classmethod
     def from_config(cls, cfg: BotConfig) -> ConfigForm:
-        initial = {
-            f"{section}{SEP}{key}": value for section, values in cfg.model_dump().items() for key, value in values.items()
-        }
+        dumped = cfg.model_dump()
+        initial = {f"{section}{SEP}{key}": value for section, values in dumped.items() for key, value in values.items()}
         return cls(initial=initial)
 
     def fieldsets(self) -> list[Fieldset]:

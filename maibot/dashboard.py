@@ -57,9 +57,13 @@ def active_runtimes() -> dict[str, Any]:
 
 
 def scheduled_counts() -> dict[str, int]:
-    rows = ScheduledMessage.objects.filter(
-        status__in=[ScheduledStatus.PENDING, ScheduledStatus.SENDING, ScheduledStatus.FAILED]
-    ).values_list("status").annotate(n=Count("pk"))
+    rows = (
+        ScheduledMessage.objects.filter(
+            status__in=[ScheduledStatus.PENDING, ScheduledStatus.SENDING, ScheduledStatus.FAILED]
+        )
+        .values_list("status")
+        .annotate(n=Count("pk"))
+    )
     counts = {s: 0 for s in ("pending", "sending", "failed")}
     counts.update(dict(rows))
     return counts
@@ -67,9 +71,9 @@ def scheduled_counts() -> dict[str, int]:
 
 def next_due(limit: int = 10) -> list[ScheduledMessage]:
     return list(
-        ScheduledMessage.objects.filter(status=ScheduledStatus.PENDING).select_related("session").order_by("due_at")[
-            :limit
-        ]
+        ScheduledMessage.objects.filter(status=ScheduledStatus.PENDING)
+        .select_related("session")
+        .order_by("due_at")[:limit]
     )
 
 
@@ -121,10 +125,7 @@ def lateness_stats(now: datetime | None = None) -> dict[str, Any]:
 
 def lateness_charts(stats: dict[str, Any], now: datetime | None = None) -> list:
     ms = [
-        charts.Series(
-            f"p{q}", [round((stats[w][f"p{q}"] or 0) * 1000, 1) for w in ("hour", "day")]
-        )
-        for q in (50, 99)
+        charts.Series(f"p{q}", [round((stats[w][f"p{q}"] or 0) * 1000, 1) for w in ("hour", "day")]) for q in (50, 99)
     ]
     now = timezone.localtime(now or timezone.now(), get_config().tzinfo)
     labels = [(now - timedelta(hours=23 - i)).strftime("%H:00") for i in range(24)]
