@@ -112,18 +112,22 @@ class ConfigForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean()
-        if self.errors:
-            return cleaned
+        # Validate even when some fields already failed their type check (those take their defaults
+        # here), so every wrong field is reported in one round trip.
         try:
-            self.config = BotConfig.model_validate(self.values())
+            config = BotConfig.model_validate(self.values())
         except ValidationError as exc:
             for err in exc.errors():
                 loc = [str(p) for p in err["loc"]]
                 name = SEP.join(loc[:2])
                 if name in self.fields:
-                    self.add_error(name, err["msg"])
+                    if name not in self.errors:
+                        self.add_error(name, err["msg"])
                 else:
                     self.add_error(None, f"{'.'.join(loc)}: {err['msg']}")
+        else:
+            if not self.errors:
+                self.config = config
         return cleaned
 
 
@@ -136,7 +140,8 @@ def toml_with_values(text: str, cfg: BotConfig) -> str:
         table = doc.get(section)
         for key, value in values.items():
             if table is not None and key in table:
-                if table[key].unwrap() != value:
+                current = table[key]
+                if (current.unwrap() if hasattr(current, "unwrap") else current) != value:
                     table[key] = value
             elif value != defaults[section][key]:
                 if table is None:
