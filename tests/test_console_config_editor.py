@@ -20,7 +20,7 @@ NOTE = "# 运营备注 operator note: keep the persona short\n"
 def config_file(settings, tmp_path):
     settings.DATA_DIR = tmp_path
     path = tmp_path / "bot_config.toml"
-    text = render_template().replace('[bot]\n', f"[bot]\n{NOTE}", 1)
+    text = render_template().replace("[bot]\n", f"[bot]\n{NOTE}", 1)
     text = text.replace("max_rounds = 5", "max_rounds = 5  # raised from 3 after the 11-04 incident")
     path.write_text(text, encoding="utf-8")
     reload._applied_digest = None
@@ -96,7 +96,12 @@ def test_invalid_form_input_shows_errors_at_the_fields_and_changes_nothing(opera
     before = config_file.read_text(encoding="utf-8")
     data = form_data(operator)
     data.update(
-        {"chat__max_rounds": "0", "bot__language": "english please", "bot__time_zone": "Mars/Olympus", "llm__timeout": "x"}
+        {
+            "chat__max_rounds": "0",
+            "bot__language": "english please",
+            "bot__time_zone": "Mars/Olympus",
+            "llm__timeout": "x",
+        }
     )
 
     response = operator.post("/admin/config/", data)

@@ -61,13 +61,23 @@ def activity(db, make_session):
         ("deepseek-chat", 2, 100, "0", "RateLimitError: 429 slow down"),
     ]:
         call = LLMCall.objects.create(
-            purpose="planner", model=model, prompt_tokens=tokens // 2, completion_tokens=tokens // 2, cost=Decimal(cost),
+            purpose="planner",
+            model=model,
+            prompt_tokens=tokens // 2,
+            completion_tokens=tokens // 2,
+            cost=Decimal(cost),
             error=error,
         )
         LLMCall.objects.filter(pk=call.pk).update(created_at=now - timedelta(days=day))
     LogEntry.objects.create(
-        created_at=now, level=40, level_name="ERROR", logger="chat.gateway", module="gateway", line=42,
-        message="adapter qq sent garbage", process="web",
+        created_at=now,
+        level=40,
+        level_name="ERROR",
+        logger="chat.gateway",
+        module="gateway",
+        line=42,
+        message="adapter qq sent garbage",
+        process="web",
     )
     return {"pending": pending, "failed": failed}
 

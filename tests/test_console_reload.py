@@ -167,7 +167,7 @@ def test_saving_from_the_console_applies_once_even_though_the_watcher_sees_the_w
 
 def test_an_invalid_save_writes_nothing(config_file, clean_reload_state):
     before = config_file.read_text(encoding="utf-8")
-    with pytest.raises(reload.ConfigError, match="chat.max_rounds"):
+    with pytest.raises(reload.ConfigError, match=r"chat\.max_rounds"):
         reload.config_save_text(text=before.replace("max_rounds = 5", "max_rounds = 99"), path=config_file)
     assert config_file.read_text(encoding="utf-8") == before
     assert get_config().chat.max_rounds == 5
