@@ -99,3 +99,11 @@ def test_healthz_follows_the_cluster_heartbeat(start_server, start_qcluster):
     assert cluster.stop() == 0
     status, body = healthz(base)
     assert status == 503 and body["checks"]["cluster"]["last_heartbeat"] is None
+
+
+def test_the_server_serves_the_admin_and_console_assets_itself(start_server):
+    # No separate web server and no CDN: the admin's CSS comes from daphne.
+    _, base = start_server()
+    with urllib.request.urlopen(f"{base}/static/admin/css/base.css", timeout=10) as resp:
+        assert resp.status == 200
+        assert b"body" in resp.read()
