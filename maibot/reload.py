@@ -180,17 +180,6 @@ def config_save_text(*, text: str, path: Path | None = None, source: str = "cons
         return _apply(cfg, text, source)
 
 
-def mark_applied(path: Path | None = None) -> None:
-    """Remember the file's current text as applied (at start-up the config was just loaded from it)."""
-    global _applied_digest
-    path = path or bot_config.config_path()
-    with _reload_lock:
-        try:
-            _applied_digest = _digest(path.read_text(encoding="utf-8"))
-        except OSError:
-            _applied_digest = None
-
-
 # --- the watcher ----------------------------------------------------------------------------------
 
 
@@ -210,7 +199,9 @@ class ConfigWatcher:
         return Path(changed_path).name == self.path.name
 
     def start(self) -> ConfigWatcher:
-        mark_applied(self.path)
+        # The config in force was loaded at start-up; the file may have changed since (the server
+        # starts its watcher on the first request). Catch up once, then follow changes.
+        reload_from_file(self.path)
         self._thread = threading.Thread(target=self._run, name="maibot-config-watcher", daemon=True)
         self._thread.start()
         self._ready.wait(10)
