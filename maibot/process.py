@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 
 from django.db import close_old_connections
@@ -24,8 +25,9 @@ class Heartbeat:
     """Writes this process's ProcessHeartbeat row every `console.heartbeat_seconds`; deletes it on stop
     so /healthz sees a stopped cluster at once rather than after the staleness window."""
 
-    def __init__(self, role: str) -> None:
+    def __init__(self, role: str, alive: Callable[[], bool] | None = None) -> None:
         self.role = role
+        self.alive = alive
         self.name = f"{socket.gethostname()}:{os.getpid()}"[:128]
         self.started_at = timezone.now()
         self._stop = threading.Event()
@@ -38,6 +40,10 @@ class Heartbeat:
     def beat(self) -> None:
         from maibot.models import ProcessHeartbeat
 
+        if self.alive is not None and not self.alive():
+            # A stuck part (e.g. the dispatcher thread died): stop vouching, let /healthz go stale.
+            logger.error("%s %s: a vital thread is down; heartbeat withheld", self.role, self.name)
+            return
         now = timezone.now()
         ProcessHeartbeat.objects.update_or_create(
             name=self.name, defaults={"role": self.role, "started_at": self.started_at, "beat_at": now}
@@ -68,15 +74,16 @@ class Heartbeat:
 
 
 class ProcessServices:
-    def __init__(self, role: str) -> None:
+    def __init__(self, role: str, alive: Callable[[], bool] | None = None) -> None:
         self.role = role
+        self.alive = alive
         self.watcher: ConfigWatcher | None = None
         self.heartbeat: Heartbeat | None = None
 
     def start(self) -> ProcessServices:
         logdb.activate(self.role)
         self.watcher = ConfigWatcher().start()
-        self.heartbeat = Heartbeat(self.role).start()
+        self.heartbeat = Heartbeat(self.role, self.alive).start()
         logger.info("%s process %s: console services started", self.role, os.getpid())
         return self
 
@@ -92,12 +99,13 @@ _started: ProcessServices | None = None
 _start_lock = threading.Lock()
 
 
-def start_process_services(role: str) -> ProcessServices:
-    """Start the watcher, the log handler and the heartbeat for this process (once)."""
+def start_process_services(role: str, alive: Callable[[], bool] | None = None) -> ProcessServices:
+    """Start the watcher, the log handler and the heartbeat for this process (once). `alive` says
+    whether the process's vital parts still run; the heartbeat is withheld while it is false."""
     global _started
     with _start_lock:
         if _started is None:
-            _started = ProcessServices(role).start()
+            _started = ProcessServices(role, alive).start()
         return _started
 
 
@@ -122,9 +130,8 @@ def start_services_on_first_call(app):
         if not started:
             started = True
             if getattr(settings, "MAIBOT_CONSOLE_SERVICES", True):
-                from asgiref.sync import sync_to_async
-
-                await sync_to_async(start_process_services, thread_sensitive=False)("web")
+                # In the background: the first request must not wait for the watcher to arm.
+                threading.Thread(target=start_process_services, args=("web",), daemon=True).start()
         return await app(scope, receive, send)
 
     return wrapper

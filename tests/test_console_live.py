@@ -107,3 +107,27 @@ def test_the_server_serves_the_admin_and_console_assets_itself(start_server):
     with urllib.request.urlopen(f"{base}/static/admin/css/base.css", timeout=10) as resp:
         assert resp.status == 200
         assert b"body" in resp.read()
+
+
+def test_the_server_follows_edits_of_its_own_config_file(start_server, tmp_path):
+    from maibot.models import LogEntry, ProcessHeartbeat
+
+    _, base = start_server()
+    healthz(base)  # the first request starts the server's console services
+    deadline = time.monotonic() + 20
+    while not ProcessHeartbeat.objects.filter(role="web").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ProcessHeartbeat.objects.filter(role="web").exists()
+    while not LogEntry.objects.filter(process="web", message__startswith="watching").exists():
+        assert time.monotonic() < deadline, "the server's config watcher did not start"
+        time.sleep(0.1)
+
+    path = tmp_path / "data-web" / "bot_config.toml"
+    path.write_text(path.read_text(encoding="utf-8").replace('nickname = "麦麦"', 'nickname = "服务器 server"'))
+    deadline = time.monotonic() + 20
+    while not LogEntry.objects.filter(process="web", message__contains="changed: bot.nickname").exists():
+        assert time.monotonic() < deadline, "the server did not reload its config"
+        time.sleep(0.1)
+    request = urllib.request.Request(f"{base}/admin/config/", headers={"Cookie": operator_cookie()})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        assert 'value="服务器 server"' in resp.read().decode()

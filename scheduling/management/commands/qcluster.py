@@ -38,10 +38,16 @@ class Command(DjangoQCommand):
         # above so the cluster's children never inherit their threads.
         from maibot.process import start_process_services, stop_process_services
 
-        if settings.MAIBOT_CONSOLE_SERVICES:
-            start_process_services("cluster")
         dispatcher = None
         thread = None
+
+        def alive() -> bool:
+            # The heartbeat vouches for the sentinel and the dispatcher, not just this process.
+            sentinel_ok = cluster.sentinel is not None and cluster.sentinel.is_alive()
+            return sentinel_ok and (thread is None or thread.is_alive())
+
+        if settings.MAIBOT_CONSOLE_SERVICES:
+            start_process_services("cluster", alive=alive)
         if not options.get("no_dispatcher"):
             # Import the timer source so it registers itself with the dispatcher.
             import scheduling.sources  # noqa: F401
