@@ -74,15 +74,22 @@ def _sections() -> list[tuple[str, type]]:
 
 class ConfigForm(forms.Form):
     """One form field per config field; sections become fieldsets; pydantic's own validation runs in
-    clean() and its errors land on the field they are about."""
+    clean() and its errors land on the field they are about.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    Each field carries the value the operator was shown (show_hidden_initial), so a save applies only
+    what the operator changed, on top of `base` (the file as it is now): an edit made to the file
+    meanwhile, by hand or by another operator, is kept.
+    """
+
+    def __init__(self, *args: Any, base: BotConfig, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.base = base
         defaults = BotConfig()
         for section, model in _sections():
             for key, info in model.model_fields.items():
                 field = _form_field(info, getattr(getattr(defaults, section), key))
                 field.label = key
+                field.show_hidden_initial = True
                 field.requires_restart = requires_restart(info)
                 self.fields[f"{section}{SEP}{key}"] = field
         self.config: BotConfig | None = None
@@ -91,7 +98,7 @@ class ConfigForm(forms.Form):
     def from_config(cls, cfg: BotConfig) -> ConfigForm:
         dumped = cfg.model_dump()
         initial = {f"{section}{SEP}{key}": value for section, values in dumped.items() for key, value in values.items()}
-        return cls(initial=initial)
+        return cls(initial=initial, base=cfg)
 
     def fieldsets(self) -> list[Fieldset]:
         return [
@@ -103,19 +110,16 @@ class ConfigForm(forms.Form):
             for section, model in _sections()
         ]
 
-    def values(self) -> dict[str, dict[str, Any]]:
-        data: dict[str, dict[str, Any]] = {}
-        for name, value in self.cleaned_data.items():
-            section, key = name.split(SEP, 1)
-            data.setdefault(section, {})[key] = value
-        return data
-
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean()
-        # Validate even when some fields already failed their type check (those take their defaults
-        # here), so every wrong field is reported in one round trip.
+        values = self.base.model_dump()
+        for name in self.changed_data:
+            if name in cleaned:  # a field that failed its type check keeps the base value here
+                section, key = name.split(SEP, 1)
+                values[section][key] = cleaned[name]
+        # Validated even when some fields already failed, so every wrong field is reported at once.
         try:
-            config = BotConfig.model_validate(self.values())
+            config = BotConfig.model_validate(values)
         except ValidationError as exc:
             for err in exc.errors():
                 loc = [str(p) for p in err["loc"]]

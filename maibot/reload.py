@@ -16,6 +16,7 @@ import inspect
 import itertools
 import logging
 import os
+import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -110,8 +111,12 @@ def run_reload_callbacks(new: BotConfig, old: BotConfig) -> list[str]:
     return errors
 
 
-def _digest(text: str) -> str:
+def text_digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class ConfigChanged(ConfigError):
+    """The file changed on disk after the text being saved was based on it."""
 
 
 def _changed_keys(new: BotConfig, old: BotConfig) -> list[str]:
@@ -129,7 +134,7 @@ def _record(result: ReloadResult) -> ReloadResult:
 def _apply(cfg: BotConfig, text: str, source: str) -> ReloadResult:
     """Swap in a validated config and run the callbacks when it differs. Caller holds _reload_lock."""
     global _applied_digest
-    _applied_digest = _digest(text)
+    _applied_digest = text_digest(text)
     old = bot_config.get_config()
     changed = _changed_keys(cfg, old)
     if not changed:
@@ -154,26 +159,41 @@ def reload_from_file(path: Path | None = None) -> ReloadResult | None:
         except OSError as exc:
             logger.error("bot config %s cannot be read: %s; keeping the config in force", path, exc)
             return _record(ReloadResult(ok=False, at=datetime.now(UTC), source=str(path), error=str(exc)))
-        if _digest(text) == _applied_digest:
+        if text_digest(text) == _applied_digest:
             return None
         try:
             cfg = bot_config.parse_config(text, source=str(path))
         except ConfigError as exc:
-            _applied_digest = _digest(text)  # report a broken text once, not on every touch
+            _applied_digest = text_digest(text)  # report a broken text once, not on every touch
             logger.error("bot config reload rejected, keeping the config in force: %s", exc)
             return _record(ReloadResult(ok=False, at=datetime.now(UTC), source=str(path), error=str(exc)))
         return _apply(cfg, text, str(path))
 
 
-def config_save_text(*, text: str, path: Path | None = None, source: str = "console editor") -> ReloadResult:
+def config_save_text(
+    *, text: str, path: Path | None = None, source: str = "console editor", expected_digest: str | None = None
+) -> ReloadResult:
     """Validate TOML text, write it as the config file (atomically) and apply it. Raises ConfigError
-    (nothing written, nothing changed) when the text is not a valid config."""
+    (nothing written, nothing changed) when the text is not a valid config, and ConfigChanged when
+    `expected_digest` is given and the file no longer has that content."""
     path = path or bot_config.config_path()
     with _reload_lock:
         cfg = bot_config.parse_config(text, source="bot_config.toml")
+        if expected_digest is not None:
+            try:
+                current = text_digest(path.read_text(encoding="utf-8"))
+            except FileNotFoundError:
+                current = ""
+            if current != expected_digest:
+                raise ConfigChanged(
+                    "bot_config.toml changed on disk since this page was loaded; nothing was saved. "
+                    "Review the current file and save again."
+                )
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             tmp.write_text(text, encoding="utf-8")
+            if path.exists():
+                shutil.copymode(path, tmp)  # keep the file's permissions across the replace
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)

@@ -63,12 +63,14 @@ def config_form_view(request: HttpRequest) -> HttpResponse:
     _require(request, CHANGE_CONFIG)
     text, file_cfg, file_error = read_config_file()
     if request.method == "POST":
-        form = ConfigForm(request.POST)
+        form = ConfigForm(request.POST, base=file_cfg or get_config())
         if form.is_valid():
             new_text = toml_with_values(text, form.config)
             try:
-                result = reload.config_save_text(text=new_text)
-            except ConfigError as exc:  # the file itself is broken in a way the form cannot fix
+                # Only the operator's changes were merged into `text`: refuse if the file moved on
+                # again in between (the next save merges onto the newer file).
+                result = reload.config_save_text(text=new_text, expected_digest=reload.text_digest(text))
+            except ConfigError as exc:  # the file changed meanwhile, or is broken beyond the form
                 form.add_error(None, str(exc))
             else:
                 _report_saved(request, result)
@@ -85,11 +87,14 @@ def config_form_view(request: HttpRequest) -> HttpResponse:
 def config_raw_view(request: HttpRequest) -> HttpResponse:
     _require(request, CHANGE_CONFIG)
     text, _, file_error = read_config_file()
+    digest = reload.text_digest(text)
     error = ""
     if request.method == "POST":
         text = request.POST.get("toml", "").replace("\r\n", "\n")
         try:
-            result = reload.config_save_text(text=text)
+            # The whole text replaces the file: refuse if the file changed since the page was loaded
+            # (the operator's text stays in the box; saving again replaces the newer file knowingly).
+            result = reload.config_save_text(text=text, expected_digest=request.POST.get("base_digest", ""))
         except ConfigError as exc:
             error = str(exc)
         else:
@@ -99,7 +104,13 @@ def config_raw_view(request: HttpRequest) -> HttpResponse:
         request,
         "admin/maibot/config_raw.html",
         _context(
-            request, "Bot configuration (TOML)", toml=text, error=error, file_error=file_error, path=config_path()
+            request,
+            "Bot configuration (TOML)",
+            toml=text,
+            base_digest=digest,
+            error=error,
+            file_error=file_error,
+            path=config_path(),
         ),
     )
 

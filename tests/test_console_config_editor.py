@@ -3,8 +3,8 @@ raw TOML view, comments kept on save, errors per field with nothing changed, and
 
 from __future__ import annotations
 
-import re
 import time
+from html.parser import HTMLParser
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -36,19 +36,45 @@ def operator(db) -> Client:
     return client
 
 
-def form_data(client: Client) -> dict[str, str]:
-    """The editor's form as the browser would submit it unchanged."""
-    page = client.get("/admin/config/").content.decode()
-    data = {}
-    for name, value in re.findall(r'<input type="(?:text|number)" name="([a-z_]+__[a-z_0-9]+)" value="([^"]*)"', page):
-        data[name] = value
-    for name in re.findall(r'<input type="checkbox" name="([a-z_]+__[a-z_0-9]+)"[^>]*checked', page):
-        data[name] = "on"
-    for name, value in re.findall(r'<textarea name="([a-z_]+__[a-z_0-9]+)"[^>]*>\n?(.*?)</textarea>', page, re.S):
-        data[name] = value
-    import html
+class _FormFields(HTMLParser):
+    """Collects what a browser would submit from the editor's form."""
 
-    return {k: html.unescape(v) for k, v in data.items()}
+    def __init__(self) -> None:
+        super().__init__()
+        self.data: dict[str, str] = {}
+        self._textarea: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "input" and a.get("name") and a.get("type") != "submit":
+            if a.get("type") == "checkbox":
+                if "checked" in a:
+                    self.data[a["name"]] = "on"
+            else:
+                self.data[a["name"]] = a.get("value", "")
+        elif tag == "textarea":
+            self._textarea = a["name"]
+            self.data[self._textarea] = ""
+
+    def handle_data(self, data):
+        if self._textarea:
+            self.data[self._textarea] += data
+
+    def handle_endtag(self, tag):
+        if tag == "textarea":
+            self._textarea = None
+
+
+def form_data(client: Client, url: str = "/admin/config/") -> dict[str, str]:
+    """The editor's form as the browser would submit it unchanged."""
+    return form_data_from(client.get(url).content.decode())
+
+
+def form_data_from(page: str) -> dict[str, str]:
+    parser = _FormFields()
+    parser.feed(page)
+    # Browsers drop the one newline that follows <textarea>.
+    return {k: v[1:] if v.startswith("\n") else v for k, v in parser.data.items()}
 
 
 def test_committed_template_is_generated_from_the_model():
@@ -127,17 +153,18 @@ def test_raw_view_validates_before_saving(operator, config_file):
     assert "运营备注" in page
 
     bad = before.replace("max_rounds = 5", "max_rounds = 50")
-    response = operator.post("/admin/config/raw/", {"toml": bad})
+    raw = form_data(operator, "/admin/config/raw/")
+    response = operator.post("/admin/config/raw/", {**raw, "toml": bad})
     assert response.status_code == 200
     assert "Not saved" in response.content.decode() and "chat.max_rounds" in response.content.decode()
     assert config_file.read_text(encoding="utf-8") == before
 
-    response = operator.post("/admin/config/raw/", {"toml": "[bot\n"})
+    response = operator.post("/admin/config/raw/", {**raw, "toml": "[bot\n"})
     assert "not valid TOML" in response.content.decode()
     assert config_file.read_text(encoding="utf-8") == before
 
     good = before.replace('persona = "', 'persona = "Speak English. ', 1)
-    response = operator.post("/admin/config/raw/", {"toml": good.replace("\n", "\r\n")})
+    response = operator.post("/admin/config/raw/", {**raw, "toml": good.replace("\n", "\r\n")})
     assert response.status_code == 302
     assert config_file.read_text(encoding="utf-8") == good
     assert get_config().bot.persona.startswith("Speak English. ")
@@ -198,3 +225,35 @@ def test_a_save_runs_the_callbacks_once_with_the_watcher_running(operator, confi
         watcher.stop()
         reload._registrations[:] = saved
     assert calls == ["一次 once"]
+
+
+def test_a_form_save_keeps_an_edit_made_to_the_file_meanwhile(operator, config_file):
+    data = form_data(operator)
+    # Someone edits the file by hand while the operator has the form open.
+    config_file.write_text(
+        config_file.read_text(encoding="utf-8").replace("history_window = 30", "history_window = 99"), encoding="utf-8"
+    )
+    data["bot__nickname"] = "合并 merged"
+
+    assert operator.post("/admin/config/", data).status_code == 302
+
+    text = config_file.read_text(encoding="utf-8")
+    assert 'nickname = "合并 merged"' in text and "history_window = 99" in text
+    assert (get_config().bot.nickname, get_config().chat.history_window) == ("合并 merged", 99)
+
+
+def test_a_raw_save_over_a_file_changed_meanwhile_is_refused_then_allowed_knowingly(operator, config_file):
+    data = form_data(operator, "/admin/config/raw/")
+    hand_edited = config_file.read_text(encoding="utf-8").replace("history_window = 30", "history_window = 99")
+    config_file.write_text(hand_edited, encoding="utf-8")
+    data["toml"] = data["toml"].replace("max_rounds = 5", "max_rounds = 8")
+
+    response = operator.post("/admin/config/raw/", data)
+    page = response.content.decode()
+    assert response.status_code == 200 and "changed on disk" in page
+    assert config_file.read_text(encoding="utf-8") == hand_edited
+    assert "max_rounds = 8" in page  # the operator's text is still in the box
+
+    again = form_data_from(page)
+    assert operator.post("/admin/config/raw/", again).status_code == 302
+    assert "max_rounds = 8" in config_file.read_text(encoding="utf-8")
