@@ -17,7 +17,7 @@ from pydantic.fields import FieldInfo
 from maibot.config import BotConfig, ConfigError, config_path, field_help, parse_config, requires_restart
 
 SEP = "__"  # form field name: <section>__<key>
-LONG_TEXT = 80  # str defaults longer than this get a textarea
+LONG_TEXT = 30  # str defaults longer than this (the persona) get a textarea
 
 
 @dataclass

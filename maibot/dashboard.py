@@ -208,7 +208,8 @@ def recent_errors(limit: int = 10) -> dict[str, list]:
 
 
 def processes() -> list[ProcessHeartbeat]:
-    return list(ProcessHeartbeat.objects.all())
+    """Processes seen lately (a server stopped without a clean shutdown leaves a row that ages out)."""
+    return list(ProcessHeartbeat.objects.filter(beat_at__gte=timezone.now() - timedelta(minutes=10)))
 
 
 # --- health ---------------------------------------------------------------------------------------

@@ -73,6 +73,7 @@ def test_config_editor_in_the_browser(start_server, page, tmp_path):
     page.fill("#id_bot__nickname", "浏览器 browser")
     page.click("input[name=_save]")
     page.wait_for_selector("text=Nothing was saved")
+    page.screenshot(path="/tmp/maibot-console-config.png")
     assert "greater than or equal to 1" in page.inner_text(".field-chat__max_rounds .errorlist")
     assert page.input_value("#id_bot__nickname") == "浏览器 browser"  # the operator's input is kept
     assert config_file.read_text(encoding="utf-8") == before
