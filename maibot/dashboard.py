@@ -41,11 +41,11 @@ def active_runtimes() -> dict[str, Any]:
     """Live session loops. The registry lives in the ASGI process (chat.runtime, when installed);
     without it, sessions with a planner cycle within the idle-eviction window are counted."""
     if importlib.util.find_spec("chat.runtime") is not None:
-        runtime = importlib.import_module("chat.runtime")
-        for name in ("active_runtime_count", "runtime_count"):
-            count = getattr(runtime, name, None)
-            if callable(count):
-                return {"count": count(), "source": "runtime registry"}
+        # Imported here, not at module level: the planner's registry is optional for the console.
+        registry = getattr(importlib.import_module("chat.runtime"), "registry", None)
+        runtimes = getattr(registry, "runtimes", None)
+        if isinstance(runtimes, dict):
+            return {"count": len(runtimes), "source": "runtime registry of this server"}
     since = timezone.now() - timedelta(seconds=get_config().chat.idle_evict_seconds)
     count = (
         PlannerCycle.objects.filter(kind=CycleKind.CHAT, started_at__gte=since, session__isnull=False)
@@ -90,13 +90,13 @@ def timers_summary(limit: int = 10) -> dict[str, Any] | None:
     if Timer is None:
         return None
     names = {f.name for f in Timer._meta.get_fields()}
-    due_field = next((f for f in ("due_at", "fire_at", "next_fire_at", "next_run_at") if f in names), None)
+    due_field = next((f for f in ("next_fire", "due_at", "fire_at", "next_fire_at") if f in names), None)
     qs = Timer.objects.all()
     counts: dict[str, int] = {}
     if "status" in names:
         counts = dict(qs.values_list("status").annotate(n=Count("pk")))
-        qs = qs.filter(status="pending") if "pending" in counts else qs
-    upcoming = list(qs.order_by(due_field)[:limit]) if due_field else []
+        qs = qs.filter(status__in=["active", "pending"])
+    upcoming = list(qs.filter(**{f"{due_field}__isnull": False}).order_by(due_field)[:limit]) if due_field else []
     return {"counts": counts, "upcoming": [(t, getattr(t, due_field)) for t in upcoming], "due_field": due_field}
 
 
