@@ -14,7 +14,15 @@ from django import forms
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
-from maibot.config import BotConfig, ConfigError, config_path, field_help, parse_config, requires_restart
+from maibot.config import (
+    BotConfig,
+    ConfigError,
+    config_path,
+    ensure_config_file,
+    field_help,
+    parse_config,
+    requires_restart,
+)
 
 SEP = "__"  # form field name: <section>__<key>
 LONG_TEXT = 30  # str defaults longer than this (the persona) get a textarea
@@ -158,7 +166,7 @@ def toml_with_values(text: str, cfg: BotConfig) -> str:
 
 def read_config_file() -> tuple[str, BotConfig | None, str]:
     """The config file's text, the config it holds (None when invalid) and its error."""
-    path = config_path()
+    path = ensure_config_file(config_path())  # deleted meanwhile: start again from the template
     text = path.read_text(encoding="utf-8")
     try:
         return text, parse_config(text, source=path.name), ""
