@@ -104,7 +104,13 @@ def run_reload_callbacks(new: BotConfig, old: BotConfig) -> list[str]:
             async def gather(awaitables=tuple(a for _, a in pending)):
                 return await asyncio.gather(*awaitables, return_exceptions=True)
 
-            for (reg, _), outcome in zip(pending, asyncio.run(gather()), strict=True):
+            try:
+                outcomes = asyncio.run(gather())
+            except RuntimeError as exc:  # called from a running loop: a caller bug, not a config one
+                for _, awaitable in pending:
+                    getattr(awaitable, "close", lambda: None)()
+                outcomes = [exc] * len(pending)
+            for (reg, _), outcome in zip(pending, outcomes, strict=True):
                 if isinstance(outcome, BaseException):
                     logger.error("config reload callback %s failed: %r", reg.name, outcome)
                     errors.append(f"{reg.name}: {outcome}")
