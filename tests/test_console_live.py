@@ -4,6 +4,7 @@ real daphne server; the cluster's heartbeat makes /healthz healthy and its stop 
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -131,3 +132,21 @@ def test_the_server_follows_edits_of_its_own_config_file(start_server, tmp_path)
     request = urllib.request.Request(f"{base}/admin/config/", headers={"Cookie": operator_cookie()})
     with urllib.request.urlopen(request, timeout=10) as resp:
         assert 'value="服务器 server"' in resp.read().decode()
+
+
+def test_a_line_logged_in_a_cluster_worker_task_is_stored(start_qcluster, monkeypatch):
+    from django_q.conf import Conf
+    from django_q.tasks import async_task
+
+    from maibot.models import LogEntry
+
+    cluster = start_qcluster("q1")
+    # To the test cluster's own queue, signed with its name as the salt (start_qcluster: test-<pid>).
+    monkeypatch.setattr(Conf, "PREFIX", f"test-{os.getpid()}")
+    async_task("tests.console_tasks.log_line", "来自工作进程 from a worker", cluster=f"test-{os.getpid()}")
+    deadline = time.monotonic() + 30
+    while not (entry := LogEntry.objects.filter(message="来自工作进程 from a worker").first()):
+        assert time.monotonic() < deadline, cluster.output()
+        time.sleep(0.1)
+    assert entry.process == "cluster" and entry.level_name == "WARNING"
+    assert entry.pid != cluster.popen.pid  # written by the worker process itself
