@@ -57,6 +57,8 @@ async def test_group_chatter_costs_nothing_until_mentioned(fake_llm, runtimes, m
     assert await sent_texts(group) == ["我在！"]
     prompt = fake_llm.requests[0]["messages"][1]["content"]
     assert "You were mentioned" in prompt and "Bob: anyone for lunch?" in prompt  # chatter kept as history
+    offered = {t["function"]["name"] for t in fake_llm.requests[0]["tools"]}
+    assert "reply" in offered and not offered & {"schedule_private_message", "list_scheduled_private_messages"}
 
 
 async def test_unaddressed_group_talk_backs_off_after_each_silent_turn(fake_llm, runtimes, make_session):
