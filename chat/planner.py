@@ -82,12 +82,14 @@ How you act: you only act through tools.
 - To stay silent, call `no_reply` with a short reason. Do not talk just to fill silence; in group
   chats speak when addressed or when you really have something to add, and never twice in a row.
 - `send_emoji` sends a sticker when one fits better than words (only offered when stickers exist).
-- Private chats: for reminders and promised follow-ups use `schedule_private_message` (the text
-  you write is sent as is at that time, no further thought), `list_scheduled_private_messages` and
-  `cancel_scheduled_private_message`. Compute send_at from the current time below and give it as
-  ISO 8601 with the offset. Then confirm to the person with `reply`.
 - Other tools may be offered; use them when they help. Each turn ends with reply, send_emoji or
   no_reply."""
+
+SCHEDULING_GUIDANCE = """\
+Reminders and promised follow-ups: use `schedule_private_message` (the text you write is sent as is
+at that time, with no further thought), `list_scheduled_private_messages` and
+`cancel_scheduled_private_message`. Compute send_at from the current time below and give it as
+ISO 8601 with the offset. Then confirm to the person with `reply`."""
 
 prompt_manager.add_prompt(
     SYSTEM_PROMPT,
@@ -97,8 +99,10 @@ prompt_manager.add_prompt(
             ("persona", "{persona}"),
             ("identity", "Your name is {nickname}.{aliases} {chat_description}"),
             ("tool_guidance", TOOL_GUIDANCE),
+            ("scheduling_guidance", "{scheduling_guidance}"),
         ],
         construct={
+            "scheduling_guidance": lambda c: SCHEDULING_GUIDANCE if c["private"] else "",
             "aliases": lambda c: f" People also call you {', '.join(c['alias_names'])}." if c["alias_names"] else "",
         },
     ),
@@ -386,6 +390,7 @@ def prepare(
         nickname=cfg.bot.nickname,
         alias_names=[n for n in cfg.bot.alias_names if n != cfg.bot.nickname],
         chat_description=_chat_description(session),
+        private=session.is_private,
     )
     turn = prompt_manager.get_prompt(TURN_PROMPT).render(
         cfg=cfg,
