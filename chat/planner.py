@@ -652,6 +652,8 @@ async def run_cycle(
                 if more:
                     new_messages = [*new_messages, *more]
                     fields["replanned"] = True
+                    stale = ", ".join(c.name for c in result.tool_calls) or result.error or "text"
+                    outcome.append(f"discarded a stale plan ({stale}) for {len(more)} new message(s)")
                     prepared = await _prepare(
                         session=session,
                         new_messages=new_messages,

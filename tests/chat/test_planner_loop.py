@@ -117,6 +117,7 @@ async def test_message_during_thinking_discards_the_stale_plan_and_replans(fake_
     [cycle] = await finished_cycles(private)
     assert [m.text for m in await outbound(private)] == ["fresh answer"]
     assert cycle.replanned is True and cycle.action == "reply"
+    assert "discarded a stale plan (reply)" in cycle.outcome
     assert await LLMCall.objects.filter(cycle=cycle).acount() == 2
     assert "second, while you think" in fake_llm.requests[1]["messages"][1]["content"]
     await asyncio.sleep(0.6)
