@@ -48,6 +48,7 @@ import logging
 import math
 import re
 import time
+import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -417,10 +418,15 @@ def cycle_open(
     new_messages: list[Message],
     mentioned: bool,
     history_cache: HistoryCache | None = None,
+    cycle_id: uuid.UUID | None = None,
 ) -> tuple[PlannerCycle, _Prepared | Exception]:
     """Open the cycle's record and prepare its prompt, in one trip to a thread."""
     cycle = PlannerCycle.objects.create(
-        session=session, kind=CycleKind.CHAT, started_at=started_at, trigger=trigger[:255]
+        cycle_id=cycle_id or uuid.uuid4(),
+        session=session,
+        kind=CycleKind.CHAT,
+        started_at=started_at,
+        trigger=trigger[:255],
     )
     try:
         return cycle, prepare(
@@ -546,6 +552,13 @@ def cycle_close(*, cycle: PlannerCycle, fields: dict[str, Any]) -> None:
     cycle.save(update_fields=[*fields, "ended_at"])
 
 
+def cycle_abandon(*, cycle_id: uuid.UUID) -> None:
+    PlannerCycle.objects.filter(cycle_id=cycle_id, ended_at__isnull=True).update(
+        action="cancelled", error="the runtime was stopped during the cycle", ended_at=timezone.now()
+    )
+
+
+_abandon = sync_to_async(cycle_abandon)
 _prepare = sync_to_async(prepare)
 _open = sync_to_async(cycle_open)
 _execute = sync_to_async(execute_round)
@@ -588,14 +601,21 @@ async def run_cycle(
     watch = Stopwatch()
     watch.timings["observe_ms"] = round(observe_ms, 3)
     t = time.perf_counter()
-    cycle, prepared = await _open(
-        session=session,
-        trigger=trigger,
-        started_at=timezone.now(),
-        new_messages=new_messages,
-        mentioned=mentioned,
-        history_cache=history_cache,
-    )
+    cycle_id = uuid.uuid4()
+    try:
+        cycle, prepared = await _open(
+            session=session,
+            trigger=trigger,
+            started_at=timezone.now(),
+            new_messages=new_messages,
+            mentioned=mentioned,
+            history_cache=history_cache,
+            cycle_id=cycle_id,
+        )
+    except asyncio.CancelledError:
+        # Stopped while the record was being opened: close it if it was written.
+        await _abandon(cycle_id=cycle_id)
+        raise
     fields: dict[str, Any] = {"action": "", "reasoning": "", "outcome": "", "error": "", "replanned": False}
     shared: dict[str, Any] = {}
     reasoning: list[str] = []
