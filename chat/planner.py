@@ -56,6 +56,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from asgiref.sync import sync_to_async
+from django.db import transaction
 from django.utils import timezone
 
 from chat import llm
@@ -520,10 +521,13 @@ def execute_round(
             out.outcome.append(f"{call.name} failed: {err.get('code', '?') if isinstance(err, dict) else err}")
         else:
             out.outcome.append(f"{call.name} ok")
-    ToolCallRecord.objects.bulk_create(records)
-    if close is not None and out.ended:
-        cycle_close(cycle=cycle, fields=close(out))
-        out.closed = True
+    # The records (and, on the last round, the cycle's own record) in one transaction; the tools ran
+    # outside it, so a slow tool never holds the database's write lock.
+    with transaction.atomic():
+        ToolCallRecord.objects.bulk_create(records)
+        if close is not None and out.ended:
+            cycle_close(cycle=cycle, fields=close(out))
+            out.closed = True
     return out
 
 
