@@ -16,7 +16,7 @@ and the ScheduledMessage links to it) and confirmed with a reply; at its time th
 "⏰ <text>" with no further thought. Anything else gets a fixed answer, in the bot's language
 (bot.language zh or en), saying no model is configured. In group chats it answers only commands and
 messages that mention the bot. Every answered turn is a PlannerCycle with action offline_* and no
-LLM call.
+LLM call. Messages without text (images, stickers, notices) get no answer.
 """
 
 from __future__ import annotations
@@ -199,6 +199,8 @@ def offline_turn(*, session: ChatSession, new_messages: list[Message], mentioned
     started = time.perf_counter()
     texts = [(m.text or "").strip() for m in new_messages if (m.text or "").strip()]
     commands = [t for t in texts if t.startswith("/")]
+    if not texts:
+        return None  # stickers, images, notices: nothing to read, nothing to answer
     if not session.is_private and not (mentioned or commands):
         return None
     now = timezone.now()

@@ -142,6 +142,14 @@ def test_anything_else_gets_the_offline_answer_in_the_bot_language(make_session,
 
 
 @pytest.mark.django_db
+def test_messages_without_text_get_no_offline_answer(make_session):
+    session = make_session()
+    image = inbound_store(session=session, text="")
+    assert offline_turn(session=session, new_messages=[image], mentioned=False) is None
+    assert replies(session) == [] and not PlannerCycle.objects.exists()
+
+
+@pytest.mark.django_db
 def test_group_chatter_is_ignored_offline(make_session):
     group = make_session(chat_type="group")
     assert turn(group, "lunch?") is None and replies(group) == []
