@@ -194,10 +194,25 @@ def _request(turn: _Turn, text: str, *, now) -> bool:
     return False
 
 
+def _typed_text(message: Message) -> str:
+    """What the person typed: the text segments only (an image's "[image]" placeholder is not)."""
+
+    def walk(segments) -> str:
+        out = []
+        for seg in segments or []:
+            if seg.get("type") == "text" and isinstance(seg.get("data"), str):
+                out.append(seg["data"])
+            elif seg.get("type") == "seglist" and isinstance(seg.get("data"), list):
+                out.append(walk(seg["data"]))
+        return "".join(out)
+
+    return walk(message.segments).strip()
+
+
 def offline_turn(*, session: ChatSession, new_messages: list[Message], mentioned: bool) -> PlannerCycle | None:
     """Handle the new messages of one cycle; None when there was nothing to answer (group chatter)."""
     started = time.perf_counter()
-    texts = [(m.text or "").strip() for m in new_messages if (m.text or "").strip()]
+    texts = [t for t in (_typed_text(m) for m in new_messages) if t]
     commands = [t for t in texts if t.startswith("/")]
     if not texts:
         return None  # stickers, images, notices: nothing to read, nothing to answer

@@ -144,7 +144,8 @@ def test_anything_else_gets_the_offline_answer_in_the_bot_language(make_session,
 @pytest.mark.django_db
 def test_messages_without_text_get_no_offline_answer(make_session):
     session = make_session()
-    image = inbound_store(session=session, text="")
+    image = inbound_store(session=session, text="[image]")
+    image.segments = [{"type": "image", "data": {"media": "ab12"}}]
     assert offline_turn(session=session, new_messages=[image], mentioned=False) is None
     assert replies(session) == [] and not PlannerCycle.objects.exists()
 
