@@ -1,0 +1,343 @@
+"""Timers: every write to them (create, cancel, fire now, change the spec) and their firing by the
+dispatcher (TimerSource), which claims each due instant exactly once and hands it to a worker.
+
+Firing: the dispatcher thread finds due timers, and for each due instant runs ONE conditional UPDATE
+(… WHERE id IN … AND next_fire = <that instant> AND status = 'active') that advances next_fire (or
+ends a one-shot timer) and stamps a claim token, then records a TimerFiring per row it advanced, in
+the same transaction. Another cluster's UPDATE for the same instant finds next_fire already moved and
+matches nothing; the unique (timer, due_at) constraint backs this up in the database. After commit the
+firings go to the django-q2 queue (scheduling.life.run_firing), so the dispatcher never waits on a model.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import DatabaseError, transaction
+from django.db.models import F, Min, Q
+from django.utils import timezone
+
+from chat.models import ChatSession
+from maibot.config import get_config
+from scheduling.error_codes import LifeError, TimerErrorCode
+from scheduling.models import (
+    Actor,
+    FiringStatus,
+    Timer,
+    TimerFiring,
+    TimerStatus,
+)
+from scheduling.services import ActedBy
+from scheduling.timespec import TimerSpec, TimeSpecError, format_instant, parse_timer_spec
+
+logger = logging.getLogger(__name__)
+
+Code = TimerErrorCode
+
+
+def timer_spec(spec: str) -> TimerSpec:
+    """Parse a spec in the bot's time zone; LifeError(invalid_spec) naming the problem."""
+    try:
+        return parse_timer_spec(spec, get_config().tzinfo)
+    except TimeSpecError as exc:
+        raise LifeError(Code.INVALID_SPEC, str(exc)) from None
+    except AttributeError:
+        raise LifeError(Code.INVALID_SPEC, "spec must be a string such as 5min or cron:0 8 * * *") from None
+
+
+def _first_fire(spec: TimerSpec, now: datetime) -> datetime:
+    cfg = get_config()
+    when = spec.first_fire(now, cfg.tzinfo)
+    if when <= now:
+        raise LifeError(
+            Code.INVALID_SPEC,
+            f"{spec.text} is in the past (now is {format_instant(now, cfg.tzinfo)})",
+        )
+    if when - now > timedelta(days=cfg.scheduling.horizon_days):
+        raise LifeError(Code.INVALID_SPEC, f"{spec.text} is more than {cfg.scheduling.horizon_days} days ahead")
+    return when
+
+
+def _clean_label_payload(label: str, payload: str) -> tuple[str, str]:
+    cfg = get_config().life
+    label = (label or "").strip() if isinstance(label, str) else ""
+    payload = (payload or "").strip() if isinstance(payload, str) else ""
+    if not label:
+        raise LifeError(Code.EMPTY_LABEL, "a timer needs a label saying what it is for")
+    limit = Timer._meta.get_field("label").max_length
+    if len(label) > limit:
+        raise LifeError(Code.LABEL_TOO_LONG, f"label has {len(label)} characters; the limit is {limit}")
+    if len(payload) > cfg.max_payload_length:
+        raise LifeError(
+            Code.PAYLOAD_TOO_LONG, f"payload has {len(payload)} characters; the limit is {cfg.max_payload_length}"
+        )
+    return label, payload
+
+
+def timer_create(
+    *,
+    spec: str,
+    label: str,
+    acted_by: ActedBy,
+    payload: str = "",
+    session: ChatSession | None = None,
+    now: datetime | None = None,
+) -> Timer:
+    """Set a timer (for a chat, or the bot's own when session is None). Raises LifeError."""
+    now = now or timezone.now()
+    label, payload = _clean_label_payload(label, payload)
+    parsed = timer_spec(spec)
+    first = _first_fire(parsed, now)
+    limit = get_config().life.max_timers_per_session
+    try:
+        with transaction.atomic():
+            if session is not None:
+                active = Timer.objects.filter(session=session, status=TimerStatus.ACTIVE).count()
+                if active >= limit:
+                    raise LifeError(
+                        Code.TOO_MANY_TIMERS, f"this chat already has {limit} active timers; cancel one first"
+                    )
+            timer = Timer(
+                label=label,
+                payload=payload,
+                spec=parsed.text,
+                kind=parsed.kind,
+                session=session,
+                next_fire=first,
+                created_via=acted_by.via,
+                created_by_tool_call_id=acted_by.tool_call_id,
+                created_by_user=acted_by.user,
+            )
+            timer.full_clean()
+            timer.save(force_insert=True)
+    except LifeError:
+        raise
+    except DatabaseError as exc:
+        logger.exception("could not store a timer")
+        raise LifeError(Code.STORAGE_ERROR, f"the timer could not be stored: {exc}") from exc
+    return timer
+
+
+def _active_for_update(timer_id: str, session: ChatSession | None = None) -> Timer:
+    qs = Timer.objects.select_for_update().filter(pk=timer_id)
+    if session is not None:
+        qs = qs.filter(session=session)
+    timer = qs.first()
+    if timer is None:
+        where = " in this chat" if session is not None else ""
+        raise LifeError(Code.NOT_FOUND, f"no timer {timer_id!r}{where}")
+    if timer.status != TimerStatus.ACTIVE:
+        raise LifeError(Code.NOT_ACTIVE, f"timer {timer_id} is {timer.status}, not active")
+    return timer
+
+
+def timer_cancel(
+    *, timer_id: str, acted_by: ActedBy, session: ChatSession | None = None, now: datetime | None = None
+) -> Timer:
+    """Cancel an active timer (within `session` when given); it stays as history."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        timer = _active_for_update(str(timer_id), session)
+        updated = Timer.objects.filter(pk=timer.pk, status=TimerStatus.ACTIVE).update(
+            status=TimerStatus.CANCELLED, cancelled_at=now, next_fire=None, updated_at=now
+        )
+        if not updated:
+            raise LifeError(Code.NOT_ACTIVE, f"timer {timer_id} changed meanwhile")
+    logger.info("timer %s cancelled by %s", timer_id, acted_by.describe())
+    timer.refresh_from_db()
+    return timer
+
+
+def timer_fire_now(*, timer_id: str, acted_by: ActedBy, now: datetime | None = None) -> Timer:
+    """Make an active timer due at once; the dispatcher fires it on its next round, as any due timer."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        timer = _active_for_update(timer_id)
+        Timer.objects.filter(pk=timer.pk, status=TimerStatus.ACTIVE).update(next_fire=now, updated_at=now)
+    logger.info("timer %s fired now by %s", timer_id, acted_by.describe())
+    timer.refresh_from_db()
+    return timer
+
+
+def timer_update(
+    *,
+    timer_id: str,
+    acted_by: ActedBy,
+    spec: str | None = None,
+    label: str | None = None,
+    payload: str | None = None,
+    now: datetime | None = None,
+) -> Timer:
+    """Change an active timer's spec (its next fire is computed afresh), label or payload."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        timer = _active_for_update(timer_id)
+        label, payload = _clean_label_payload(
+            timer.label if label is None else label, timer.payload if payload is None else payload
+        )
+        changes: dict[str, Any] = {"label": label, "payload": payload, "updated_at": now}
+        if spec is not None and spec.strip() != timer.spec:
+            parsed = timer_spec(spec)
+            changes.update(spec=parsed.text, kind=parsed.kind, next_fire=_first_fire(parsed, now))
+        Timer.objects.filter(pk=timer.pk, status=TimerStatus.ACTIVE).update(**changes)
+    logger.info("timer %s updated by %s: %s", timer_id, acted_by.describe(), sorted(changes))
+    timer.refresh_from_db()
+    return timer
+
+
+# --- selectors ------------------------------------------------------------------------------------
+
+
+def timers_active(*, session: ChatSession | None) -> list[Timer]:
+    return list(Timer.objects.filter(session=session, status=TimerStatus.ACTIVE).order_by("next_fire"))
+
+
+def timer_upcoming(timer: Timer, count: int = 5, now: datetime | None = None) -> list[datetime]:
+    """The next fires of an active timer (admin preview)."""
+    if timer.status != TimerStatus.ACTIVE or timer.next_fire is None:
+        return []
+    tz = get_config().tzinfo
+    spec = parse_timer_spec(timer.spec, tz)
+    out = [timer.next_fire]
+    while len(out) < count:
+        nxt = spec.next_fire(out[-1], out[-1], tz)
+        if nxt is None:
+            break
+        out.append(nxt)
+    return out
+
+
+def timer_as_dict(timer: Timer) -> dict[str, Any]:
+    """The public shape of a timer (tool results)."""
+    tz = get_config().tzinfo
+    return {
+        "timer_id": timer.pk,
+        "label": timer.label,
+        "payload": timer.payload,
+        "spec": timer.spec,
+        "kind": timer.kind,
+        "status": timer.status,
+        "next_fire": format_instant(timer.next_fire, tz) if timer.next_fire else None,
+        "fire_count": timer.fire_count,
+    }
+
+
+# --- firing (dispatcher side) ---------------------------------------------------------------------
+
+
+def fire_due(now: datetime, *, limit: int) -> tuple[int, list[TimerFiring]]:
+    """Claim up to `limit` due timer instants; returns (rows seen due, firings this call recorded)."""
+    tz = get_config().tzinfo
+    due = list(
+        Timer.objects.filter(status=TimerStatus.ACTIVE, next_fire__lte=now)
+        .order_by("next_fire")
+        .values_list("pk", "next_fire", "spec")[:limit]
+    )
+    if not due:
+        return 0, []
+    groups: dict[tuple[datetime, str], list[str]] = defaultdict(list)
+    for pk, next_fire, spec in due:
+        groups[(next_fire, spec)].append(pk)
+    firings: list[TimerFiring] = []
+    with transaction.atomic():
+        for (instant, spec), ids in groups.items():
+            token = uuid.uuid4().hex
+            changes: dict[str, Any] = {
+                "fire_token": token,
+                "last_fired_at": now,
+                "fire_count": F("fire_count") + 1,
+                "updated_at": now,
+            }
+            try:
+                nxt = parse_timer_spec(spec, tz).next_fire(instant, now, tz) if _repeats(spec) else None
+            except TimeSpecError as exc:
+                # A spec that no longer parses (e.g. edited in the database): stop, say why.
+                Timer.objects.filter(pk__in=ids, next_fire=instant, status=TimerStatus.ACTIVE).update(
+                    status=TimerStatus.FAILED, next_fire=None, last_error=str(exc), updated_at=now
+                )
+                continue
+            if nxt is None:
+                changes.update(status=TimerStatus.DONE, next_fire=None)
+            else:
+                changes["next_fire"] = nxt
+            Timer.objects.filter(pk__in=ids, next_fire=instant, status=TimerStatus.ACTIVE).update(**changes)
+            claimed = Timer.objects.filter(pk__in=ids, fire_token=token).values_list("pk", flat=True)
+            firings.extend(TimerFiring(timer_id=pk, due_at=instant, fired_at=now) for pk in claimed)
+        TimerFiring.objects.bulk_create(firings)
+    return len(due), firings
+
+
+@functools.lru_cache(maxsize=4096)
+def _repeats(spec: str) -> bool:
+    return spec.lower().startswith(("cron:", "every:"))
+
+
+def enqueue_firings(firing_ids: list[int]) -> None:
+    """Hand firings to the django-q2 workers; each runs one life-loop turn."""
+    from django_q.tasks import async_task
+
+    for firing_id in firing_ids:
+        async_task("scheduling.life.run_firing", firing_id, group="life", task_name=f"life-firing-{firing_id}")
+    TimerFiring.objects.filter(pk__in=firing_ids).update(enqueued_at=timezone.now())
+
+
+def requeue_stale_firings(now: datetime) -> int:
+    """Firings no worker started (lost by the broker, or the cluster died before enqueueing) go back
+    to the queue; the worker's own claim makes a duplicate harmless."""
+    cutoff = now - timedelta(seconds=get_config().life.firing_requeue_seconds)
+    stale = list(
+        TimerFiring.objects.filter(status=FiringStatus.PENDING)
+        .filter(Q(enqueued_at__lt=cutoff) | Q(enqueued_at__isnull=True, fired_at__lt=cutoff))
+        .values_list("pk", flat=True)[:500]
+    )
+    if stale:
+        logger.warning("re-enqueueing %d timer firings no worker started", len(stale))
+        enqueue_firings(stale)
+    return len(stale)
+
+
+def fail_lost_turns(now: datetime) -> int:
+    """A running turn far past its hard timeout belongs to a dead worker: fail it, never re-run it
+    (it may already have sent a message)."""
+    cutoff = now - timedelta(seconds=get_config().life.turn_timeout + 60)
+    return TimerFiring.objects.filter(status=FiringStatus.RUNNING, started_at__lt=cutoff).update(
+        status=FiringStatus.FAILED, error="worker lost during the turn", finished_at=now
+    )
+
+
+class TimerSource:
+    """The dispatcher's due source for timers."""
+
+    name = "timers"
+    maintenance_every = 5.0
+
+    def __init__(self, enqueue: Callable[[list[int]], None] | None = None) -> None:
+        self.enqueue = enqueue or enqueue_firings
+        self._last_maintenance: datetime | None = None
+
+    def next_due(self) -> datetime | None:
+        return Timer.objects.filter(status=TimerStatus.ACTIVE).aggregate(due=Min("next_fire"))["due"]
+
+    def run_due(self, now: datetime) -> bool:
+        limit = get_config().scheduling.batch_size
+        seen, firings = fire_due(now, limit=limit)
+        if firings:
+            late = max(f.lateness_seconds for f in firings)
+            logger.info("fired %d timers (max lateness %.3fs)", len(firings), late)
+            self.enqueue([f.pk for f in firings])
+        if self._last_maintenance is None or (now - self._last_maintenance).total_seconds() >= self.maintenance_every:
+            self._last_maintenance = now
+            requeue_stale_firings(now)
+            if lost := fail_lost_turns(now):
+                logger.warning("%d life-loop turns lost with their worker", lost)
+        return seen >= limit
+
+
+def actor_tool(tool_call_id: str) -> ActedBy:
+    return ActedBy(via=Actor.TOOL, tool_call_id=tool_call_id)
