@@ -92,6 +92,7 @@ _UNIT_SECONDS = {
     "天": 86400,
     "日": 86400,
 }
+_SPEC_PREFIX = re.compile(r"^([A-Za-z]+)\s*[:：]\s*(.*)$", re.DOTALL)
 _DURATION_PART = re.compile(r"(\d+)\s*([a-z\u4e00-\u9fff]+)")
 
 
@@ -187,10 +188,9 @@ def parse_timer_spec(text: str, tz: tzinfo) -> TimerSpec:
             "no timer spec given; expected e.g. 5min, every:1h, once:2026-04-10 09:00 or cron:0 8 * * *"
         )
     raw = text.strip()
-    head, sep, body = raw.partition(":")
-    if not sep:
-        head, sep, body = raw.partition("：")  # a full-width colon, as typed on Chinese keyboards
-    prefix = head.strip().lower() if sep else ""
+    # `kind:` — a full-width colon too, as Chinese keyboards type it.
+    match = _SPEC_PREFIX.match(raw)
+    prefix, body = (match.group(1).lower(), match.group(2)) if match else ("", raw)
     if prefix == "once":
         try:
             at = _local_datetime(body, tz)
@@ -204,9 +204,9 @@ def parse_timer_spec(text: str, tz: tzinfo) -> TimerSpec:
     if prefix == "every":
         interval = parse_duration(body)
         return TimerSpec(kind=TimerKind.EVERY, text=f"every:{body.strip()}", interval=interval)
-    if sep and prefix:
+    if prefix:
         raise TimeSpecError(
-            f"{raw!r}: unknown spec kind {head.strip()!r}; use once:, every: or cron: (or a delay like 5min)"
+            f"{raw!r}: unknown spec kind {match.group(1)!r}; use once:, every: or cron: (or a delay like 5min)"
         )
     if raw.startswith("每"):
         interval = parse_duration(raw[1:])
@@ -269,10 +269,12 @@ def cron_next(expr: str, after: datetime, tz: tzinfo) -> datetime:
     hour_wildcard = expr.split()[1].startswith("*")
     local = after.astimezone(tz)
     start = local.replace(tzinfo=None, fold=0)
-    # After the clocks went back, wall times already seen can come again: start that much earlier.
-    earlier = (after - timedelta(hours=3)).astimezone(tz).utcoffset()
-    if earlier is not None and local.utcoffset() is not None and earlier > local.utcoffset():
-        start -= earlier - local.utcoffset()
+    # Near a clock change wall time is not monotonic (after falling back, wall times already seen
+    # come again): start a little earlier in wall time and keep the first instant after `after`.
+    window = timedelta(hours=3)
+    offsets = {(after + d).astimezone(tz).utcoffset() for d in (-window, timedelta(0), window)}
+    if len(offsets) > 1:
+        start -= window
     it = croniter(expr, start - timedelta(microseconds=1))
     best: datetime | None = None
     for _ in range(100_000):
