@@ -19,8 +19,8 @@ from scheduling.timers import (
     timer_cancel,
     timer_create,
     timer_fire_now,
-    timer_update,
     timer_upcoming,
+    timer_update,
 )
 
 pytestmark = pytest.mark.django_db
@@ -202,7 +202,7 @@ def test_an_every_timer_repeats_from_its_schedule_not_from_when_it_fired(make_se
 def test_fire_now_makes_the_timer_due_at_once(make_session):
     timer = timer_create(spec="cron:0 8 * * *", label="t", session=make_session(), acted_by=SYSTEM)
     timer_fire_now(timer_id=timer.pk, acted_by=SYSTEM)
-    seen, firings = fire_due(timezone.now(), limit=10)
+    _seen, firings = fire_due(timezone.now(), limit=10)
     assert len(firings) == 1
     timer.refresh_from_db()
     assert timer.status == TimerStatus.ACTIVE and timer.next_fire > timezone.now()

@@ -1,5 +1,6 @@
 """Timer specs: delays (English and Chinese units), every:, once:, cron: in the bot's zone, across DST."""
 
+import itertools
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -118,7 +119,7 @@ def test_fall_back_a_repeated_wall_time_fires_once_but_wildcard_hours_keep_real_
     for _ in range(6):
         t = cron_next("*/30 * * * *", t, NY)
         fires.append(t)
-    assert all(b - a == timedelta(minutes=30) for a, b in zip(fires, fires[1:], strict=False))
+    assert all(b - a == timedelta(minutes=30) for a, b in itertools.pairwise(fires))
     assert [f.astimezone(NY).strftime("%H:%M%z") for f in fires] == [
         "01:00-0400",
         "01:30-0400",
