@@ -51,7 +51,8 @@ def timer_spec(spec: str) -> TimerSpec:
         raise LifeError(Code.INVALID_SPEC, "spec must be a string such as 5min or cron:0 8 * * *") from None
 
 
-def _first_fire(spec: TimerSpec, now: datetime) -> datetime:
+def timer_first_fire(spec: TimerSpec, now: datetime) -> datetime:
+    """When a timer set now with this spec fires first: in the future, within the horizon."""
     cfg = get_config()
     when = spec.first_fire(now, cfg.tzinfo)
     if when <= now:
@@ -64,7 +65,8 @@ def _first_fire(spec: TimerSpec, now: datetime) -> datetime:
     return when
 
 
-def _clean_label_payload(label: str, payload: str) -> tuple[str, str]:
+def timer_clean_fields(label: str, payload: str) -> tuple[str, str]:
+    """A timer's label and payload, stripped and checked (LifeError naming the problem)."""
     cfg = get_config().life
     label = (label or "").strip() if isinstance(label, str) else ""
     payload = (payload or "").strip() if isinstance(payload, str) else ""
@@ -91,9 +93,9 @@ def timer_create(
 ) -> Timer:
     """Set a timer (for a chat, or the bot's own when session is None). Raises LifeError."""
     now = now or timezone.now()
-    label, payload = _clean_label_payload(label, payload)
+    label, payload = timer_clean_fields(label, payload)
     parsed = timer_spec(spec)
-    first = _first_fire(parsed, now)
+    first = timer_first_fire(parsed, now)
     limit = get_config().life.max_timers_per_session
     try:
         with transaction.atomic():
@@ -178,13 +180,13 @@ def timer_update(
     now = now or timezone.now()
     with transaction.atomic():
         timer = _active_for_update(timer_id)
-        label, payload = _clean_label_payload(
+        label, payload = timer_clean_fields(
             timer.label if label is None else label, timer.payload if payload is None else payload
         )
         changes: dict[str, Any] = {"label": label, "payload": payload, "updated_at": now}
         if spec is not None and spec.strip() != timer.spec:
             parsed = timer_spec(spec)
-            changes.update(spec=parsed.text, kind=parsed.kind, next_fire=_first_fire(parsed, now))
+            changes.update(spec=parsed.text, kind=parsed.kind, next_fire=timer_first_fire(parsed, now))
         Timer.objects.filter(pk=timer.pk, status=TimerStatus.ACTIVE).update(**changes)
     logger.info("timer %s updated by %s: %s", timer_id, acted_by.describe(), sorted(changes))
     timer.refresh_from_db()
