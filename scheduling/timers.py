@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import functools
 import logging
+import queue
+import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, close_old_connections, connection, transaction
 from django.db.models import F, Min, Q
 from django.utils import timezone
 
@@ -233,8 +235,9 @@ def timer_as_dict(timer: Timer) -> dict[str, Any]:
 # --- firing (dispatcher side) ---------------------------------------------------------------------
 
 
-def fire_due(now: datetime, *, limit: int) -> tuple[int, list[TimerFiring]]:
-    """Claim up to `limit` due timer instants; returns (rows seen due, firings this call recorded)."""
+def fire_due(now: datetime, *, limit: int) -> tuple[int, list[int]]:
+    """Claim up to `limit` due timer instants; returns (rows seen due, ids of the firings this call
+    recorded)."""
     tz = get_config().tzinfo
     due = list(
         Timer.objects.filter(status=TimerStatus.ACTIVE, next_fire__lte=now)
@@ -246,7 +249,7 @@ def fire_due(now: datetime, *, limit: int) -> tuple[int, list[TimerFiring]]:
     groups: dict[tuple[datetime, str], list[str]] = defaultdict(list)
     for pk, next_fire, spec in due:
         groups[(next_fire, spec)].append(pk)
-    firings: list[TimerFiring] = []
+    firing_ids: list[int] = []
     with transaction.atomic():
         for (instant, spec), ids in groups.items():
             token = uuid.uuid4().hex
@@ -268,11 +271,28 @@ def fire_due(now: datetime, *, limit: int) -> tuple[int, list[TimerFiring]]:
                 changes.update(status=TimerStatus.DONE, next_fire=None)
             else:
                 changes["next_fire"] = nxt
-            Timer.objects.filter(pk__in=ids, next_fire=instant, status=TimerStatus.ACTIVE).update(**changes)
-            claimed = Timer.objects.filter(pk__in=ids, fire_token=token).values_list("pk", flat=True)
-            firings.extend(TimerFiring(timer_id=pk, due_at=instant, fired_at=now) for pk in claimed)
-        TimerFiring.objects.bulk_create(firings)
-    return len(due), firings
+            # The claim: only rows still at this instant move; a concurrent claimer's rows do not match.
+            if not Timer.objects.filter(pk__in=ids, next_fire=instant, status=TimerStatus.ACTIVE).update(**changes):
+                continue
+            firing_ids.extend(_record_firings(ids, token, instant, now))
+    return len(due), firing_ids
+
+
+def _record_firings(ids: list[str], token: str, instant: datetime, now: datetime) -> list[int]:
+    """One firing per row the claim stamped with `token`, written by one INSERT … SELECT: building
+    thousands of model instances for bulk_create costs several times the claim itself. ON CONFLICT
+    keeps an instant that somehow was recorded before from being recorded twice (SQLite, PostgreSQL)."""
+    firing, timer = TimerFiring._meta.db_table, Timer._meta.db_table
+    due_at, fired_at = (connection.ops.adapt_datetimefield_value(v) for v in (instant, now))
+    marks = ", ".join(["%s"] * len(ids))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {firing} (timer_id, due_at, fired_at, status, outcome, error) "
+            f"SELECT id, %s, %s, %s, '', '' FROM {timer} WHERE id IN ({marks}) AND fire_token = %s "
+            "ON CONFLICT DO NOTHING",
+            [due_at, fired_at, FiringStatus.PENDING.value, *ids, token],
+        )
+    return list(TimerFiring.objects.filter(timer_id__in=ids, due_at=instant, fired_at=now).values_list("pk", flat=True))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -281,12 +301,61 @@ def _repeats(spec: str) -> bool:
 
 
 def enqueue_firings(firing_ids: list[int]) -> None:
-    """Hand firings to the django-q2 workers; each runs one life-loop turn."""
+    """Hand firings to the django-q2 workers; each runs one life-loop turn. One transaction for the
+    lot: with the ORM broker every enqueue is a write, and one commit per task costs tens of ms."""
+    from django_q.brokers import get_broker
     from django_q.tasks import async_task
 
-    for firing_id in firing_ids:
-        async_task("scheduling.life.run_firing", firing_id, group="life", task_name=f"life-firing-{firing_id}")
-    TimerFiring.objects.filter(pk__in=firing_ids).update(enqueued_at=timezone.now())
+    broker = get_broker()
+    with transaction.atomic():
+        for firing_id in firing_ids:
+            async_task(
+                "scheduling.life.run_firing",
+                firing_id,
+                group="life",
+                task_name=f"life-firing-{firing_id}",
+                broker=broker,
+            )
+        TimerFiring.objects.filter(pk__in=firing_ids).update(enqueued_at=timezone.now())
+
+
+class FiringHandOff:
+    """Enqueues claimed firings from a thread of its own, in chunks, so the dispatcher thread goes
+    straight back to claiming (10,000 firings due at one minute take seconds to enqueue). A chunk
+    lost here (crash, broker down) is picked up again by requeue_stale_firings."""
+
+    chunk = 500
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, firing_ids: list[int]) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="maibot-firing-handoff", daemon=True)
+                self._thread.start()
+        self._queue.put(list(firing_ids))
+
+    def _run(self) -> None:
+        while True:
+            ids = self._queue.get()
+            while len(ids) < self.chunk:
+                try:
+                    ids.extend(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                enqueue_firings(ids)
+            except Exception:
+                logger.exception("could not enqueue %d timer firings; they will be handed over again", len(ids))
+                close_old_connections()
+
+
+# A firing claimed but never enqueued (the cluster died in between) waits this long before it is
+# handed over again; longer than a 10,000-firing burst takes to enqueue.
+UNENQUEUED_GRACE = timedelta(seconds=30)
 
 
 def requeue_stale_firings(now: datetime) -> int:
@@ -295,7 +364,7 @@ def requeue_stale_firings(now: datetime) -> int:
     cutoff = now - timedelta(seconds=get_config().life.firing_requeue_seconds)
     stale = list(
         TimerFiring.objects.filter(status=FiringStatus.PENDING)
-        .filter(Q(enqueued_at__lt=cutoff) | Q(enqueued_at__isnull=True, fired_at__lt=cutoff))
+        .filter(Q(enqueued_at__lt=cutoff) | Q(enqueued_at__isnull=True, fired_at__lt=now - UNENQUEUED_GRACE))
         .values_list("pk", flat=True)[:500]
     )
     if stale:
@@ -322,23 +391,29 @@ class TimerSource:
     def __init__(self, enqueue: Callable[[list[int]], None] | None = None) -> None:
         self.enqueue = enqueue or enqueue_firings
         self._last_maintenance: datetime | None = None
+        self._claimed: list[int] = []
 
     def next_due(self) -> datetime | None:
         return Timer.objects.filter(status=TimerStatus.ACTIVE).aggregate(due=Min("next_fire"))["due"]
 
     def run_due(self, now: datetime) -> bool:
         limit = get_config().scheduling.batch_size
-        seen, firings = fire_due(now, limit=limit)
-        if firings:
-            late = max(f.lateness_seconds for f in firings)
-            logger.info("fired %d timers (max lateness %.3fs)", len(firings), late)
-            self.enqueue([f.pk for f in firings])
+        seen, firing_ids = fire_due(now, limit=limit)
+        if firing_ids:
+            logger.info("fired %d timers", len(firing_ids))
+            self._claimed.extend(firing_ids)
+        more = seen >= limit
+        # While a burst is being claimed, enqueueing would compete with the claims for the database
+        # (one writer on SQLite): claim the whole burst first, then hand it over.
+        if self._claimed and (not more or len(self._claimed) >= 20 * limit):
+            claimed, self._claimed = self._claimed, []
+            self.enqueue(claimed)
         if self._last_maintenance is None or (now - self._last_maintenance).total_seconds() >= self.maintenance_every:
             self._last_maintenance = now
             requeue_stale_firings(now)
             if lost := fail_lost_turns(now):
                 logger.warning("%d life-loop turns lost with their worker", lost)
-        return seen >= limit
+        return more
 
 
 def actor_tool(tool_call_id: str) -> ActedBy:

@@ -29,9 +29,9 @@ def fake_llm():
 def fire(timer) -> TimerFiring:
     """Make the timer due and let the dispatcher claim it, as the cluster would."""
     Timer.objects.filter(pk=timer.pk).update(next_fire=timezone.now() - timedelta(seconds=0.1))
-    _, firings = fire_due(timezone.now(), limit=10)
-    assert len(firings) == 1
-    return firings[0]
+    _, firing_ids = fire_due(timezone.now(), limit=10)
+    assert len(firing_ids) == 1
+    return TimerFiring.objects.get(pk=firing_ids[0])
 
 
 @pytest.fixture

@@ -208,13 +208,16 @@ def test_fire_now_makes_the_timer_due_at_once(make_session):
     assert timer.status == TimerStatus.ACTIVE and timer.next_fire > timezone.now()
 
 
-def test_a_full_batch_says_there_may_be_more(make_session):
+def test_a_full_batch_says_there_may_be_more_and_the_burst_is_handed_over_once_claimed(make_session):
     for i in range(3):
         make_due(timer_create(spec="5min", label=f"t{i}", session=make_session(), acted_by=SYSTEM))
     collect = Collector()
+    source = TimerSource(enqueue=collect)
     with config.override(scheduling={"batch_size": 2}):
-        assert TimerSource(enqueue=collect).run_due(timezone.now()) is True
-        assert TimerSource(enqueue=collect).run_due(timezone.now()) is False
+        assert source.run_due(timezone.now()) is True
+        assert collect.ids == []  # a burst is claimed whole before it is handed over
+        assert source.run_due(timezone.now()) is False
+    assert sorted(collect.ids) == sorted(TimerFiring.objects.values_list("pk", flat=True))
     assert len(collect.ids) == 3
 
 
@@ -228,7 +231,7 @@ def test_next_due_is_the_soonest_active_timer(make_session):
 def test_firings_no_worker_started_are_handed_over_again(make_session):
     timer = timer_create(spec="5min", label="a", session=make_session(), acted_by=SYSTEM)
     make_due(timer)
-    _, (firing,) = fire_due(timezone.now(), limit=10)
+    _, (firing_id,) = fire_due(timezone.now(), limit=10)
     sent = []
     timer_services_enqueue = timer_services.enqueue_firings
     try:
@@ -237,7 +240,7 @@ def test_firings_no_worker_started_are_handed_over_again(make_session):
         assert requeue_stale_firings(timezone.now() + timedelta(seconds=301)) == 1
     finally:
         timer_services.enqueue_firings = timer_services_enqueue
-    assert sent == [firing.pk]
+    assert sent == [firing_id]
 
 
 # --- real clusters --------------------------------------------------------------------------------
