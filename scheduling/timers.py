@@ -346,11 +346,14 @@ class FiringHandOff:
                     ids.extend(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            try:
-                enqueue_firings(ids)
-            except Exception:
-                logger.exception("could not enqueue %d timer firings; they will be handed over again", len(ids))
-                close_old_connections()
+            # Short transactions: on SQLite a long one would hold up the dispatcher's next claims.
+            for start in range(0, len(ids), self.chunk):
+                chunk = ids[start : start + self.chunk]
+                try:
+                    enqueue_firings(chunk)
+                except Exception:
+                    logger.exception("could not enqueue %d timer firings; they will be handed over again", len(chunk))
+                    close_old_connections()
 
 
 # A firing claimed but never enqueued (the cluster died in between) waits this long before it is
