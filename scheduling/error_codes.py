@@ -28,6 +28,7 @@ class SchedulingError(Exception):
 
 
 class TimerErrorCode(StrEnum):
+    INVALID_ARGUMENT = "invalid_argument"
     INVALID_SPEC = "invalid_spec"
     EMPTY_LABEL = "empty_label"
     LABEL_TOO_LONG = "label_too_long"
@@ -46,6 +47,18 @@ class MemoryErrorCode(StrEnum):
     NOT_FOUND = "not_found"
     INVALID_SCOPE = "invalid_scope"
     TEXT_TOO_LONG = "text_too_long"
+
+
+class LifeToolErrorCode(StrEnum):
+    """Failures of the life loop's own tools (send_message, update_inner_state, do_nothing)."""
+
+    UNKNOWN_TOOL = "unknown_tool"
+    INVALID_ARGUMENTS = "invalid_arguments"
+    INVALID_ARGUMENT = "invalid_argument"
+    EMPTY_TEXT = "empty_text"
+    TEXT_TOO_LONG = "text_too_long"
+    UNKNOWN_SESSION = "unknown_session"
+    NO_SESSION = "no_session"
 
 
 class LifeError(Exception):

@@ -4,8 +4,9 @@ A turn is ONE model call (not the chat planner) with the persona, the inner stat
 current time, and the user message `[timer] <label>: <payload>`. The model answers with tool calls:
 `send_message(text, session?)`, `update_inner_state(text)`, `do_nothing(reason)`. Text without a tool
 call sends nothing. Every turn is a PlannerCycle(kind=life) with its ToolCallRecords and its LLMCall in
-the ledger; a hard timeout (`life.turn_timeout`) bounds it. With no model configured, a timer whose
-payload starts with `say:` sends the rest as written; any other is recorded as skipped.
+the ledger; a hard timeout (`life.turn_timeout`) bounds it. A timer whose payload starts with `say:`
+sends the rest as written, without a model call (so it works offline too); with no model configured
+any other timer's turn is recorded as skipped.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from django.utils import timezone
 from chat.models import ChatSession, CycleKind, LLMCall, PlannerCycle, SourceKind, ToolCallRecord
 from chat.services import message_send
 from maibot.config import get_config
-from scheduling.error_codes import LifeError
-from scheduling.memory import inner_state_block, inner_state_update, memory_block, summary_block
+from scheduling.error_codes import LifeError, LifeToolErrorCode
+from scheduling.memory import inner_state_text, inner_state_update, memory_block, summary_block
 from scheduling.models import FiringStatus, Timer, TimerFiring, TimerStatus
 from scheduling.timespec import format_instant
 
 logger = logging.getLogger(__name__)
+
+Code = LifeToolErrorCode
 
 LIFE_TOOLS: list[dict[str, Any]] = [
     {
@@ -108,9 +111,11 @@ def build_prompt(timer: Timer, now: datetime) -> list[dict[str, str]]:
         f"Current time: {format_instant(now, cfg.tzinfo)} ({cfg.tzinfo}).",
         _describe_session(timer.session),
     ]
-    for block in (inner_state_block(None), memory_block(timer.session), summary_block(timer.session)):
+    if inner := inner_state_text():
+        parts.append(f"## Your inner state (update_inner_state replaces it)\n{inner}")
+    for block in (memory_block(timer.session), summary_block(timer.session)):
         if block:
-            parts.append(block.replace(" (read-only here; the life loop keeps it)", " (update_inner_state changes it)"))
+            parts.append(block)
     user = f"[timer] {timer.label}: {timer.payload}" if timer.payload else f"[timer] {timer.label}"
     return [{"role": "system", "content": "\n\n".join(parts)}, {"role": "user", "content": user}]
 
@@ -118,28 +123,28 @@ def build_prompt(timer: Timer, now: datetime) -> list[dict[str, str]]:
 # --- tool execution (sync, in a thread) -----------------------------------------------------------
 
 
-def _err(code: str, message: str) -> dict[str, Any]:
-    return {"ok": False, "error": {"code": code, "message": message}}
+def _err(code: LifeToolErrorCode, message: str) -> dict[str, Any]:
+    return {"ok": False, "error": {"code": str(code), "message": message}}
 
 
 def _send_message(timer: Timer, cycle: PlannerCycle, firing: TimerFiring, args: dict[str, Any]) -> dict[str, Any]:
     text = args.get("text")
     if not isinstance(text, str) or not text.strip():
-        return _err("empty_text", "text is empty")
+        return _err(Code.EMPTY_TEXT, "text is empty")
     limit = get_config().scheduling.max_text_length
     if len(text) > limit:
-        return _err("text_too_long", f"text has {len(text)} characters; the limit is {limit}")
+        return _err(Code.TEXT_TOO_LONG, f"text has {len(text)} characters; the limit is {limit}")
     target = args.get("session")
     if target is not None and not isinstance(target, str):
-        return _err("invalid_argument", "session must be a session_id string")
+        return _err(Code.INVALID_ARGUMENT, "session must be a session_id string")
     if target:
         session = ChatSession.objects.filter(session_id=target.strip()).first()
         if session is None:
-            return _err("unknown_session", f"no chat with session_id {target!r}")
+            return _err(Code.UNKNOWN_SESSION, f"no chat with session_id {target!r}")
     else:
         session = timer.session
         if session is None:
-            return _err("no_session", "this timer has no chat; give `session`")
+            return _err(Code.NO_SESSION, "this timer has no chat; give `session`")
     message = message_send(
         session=session,
         source_kind=SourceKind.TIMER,
@@ -152,7 +157,7 @@ def _send_message(timer: Timer, cycle: PlannerCycle, firing: TimerFiring, args: 
 def _update_inner_state(cycle: PlannerCycle, tool_call_id: str, args: dict[str, Any]) -> dict[str, Any]:
     text = args.get("text")
     if not isinstance(text, str):
-        return _err("invalid_argument", "text must be a string")
+        return _err(Code.INVALID_ARGUMENT, "text must be a string")
     try:
         inner_state_update(text=text, via="life", cycle=cycle, tool_call_id=tool_call_id)
     except LifeError as exc:
@@ -167,9 +172,9 @@ def execute_tool_calls(timer: Timer, firing: TimerFiring, cycle: PlannerCycle, c
     outcomes: list[str] = []
     for call in calls:
         if call.name not in LIFE_TOOL_NAMES:
-            res = _err("unknown_tool", f"no tool {call.name!r}; use send_message, update_inner_state or do_nothing")
+            res = _err(Code.UNKNOWN_TOOL, f"no tool {call.name!r}; use send_message, update_inner_state or do_nothing")
         elif call.arguments is None:
-            res = _err("invalid_arguments", f"arguments are not a JSON object: {call.argument_error}")
+            res = _err(Code.INVALID_ARGUMENTS, f"arguments are not a JSON object: {call.argument_error}")
         elif call.name == "send_message":
             with transaction.atomic():
                 res = _send_message(timer, cycle, firing, call.arguments)
@@ -228,7 +233,8 @@ def _end_cycle(cycle: PlannerCycle, result: TurnResult, timings: dict[str, int],
 
 
 def _literal_turn(timer: Timer, firing: TimerFiring, now: datetime) -> tuple[PlannerCycle, TurnResult]:
-    """Offline: `say:` payloads go out as written, anything else is skipped (recorded as a turn)."""
+    """A `say:` payload goes out as written, with no model call; with no model configured, any other
+    payload is skipped. Either way the turn is recorded."""
     text = timer.literal_text
     cycle = _start_cycle(timer, [], now)
     if text is None:
@@ -282,7 +288,7 @@ async def _run_turn(firing_id: int) -> TurnResult:
     firing, timer = await sync_to_async(load)()
     if timer.status == TimerStatus.CANCELLED:
         return TurnResult(outcome="skipped", error="the timer was cancelled before its turn ran")
-    if get_config().offline:
+    if timer.literal_text is not None or get_config().offline:
         cycle, result = await sync_to_async(_literal_turn)(timer, firing, now)
         await sync_to_async(_link_cycle)(firing_id, cycle)
         return result

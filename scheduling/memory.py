@@ -287,8 +287,12 @@ def on_inbound_stored(sender: Any, messages: list[Message], **kwargs: Any) -> No
 # --- context blocks (the chat planner's prompt; the life loop renders the same text) --------------
 
 
+def inner_state_text() -> str:
+    return InnerState.objects.filter(pk=1).values_list("text", flat=True).first() or ""
+
+
 def inner_state_block(session: ChatSession | None = None) -> str:
-    text = InnerState.objects.filter(pk=1).values_list("text", flat=True).first()
+    text = inner_state_text()
     if not text:
         return ""
     return f"## Your inner state (read-only here; the life loop keeps it)\n{text}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from chat.tools import Tool, ToolContext, error, ok, registry
-from scheduling.error_codes import LifeError
+from scheduling.error_codes import LifeError, TimerErrorCode
 from scheduling.models import Actor
 from scheduling.services import ActedBy
 from scheduling.timers import timer_as_dict, timer_cancel, timer_create, timers_active
@@ -20,7 +20,7 @@ def set_timer(ctx: ToolContext, spec: str, label: str, payload: str = "") -> dic
     if payload is None:
         payload = ""
     if not isinstance(payload, str):
-        return error("invalid_argument", "payload must be text")
+        return error(TimerErrorCode.INVALID_ARGUMENT, "payload must be text")
     try:
         timer = timer_create(spec=spec, label=label, payload=payload, session=ctx.session, acted_by=_acted_by(ctx))
     except LifeError as exc:
@@ -37,7 +37,7 @@ def list_timers(ctx: ToolContext) -> dict[str, Any]:
 def cancel_timer(ctx: ToolContext, timer_id: str) -> dict[str, Any]:
     """Cancel one of this chat's active timers."""
     if not isinstance(timer_id, str) or not timer_id.strip():
-        return error("invalid_argument", "timer_id is required, e.g. tm_k3v9xq2mtr")
+        return error(TimerErrorCode.INVALID_ARGUMENT, "timer_id is required, e.g. tm_k3v9xq2mtr")
     try:
         timer = timer_cancel(timer_id=timer_id.strip(), session=ctx.session, acted_by=_acted_by(ctx))
     except LifeError as exc:

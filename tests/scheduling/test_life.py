@@ -188,3 +188,37 @@ def test_a_cancelled_timers_pending_turn_is_skipped(fake_llm, timer):
     timer_cancel(timer_id=timer.pk, acted_by=SYSTEM)
     assert run_firing(firing.pk) == "skipped"
     assert not fake_llm.requests
+
+
+def test_a_say_payload_is_sent_as_written_without_asking_the_model(fake_llm, make_session):
+    session = make_session()
+    timer = timer_create(
+        spec="5min", label="reminder", payload="say:开会了 meeting time", session=session, acted_by=SYSTEM
+    )
+    firing = fire(timer)
+    assert run_firing(firing.pk) == "literal"
+    assert Message.objects.get(session=session).text == "开会了 meeting time"
+    assert not fake_llm.requests and not LLMCall.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cluster_worker_runs_the_turn_against_the_model(make_session, start_qcluster):
+    import time
+
+    with FakeLLM() as fake:
+        fake.script(fake.tool_call("send_message", {"text": "起床啦 time to get up"}))
+        start_qcluster(OPENAI_BASE_URL=fake.base_url, MAIBOT_LLM_MODEL="fake-model")
+        session = make_session()
+        timer = timer_create(spec="2s", label="wake up", payload="gently", session=session, acted_by=SYSTEM)
+        deadline = time.monotonic() + 30
+        while not Message.objects.filter(session=session).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [m.text for m in Message.objects.filter(session=session)] == ["起床啦 time to get up"]
+        assert fake.requests[0]["messages"][1]["content"] == "[timer] wake up: gently"
+    firing = TimerFiring.objects.get(timer=timer)
+    deadline = time.monotonic() + 10
+    while firing.status == FiringStatus.RUNNING and time.monotonic() < deadline:
+        time.sleep(0.1)
+        firing.refresh_from_db()
+    assert firing.status == FiringStatus.DONE and firing.outcome == "sent"
+    assert LLMCall.objects.get(cycle=firing.cycle).purpose == "life"
