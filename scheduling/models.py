@@ -177,7 +177,7 @@ class Timer(models.Model):
     )
     cancelled_at = models.DateTimeField(null=True, blank=True)
     # Set by the claiming UPDATE so the claimer can read back exactly the rows it advanced.
-    fire_token = models.CharField(max_length=32, blank=True, editable=False)
+    fire_token = models.CharField(max_length=32, blank=True, editable=False, db_index=True)
 
     class Meta:
         ordering = ["next_fire"]

@@ -16,7 +16,6 @@ import logging
 import queue
 import threading
 import uuid
-from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -236,22 +235,30 @@ def timer_as_dict(timer: Timer) -> dict[str, Any]:
 
 
 def fire_due(now: datetime, *, limit: int) -> tuple[int, list[int]]:
-    """Claim up to `limit` due timer instants; returns (rows seen due, ids of the firings this call
-    recorded)."""
+    """Claim the due timer instants (at most `limit` distinct (instant, spec) groups per call);
+    returns (groups seen due, ids of the firings this call recorded).
+
+    Timers due at the same instant with the same spec (10,000 `cron:* * * * *` at one minute) are one
+    group: one UPDATE claims them all and one INSERT … SELECT records their firings."""
     tz = get_config().tzinfo
-    due = list(
+    groups = list(
         Timer.objects.filter(status=TimerStatus.ACTIVE, next_fire__lte=now)
         .order_by("next_fire")
-        .values_list("pk", "next_fire", "spec")[:limit]
+        .values_list("next_fire", "spec")
+        .distinct()[:limit]
     )
-    if not due:
+    if not groups:
         return 0, []
-    groups: dict[tuple[datetime, str], list[str]] = defaultdict(list)
-    for pk, next_fire, spec in due:
-        groups[(next_fire, spec)].append(pk)
     firing_ids: list[int] = []
     with transaction.atomic():
-        for (instant, spec), ids in groups.items():
+        for instant, spec in groups:
+            at_instant = Timer.objects.filter(status=TimerStatus.ACTIVE, next_fire=instant, spec=spec)
+            try:
+                nxt = parse_timer_spec(spec, tz).next_fire(instant, now, tz) if _repeats(spec) else None
+            except TimeSpecError as exc:
+                # A spec that no longer parses (e.g. edited in the database): stop, say why.
+                at_instant.update(status=TimerStatus.FAILED, next_fire=None, last_error=str(exc), updated_at=now)
+                continue
             token = uuid.uuid4().hex
             changes: dict[str, Any] = {
                 "fire_token": token,
@@ -259,40 +266,32 @@ def fire_due(now: datetime, *, limit: int) -> tuple[int, list[int]]:
                 "fire_count": F("fire_count") + 1,
                 "updated_at": now,
             }
-            try:
-                nxt = parse_timer_spec(spec, tz).next_fire(instant, now, tz) if _repeats(spec) else None
-            except TimeSpecError as exc:
-                # A spec that no longer parses (e.g. edited in the database): stop, say why.
-                Timer.objects.filter(pk__in=ids, next_fire=instant, status=TimerStatus.ACTIVE).update(
-                    status=TimerStatus.FAILED, next_fire=None, last_error=str(exc), updated_at=now
-                )
-                continue
             if nxt is None:
                 changes.update(status=TimerStatus.DONE, next_fire=None)
             else:
                 changes["next_fire"] = nxt
-            # The claim: only rows still at this instant move; a concurrent claimer's rows do not match.
-            if not Timer.objects.filter(pk__in=ids, next_fire=instant, status=TimerStatus.ACTIVE).update(**changes):
-                continue
-            firing_ids.extend(_record_firings(ids, token, instant, now))
-    return len(due), firing_ids
+            # The claim: only rows still active at this instant move. A concurrent claimer that got
+            # there first already moved them, so its rows no longer match and nothing fires twice.
+            if at_instant.update(**changes):
+                # fired_at: when the claim was made, not when the round began (honest lateness).
+                firing_ids.extend(_record_firings(token, instant, timezone.now()))
+    return len(groups), firing_ids
 
 
-def _record_firings(ids: list[str], token: str, instant: datetime, now: datetime) -> list[int]:
-    """One firing per row the claim stamped with `token`, written by one INSERT … SELECT: building
-    thousands of model instances for bulk_create costs several times the claim itself. ON CONFLICT
-    keeps an instant that somehow was recorded before from being recorded twice (SQLite, PostgreSQL)."""
+def _record_firings(token: str, instant: datetime, now: datetime) -> list[int]:
+    """One firing per row the claim stamped with `token`, written by one INSERT … SELECT … RETURNING
+    (SQLite ≥ 3.35, PostgreSQL): building thousands of model instances for bulk_create costs several
+    times the claim itself. ON CONFLICT keeps an instant from ever being recorded twice."""
     firing, timer = TimerFiring._meta.db_table, Timer._meta.db_table
     due_at, fired_at = (connection.ops.adapt_datetimefield_value(v) for v in (instant, now))
-    marks = ", ".join(["%s"] * len(ids))
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {firing} (timer_id, due_at, fired_at, status, outcome, error) "
-            f"SELECT id, %s, %s, %s, '', '' FROM {timer} WHERE id IN ({marks}) AND fire_token = %s "
-            "ON CONFLICT DO NOTHING",
-            [due_at, fired_at, FiringStatus.PENDING.value, *ids, token],
+            f"SELECT id, %s, %s, %s, '', '' FROM {timer} WHERE fire_token = %s "
+            "ON CONFLICT DO NOTHING RETURNING id",
+            [due_at, fired_at, FiringStatus.PENDING.value, token],
         )
-    return list(TimerFiring.objects.filter(timer_id__in=ids, due_at=instant, fired_at=now).values_list("pk", flat=True))
+        return [row[0] for row in cursor.fetchall()]
 
 
 @functools.lru_cache(maxsize=4096)

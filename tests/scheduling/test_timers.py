@@ -133,7 +133,7 @@ def test_a_due_one_shot_timer_fires_once_and_ends_done(make_session):
     assert 0 <= firing.lateness_seconds < 5
     timer.refresh_from_db()
     assert (timer.status, timer.next_fire, timer.fire_count) == (TimerStatus.DONE, None, 1)
-    assert timer.last_fired_at == firing.fired_at
+    assert timer.last_fired_at <= firing.fired_at
 
 
 def test_a_claim_for_an_instant_already_claimed_gets_nothing(make_session):
