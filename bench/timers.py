@@ -4,7 +4,8 @@
      10,000 timers due at once (claimed in batches of scheduling.batch_size);
   2. trickle, real `manage.py qcluster`: one-shot timers due one after another while the 10,000
      cron timers are active but not due — fire lateness per timer;
-  3. burst, real cluster: all 10,000 `cron:* * * * *` timers due at the same instant.
+  3. burst, real cluster: all 10,000 `cron:* * * * *` timers due at the same instant;
+  4. staggered, real cluster: the 10,000 timers due 1 ms apart (each its own claim).
 Fire lateness = TimerFiring.fired_at - due_at (the claim, written in the same transaction that
 advances next_fire). Hand-off = enqueued_at - due_at (the django-q2 task is in the queue).
 
@@ -170,6 +171,21 @@ def main() -> None:
         time.sleep(10)
         done = TimerFiring.objects.filter(timer_id__in=ids).exclude(status=FiringStatus.PENDING).count()
         print(f"burst    life-loop turns started by the 2 workers within ~10 s of the hand-off: {done}")
+
+        # --- 4. staggered ------------------------------------------------------------------------
+        # Every timer at its own instant (10,000 in a 10 s window): no two share a claim.
+        TimerFiring.objects.all().delete()
+        start = timezone.now() + timedelta(seconds=4)
+        stagger = [Timer(pk=pk, next_fire=start + timedelta(milliseconds=i)) for i, pk in enumerate(ids)]
+        Timer.objects.bulk_update(stagger, ["next_fire"], batch_size=1000)
+        deadline = time.monotonic() + 4 + 10 + 60
+        time.sleep(max(0.0, (start - timezone.now()).total_seconds()) + 10)
+        while TimerFiring.objects.count() < args.timers:
+            if time.monotonic() > deadline:
+                raise SystemExit("staggered: not every timer fired within 60 s")
+            time.sleep(0.5)
+        late = [f.lateness_seconds * 1000 for f in TimerFiring.objects.all()]
+        print(f"stagger  n={len(late)} (one instant each, 1 ms apart)  fire lateness {summary(late)}")
     finally:
         cluster.terminate()
         cluster.wait(timeout=60)

@@ -1,12 +1,14 @@
 """Timers: every write to them (create, cancel, fire now, change the spec) and their firing by the
 dispatcher (TimerSource), which claims each due instant exactly once and hands it to a worker.
 
-Firing: the dispatcher thread finds due timers, and for each due instant runs ONE conditional UPDATE
-(… WHERE id IN … AND next_fire = <that instant> AND status = 'active') that advances next_fire (or
-ends a one-shot timer) and stamps a claim token, then records a TimerFiring per row it advanced, in
-the same transaction. Another cluster's UPDATE for the same instant finds next_fire already moved and
-matches nothing; the unique (timer, due_at) constraint backs this up in the database. After commit the
-firings go to the django-q2 queue (scheduling.life.run_firing), so the dispatcher never waits on a model.
+Firing: the dispatcher thread finds the due (instant, spec) groups and claims each with ONE
+conditional UPDATE (… WHERE status = 'active' AND next_fire = <that instant> AND spec = …) that
+advances next_fire (or ends a one-shot timer) and stamps a claim token; in the same transaction an
+INSERT … SELECT records a TimerFiring for every row it advanced. Another cluster's UPDATE for the same
+instant finds next_fire already moved and matches nothing; the unique (timer, due_at) constraint
+backs this up in the database. After commit the firings go to the django-q2 queue
+(scheduling.life.run_firing) from a hand-off thread, so the dispatcher never waits on a model.
+A repeating timer that missed periods (downtime) fires once and moves to its next future time.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import queue
 import threading
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connection, transaction
@@ -254,7 +256,7 @@ def fire_due(now: datetime, *, limit: int) -> tuple[int, list[int]]:
         for instant, spec in groups:
             at_instant = Timer.objects.filter(status=TimerStatus.ACTIVE, next_fire=instant, spec=spec)
             try:
-                nxt = parse_timer_spec(spec, tz).next_fire(instant, now, tz) if _repeats(spec) else None
+                nxt = _parse_repeating(spec, tz).next_fire(instant, now, tz) if _repeats(spec) else None
             except TimeSpecError as exc:
                 # A spec that no longer parses (e.g. edited in the database): stop, say why.
                 at_instant.update(status=TimerStatus.FAILED, next_fire=None, last_error=str(exc), updated_at=now)
@@ -297,6 +299,12 @@ def _record_firings(token: str, instant: datetime, now: datetime) -> list[int]:
 @functools.lru_cache(maxsize=4096)
 def _repeats(spec: str) -> bool:
     return spec.lower().startswith(("cron:", "every:"))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_repeating(spec: str, tz: tzinfo) -> TimerSpec:
+    # A cron or every: spec means the same whenever it is read: parse each once, not once per fire.
+    return parse_timer_spec(spec, tz)
 
 
 def enqueue_firings(firing_ids: list[int]) -> None:

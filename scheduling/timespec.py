@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
@@ -266,6 +267,20 @@ def _gap_end(low: datetime, high: datetime, tz: tzinfo) -> datetime:
 
 def cron_next(expr: str, after: datetime, tz: tzinfo) -> datetime:
     """The first instant strictly after `after` (aware) whose wall time in `tz` matches `expr`."""
+    # Cron matches whole minutes, so every `after` within one UTC minute has the same answer; caching
+    # on the minute lets thousands of timers firing together share one croniter walk.
+    minute = after.astimezone(UTC).replace(second=0, microsecond=0)
+    if after == minute:
+        return _cron_next(expr, after, tz)
+    return _cron_next_cached(expr, minute, tz)
+
+
+@functools.lru_cache(maxsize=8192)
+def _cron_next_cached(expr: str, minute: datetime, tz: tzinfo) -> datetime:
+    return _cron_next(expr, minute + timedelta(microseconds=1), tz)
+
+
+def _cron_next(expr: str, after: datetime, tz: tzinfo) -> datetime:
     hour_wildcard = expr.split()[1].startswith("*")
     local = after.astimezone(tz)
     start = local.replace(tzinfo=None, fold=0)
