@@ -23,7 +23,7 @@ from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connection, transaction
-from django.db.models import F, Min, Q
+from django.db.models import Min, Q
 from django.utils import timezone
 
 from chat.models import ChatSession
@@ -254,30 +254,38 @@ def fire_due(now: datetime, *, limit: int) -> tuple[int, list[int]]:
     firing_ids: list[int] = []
     with transaction.atomic():
         for instant, spec in groups:
-            at_instant = Timer.objects.filter(status=TimerStatus.ACTIVE, next_fire=instant, spec=spec)
             try:
                 nxt = _parse_repeating(spec, tz).next_fire(instant, now, tz) if _repeats(spec) else None
             except TimeSpecError as exc:
                 # A spec that no longer parses (e.g. edited in the database): stop, say why.
-                at_instant.update(status=TimerStatus.FAILED, next_fire=None, last_error=str(exc), updated_at=now)
+                Timer.objects.filter(status=TimerStatus.ACTIVE, next_fire=instant, spec=spec).update(
+                    status=TimerStatus.FAILED, next_fire=None, last_error=str(exc), updated_at=now
+                )
                 continue
             token = uuid.uuid4().hex
-            changes: dict[str, Any] = {
-                "fire_token": token,
-                "last_fired_at": now,
-                "fire_count": F("fire_count") + 1,
-                "updated_at": now,
-            }
-            if nxt is None:
-                changes.update(status=TimerStatus.DONE, next_fire=None)
-            else:
-                changes["next_fire"] = nxt
             # The claim: only rows still active at this instant move. A concurrent claimer that got
             # there first already moved them, so its rows no longer match and nothing fires twice.
-            if at_instant.update(**changes):
+            if _claim_instant(instant=instant, spec=spec, next_fire=nxt, token=token, now=now):
                 # fired_at: when the claim was made, not when the round began (honest lateness).
                 firing_ids.extend(_record_firings(token, instant, timezone.now()))
     return len(groups), firing_ids
+
+
+def _claim_instant(*, instant: datetime, spec: str, next_fire: datetime | None, token: str, now: datetime) -> int:
+    """One conditional UPDATE: advance every active timer due at `instant` with `spec` to `next_fire`
+    (or end it, for None) and stamp the claim token. Plain SQL: this is the dispatcher's hot path,
+    run once per distinct due instant, and the ORM's per-call compile cost several times the UPDATE."""
+    timer = Timer._meta.db_table
+    at = connection.ops.adapt_datetimefield_value
+    status = TimerStatus.ACTIVE if next_fire is not None else TimerStatus.DONE
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {timer} SET fire_token = %s, last_fired_at = %s, fire_count = fire_count + 1, "
+            "updated_at = %s, next_fire = %s, status = %s "
+            "WHERE status = %s AND next_fire = %s AND spec = %s",
+            [token, at(now), at(now), at(next_fire), status.value, TimerStatus.ACTIVE.value, at(instant), spec],
+        )
+        return cursor.rowcount
 
 
 def _record_firings(token: str, instant: datetime, now: datetime) -> list[int]:

@@ -153,20 +153,18 @@ def test_a_claim_for_an_instant_already_claimed_gets_nothing(make_session):
 def test_a_racing_claimer_that_read_the_same_instant_advances_nothing(make_session, monkeypatch):
     timer = timer_create(spec="cron:* * * * *", label="t", session=make_session(), acted_by=SYSTEM)
     due = make_due(timer)
-    # Another cluster claims the instant between our read and our UPDATE.
-    real_filter = Timer.objects.filter
-    raced = []
+    real_claim = timer_services._claim_instant
 
-    def racing_filter(*args, **kwargs):
-        if "fire_token" not in kwargs and kwargs.get("next_fire") == due and not raced:
-            raced.append(True)
-            Timer.objects.filter(pk=timer.pk).update(next_fire=due + timedelta(minutes=1))
-        return real_filter(*args, **kwargs)
+    def other_cluster_claims_first(**kwargs):
+        # Another cluster claims the instant between our read and our UPDATE.
+        Timer.objects.filter(pk=timer.pk).update(next_fire=due + timedelta(minutes=1))
+        return real_claim(**kwargs)
 
-    monkeypatch.setattr(Timer.objects, "filter", racing_filter)
+    monkeypatch.setattr(timer_services, "_claim_instant", other_cluster_claims_first)
     seen, firings = fire_due(timezone.now(), limit=10)
-    assert raced and seen == 1 and firings == []
+    assert seen == 1 and firings == []
     assert not TimerFiring.objects.exists()
+    assert Timer.objects.get(pk=timer.pk).fire_count == 0
 
 
 def test_a_cron_timer_moves_to_its_next_time(make_session):
