@@ -339,7 +339,7 @@ class FiringHandOff:
     straight back to claiming (10,000 firings due at one minute take seconds to enqueue). A chunk
     lost here (crash, broker down) is picked up again by requeue_stale_firings."""
 
-    chunk = 500
+    chunk = 100  # short transactions: each holds the SQLite write lock the dispatcher claims with
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
