@@ -10,4 +10,6 @@ class ChatConfig(AppConfig):
         # the planner's runtimes to `inbound_stored` (sent by the gateway in the ASGI process).
         import chat.runtime
         import chat.tools.chat
-        import chat.tools.scheduling  # noqa: F401
+        import chat.tools.memory
+        import chat.tools.scheduling
+        import chat.tools.timers  # noqa: F401
