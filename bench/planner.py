@@ -57,6 +57,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cycles", type=int, default=200)
     parser.add_argument("--history", type=int, default=100)
+    parser.add_argument(
+        "--without-context-blocks",
+        action="store_true",
+        help="drop other apps' prompt blocks (inner state, memory…) to measure the planner alone",
+    )
     args = parser.parse_args()
 
     data_dir = Path(tempfile.mkdtemp(prefix="maibot-bench-planner-"))
@@ -73,12 +78,16 @@ def main() -> None:
     from asgiref.sync import sync_to_async
     from django.utils import timezone
 
+    from chat import context
     from chat.models import Direction, LLMCall, Message, PlannerCycle, SourceKind
     from chat.runtime import registry
     from chat.services import inbound_stored, message_send, session_get_or_create
     from chat.tools import ToolContext
     from chat.tools import registry as tools
     from maibot import config
+
+    if args.without_context_blocks:
+        context._blocks.clear()
 
     def tool_schemas(session):
         return [t.schema() for t in tools.available(ToolContext(session=session))]
@@ -181,6 +190,8 @@ def main() -> None:
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, SQLite")
     print(f"cycles: {len(cycles)} ({len(replies)} replies), history window {args.history} messages")
+    blocks = ", ".join(sorted(context._blocks)) or "none"
+    print(f"context blocks rendered each cycle (queried by their providers): {blocks}")
     print(
         f"overhead per cycle excl. LLM time: p50 {pct(overhead, 0.5):.2f} ms, p99 {pct(overhead, 0.99):.2f} ms "
         f"(target p50 <= 10 ms)"
