@@ -4,4 +4,10 @@ Each app contributes its routes here; the adapter endpoint `/ws` is special-case
 (it serves two wire versions).
 """
 
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from chat.consumers import ChatPageConsumer
+
+websocket_urlpatterns: list = [
+    path("chat/ws/", ChatPageConsumer.as_asgi()),
+]

@@ -1,0 +1,179 @@
+"""The maim_message wire format: parsing adapter frames (envelopes, receipts) and building outbound envelopes."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+# Media segment types adapters send as bare base64; we store the bytes once and reference them.
+MEDIA_SEGMENT_TYPES = ("image", "emoji", "voice")
+MAX_SEGMENT_DEPTH = 16
+
+
+def _id_to_str(value: Any) -> Any:
+    # NapCat passes numeric ids through as integers; other adapters send strings. bool is an int
+    # subclass but never an id.
+    if isinstance(value, bool):
+        raise ValueError("an id must be a string or an integer")
+    if isinstance(value, int):
+        return str(value)
+    return value
+
+
+PlatformId = Annotated[str, BeforeValidator(_id_to_str)]
+
+
+def _none_to_empty(value: Any) -> Any:
+    return "" if value is None else value
+
+
+Name = Annotated[str, BeforeValidator(_none_to_empty)]
+
+
+class _Lenient(BaseModel):
+    # Newer library versions add fields; keep them rather than fail.
+    model_config = ConfigDict(extra="allow")
+
+
+class UserInfo(_Lenient):
+    platform: str | None = None
+    user_id: PlatformId | None = None
+    user_nickname: Name = ""
+    user_cardname: Name = ""
+
+
+class GroupInfo(_Lenient):
+    platform: str | None = None
+    group_id: PlatformId | None = None
+    group_name: Name = ""
+
+
+class FormatInfo(_Lenient):
+    content_format: list[str] | None = None
+    accept_format: list[str] | None = None
+
+
+class PartyInfo(_Lenient):
+    user_info: UserInfo | None = None
+    group_info: GroupInfo | None = None
+
+
+class MessageInfo(_Lenient):
+    platform: str = Field(min_length=1, max_length=64)
+    message_id: PlatformId | None = None
+    time: float | None = None
+    user_info: UserInfo | None = None
+    group_info: GroupInfo | None = None
+    format_info: FormatInfo | None = None
+    template_info: Any = None
+    additional_config: dict[str, Any] | None = None
+    sender_info: PartyInfo | None = None
+    receiver_info: PartyInfo | None = None
+
+
+class Seg(BaseModel):
+    """One segment. `data` is a string, a dict (notify, command, cards), or segments (seglist only)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str = Field(min_length=1, max_length=64)
+    data: Any = None
+
+    @field_validator("data")
+    @classmethod
+    def _plain_json(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, str | int | float | bool | list | dict):
+            raise ValueError("segment data must be JSON")
+        return value
+
+
+class Envelope(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    message_info: MessageInfo
+    message_segment: Seg
+    raw_message: str | None = None
+
+
+class EnvelopeError(ValueError):
+    """A frame that is not a usable maim_message envelope; the message names the field and problem."""
+
+
+def _segments(seg: Seg | dict[str, Any], depth: int = 0) -> dict[str, Any]:
+    """Validate a segment tree (seglists nest) into plain dicts; unknown types are kept as they are."""
+    if depth > MAX_SEGMENT_DEPTH:
+        raise EnvelopeError(f"segments nested deeper than {MAX_SEGMENT_DEPTH}")
+    if not isinstance(seg, Seg):
+        try:
+            seg = Seg.model_validate(seg)
+        except ValidationError as exc:
+            raise EnvelopeError(f"message_segment: {_describe(exc)}") from None
+    if seg.type == "seglist":
+        if not isinstance(seg.data, list):
+            raise EnvelopeError("message_segment: a seglist's data must be a list of segments")
+        return {"type": "seglist", "data": [_segments(child, depth + 1) for child in seg.data]}
+    return {"type": seg.type, "data": seg.data}
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:3]:
+        loc = ".".join(str(p) for p in err["loc"]) or "(frame)"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+class InboundMessage(BaseModel):
+    """A parsed inbound chat message, ready for chat.ingest."""
+
+    info: MessageInfo
+    segments: list[dict[str, Any]]
+    raw_message: str | None = None
+
+    @property
+    def is_group(self) -> bool:
+        group = self.info.group_info
+        return group is not None and bool(group.group_id)
+
+
+def parse_envelope(frame: dict[str, Any]) -> InboundMessage:
+    """Validate a message frame. Raises EnvelopeError naming the first problems."""
+    try:
+        envelope = Envelope.model_validate(frame)
+    except ValidationError as exc:
+        raise EnvelopeError(_describe(exc)) from None
+    top = _segments(envelope.message_segment)
+    segments = top["data"] if top["type"] == "seglist" else [top]
+    info = envelope.message_info
+    if not (info.group_info and info.group_info.group_id) and not (info.user_info and info.user_info.user_id):
+        raise EnvelopeError("message_info: a private message needs user_info.user_id")
+    return InboundMessage(info=info, segments=segments, raw_message=envelope.raw_message)
+
+
+class CustomMessage(BaseModel):
+    """A custom message from an adapter (`send_custom_message`): receipts, command results."""
+
+    model_config = ConfigDict(extra="allow")
+    platform: str | None = None
+    message_type_name: str = Field(min_length=1, max_length=128)
+    content: Any = None
+
+
+def is_custom_message(frame: dict[str, Any]) -> bool:
+    return bool(frame.get("is_custom_message")) or ("message_type_name" in frame and "message_info" not in frame)
+
+
+def parse_custom(frame: dict[str, Any]) -> CustomMessage:
+    try:
+        return CustomMessage.model_validate(frame)
+    except ValidationError as exc:
+        raise EnvelopeError(_describe(exc)) from None
+
+
+# --- outbound -------------------------------------------------------------------------------------
+
+
+def wire_id(value: str) -> str | int:
+    """Ids go back the way NapCat-style adapters send them: canonical decimal strings as integers."""
+    if value.isdigit() and str(int(value)) == value:
+        return int(value)
+    return value

@@ -1,0 +1,260 @@
+"""Storing what adapters send: inbound chat messages (with their media), send receipts, command results."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from chat.envelope import MEDIA_SEGMENT_TYPES, InboundMessage
+from chat.media import MediaError, decode_base64, media_store
+from chat.models import AdapterConnection, ChatSession, ChatType, CommandResponse, Direction, Message, SourceKind
+from chat.services import plain_text, session_get_or_create
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class InboundItem:
+    """One parsed inbound message as it came off a connection."""
+
+    platform: str
+    message: InboundMessage
+    # When the frame arrived (epoch seconds), for latency figures in logs and benchmarks.
+    received_at: float = 0.0
+
+
+@dataclass
+class IngestResult:
+    stored: list[Message] = field(default_factory=list)
+    rejected: int = 0
+
+
+def _store_media(segments: list[dict[str, Any]], media_cache: dict[tuple[str, str], str]) -> list[dict[str, Any]]:
+    """Replace base64 media with references to stored Media rows (stored once by hash)."""
+    out: list[dict[str, Any]] = []
+    for seg in segments:
+        kind, data = seg["type"], seg.get("data")
+        if kind == "seglist" and isinstance(data, list):
+            out.append({"type": "seglist", "data": _store_media(data, media_cache)})
+        elif kind in MEDIA_SEGMENT_TYPES and isinstance(data, str) and data:
+            key = (kind, data[:64] + str(len(data)) + data[-64:])
+            sha = media_cache.get(key)
+            if sha is None:
+                try:
+                    sha = media_store(data=decode_base64(data), kind=kind).sha256
+                except MediaError as exc:
+                    # Keep the rest of the message; the broken segment says what was wrong.
+                    logger.warning("inbound %s segment not stored: %s", kind, exc)
+                    out.append({"type": kind, "data": {"error": str(exc)}})
+                    continue
+                media_cache[key] = sha
+            out.append({"type": kind, "data": {"media": sha}})
+        else:
+            out.append(seg)
+    return out
+
+
+def _message_time(value: float | None, now: datetime) -> datetime:
+    # Adapters send epoch seconds; anything absurd (missing, milliseconds, far future) becomes now.
+    if value is None or not (0 < value < now.timestamp() + 86400):
+        return now
+    return datetime.fromtimestamp(value, tz=UTC)
+
+
+def _session_key(item: InboundItem) -> tuple[str, str, str]:
+    info = item.message.info
+    if item.message.is_group:
+        return (item.platform, ChatType.GROUP, str(info.group_info.group_id))
+    return (item.platform, ChatType.PRIVATE, str(info.user_info.user_id))
+
+
+def _sessions_for(items: Sequence[InboundItem]) -> dict[tuple[str, str, str], ChatSession]:
+    latest: dict[tuple[str, str, str], InboundItem] = {}
+    for item in items:
+        latest[_session_key(item)] = item  # the last message carries the freshest names
+    sessions = {}
+    for key, item in latest.items():
+        info = item.message.info
+        user = info.user_info
+        group = info.group_info
+        sessions[key] = session_get_or_create(
+            platform=item.platform,
+            chat_type=key[1],
+            user_id=(user.user_id or "") if user else "",
+            user_nickname=user.user_nickname if user else "",
+            user_cardname=user.user_cardname if user else "",
+            group_id=key[2] if key[1] == ChatType.GROUP else "",
+            group_name=group.group_name if group and key[1] == ChatType.GROUP else "",
+        )
+    return sessions
+
+
+def _build(item: InboundItem, session: ChatSession, now: datetime, media_cache: dict) -> Message:
+    info = item.message.info
+    user = info.user_info
+    additional = dict(info.additional_config or {})
+    segments = _store_media(item.message.segments, media_cache)
+    reply_to = additional.get("reply_message_id")
+    extra: dict[str, Any] = {}
+    if additional:
+        extra["additional_config"] = additional
+    receiver = info.receiver_info.user_info if info.receiver_info else None
+    message = Message(
+        session=session,
+        direction=Direction.IN,
+        source_kind=SourceKind.USER,
+        platform_message_id=(info.message_id or "")[:128],
+        sender_id=((user.user_id or "") if user else "")[:128],
+        sender_nickname=(user.user_nickname if user else "")[:255],
+        sender_cardname=(user.user_cardname if user else "")[:255],
+        receiver_id=((receiver.user_id or "") if receiver else "")[:128],
+        segments=segments,
+        text=plain_text(segments),
+        reply_to_platform_id=str(reply_to)[:128] if reply_to not in (None, "") else "",
+        extra=extra,
+        time=_message_time(info.time, now),
+        delivery_status="",
+    )
+    # Lets the caller tell which stored row came from which frame (the browser page confirms its own).
+    message.inbound_item = item
+    return message
+
+
+def _store(items: Sequence[InboundItem]) -> list[Message]:
+    now = timezone.now()
+    with transaction.atomic():
+        sessions = _sessions_for(items)
+        media_cache: dict = {}
+        messages = [_build(item, sessions[_session_key(item)], now, media_cache) for item in items]
+        Message.objects.bulk_create(messages)
+        ChatSession.objects.filter(pk__in={s.pk for s in sessions.values()}).update(last_active_at=now)
+    return messages
+
+
+def inbound_messages_store(*, items: Sequence[InboundItem]) -> IngestResult:
+    """Store inbound messages, creating their sessions; one transaction for the batch.
+
+    When the batch fails, each message is stored in its own transaction so one bad message never
+    costs the others; a message that still fails is logged and counted, never half-stored.
+    """
+    if not items:
+        return IngestResult()
+    try:
+        return IngestResult(stored=_store(items))
+    except Exception:
+        if len(items) == 1:
+            logger.exception("inbound message from %s not stored", items[0].platform)
+            return IngestResult(rejected=1)
+        logger.exception("inbound batch of %d failed; storing one by one", len(items))
+    result = IngestResult()
+    for item in items:
+        try:
+            result.stored.extend(_store([item]))
+        except Exception:
+            logger.exception("inbound message from %s not stored", item.platform)
+            result.rejected += 1
+    return result
+
+
+def outbound_receipt_apply(*, platform: str, echo: Any, actual_id: Any) -> bool:
+    """`message_id_echo`: record the platform's id for one of our outbound messages (matched by uid)."""
+    try:
+        uid = uuid.UUID(str(echo))
+    except ValueError:
+        logger.warning("receipt from %s names no message of ours: echo=%r", platform, echo)
+        return False
+    if actual_id in (None, ""):
+        logger.warning("receipt from %s for %s carries no actual_id", platform, uid)
+        return False
+    updated = Message.objects.filter(uid=uid, direction=Direction.OUT).update(platform_message_id=str(actual_id)[:128])
+    if not updated:
+        logger.warning("receipt from %s for unknown message %s", platform, uid)
+    return bool(updated)
+
+
+def command_response_store(*, platform: str, content: Any) -> CommandResponse:
+    """`command_response`: keep the adapter's command result as it came."""
+    payload = content if isinstance(content, dict) else {"content": content}
+    response = CommandResponse.objects.create(
+        platform=platform[:64],
+        command_name=str(payload.get("command_name") or "")[:128],
+        success=payload.get("success") is True,
+        payload=payload,
+    )
+    logger.info("command_response from %s: %s success=%s", platform, response.command_name or "?", response.success)
+    return response
+
+
+@dataclass
+class AdapterFrames:
+    """What one writer round took off the queue: messages, receipts and command results."""
+
+    messages: list[InboundItem] = field(default_factory=list)
+    receipts: list[tuple[str, Any]] = field(default_factory=list)  # (platform, content)
+    command_responses: list[tuple[str, Any]] = field(default_factory=list)
+
+
+def adapter_frames_store(*, frames: AdapterFrames) -> IngestResult:
+    """Store one round of adapter frames: the messages in one transaction, then the receipts."""
+    result = inbound_messages_store(items=frames.messages)
+    for platform, content in frames.receipts:
+        if not isinstance(content, dict):
+            logger.warning("message_id_echo from %s dropped: content is not an object", platform)
+            continue
+        try:
+            outbound_receipt_apply(platform=platform, echo=content.get("echo"), actual_id=content.get("actual_id"))
+        except Exception:
+            logger.exception("message_id_echo from %s not applied", platform)
+    for platform, content in frames.command_responses:
+        try:
+            command_response_store(platform=platform, content=content)
+        except Exception:
+            logger.exception("command_response from %s not stored", platform)
+    return result
+
+
+# --- adapter connection records (the console dashboard reads them) --------------------------------
+
+
+def adapter_connection_open(
+    *, platform: str, protocol: str, remote: str, channel_name: str = ""
+) -> tuple[int, list[str], list[tuple[int, str]]]:
+    """Record a new connection; earlier open records of the platform are closed (it replaced them).
+
+    Returns (record id, the platform's last known accept_format, [(id, channel) of replaced records
+    held by other processes]) so the caller can ask those processes to close their sockets.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        previous = list(
+            AdapterConnection.objects.filter(platform=platform, disconnected_at__isnull=True).values_list(
+                "id", "channel_name"
+            )
+        )
+        if previous:
+            AdapterConnection.objects.filter(id__in=[p[0] for p in previous]).update(
+                disconnected_at=now, close_code=1000
+            )
+        last = AdapterConnection.objects.filter(platform=platform).exclude(accept_format=[]).order_by("-id").first()
+        record = AdapterConnection.objects.create(
+            platform=platform, protocol=protocol, remote=remote[:255], channel_name=channel_name
+        )
+    elsewhere = [(pk, channel) for pk, channel in previous if channel and channel != channel_name]
+    return record.id, list(last.accept_format) if last else [], elsewhere
+
+
+def adapter_connection_close(*, record_id: int, close_code: int | None) -> None:
+    AdapterConnection.objects.filter(id=record_id, disconnected_at__isnull=True).update(
+        disconnected_at=timezone.now(), close_code=close_code
+    )
+
+
+def adapter_connection_set_accept_format(*, record_id: int, accept_format: list[str]) -> None:
+    AdapterConnection.objects.filter(id=record_id).update(accept_format=accept_format)

@@ -1,0 +1,143 @@
+"""The adapter gateway with the real maim_message 0.6.8 client (plain websocket) against a live daphne."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from chat.models import AdapterConnection, ChatSession, CommandResponse, DeliveryStatus, Message
+from chat.services import message_send
+from tests.chat.gateway_helpers import Adapter06, RawSocket, db, envelope, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TOKEN = "adapter-secret-1"
+
+
+@pytest.fixture
+def server(start_server):
+    _, base = start_server(MAIBOT_ADAPTER_TOKENS=f"{TOKEN},another-token")
+    return base
+
+
+async def test_private_text_is_stored_and_reply_goes_out_with_receipt(server):
+    adapter = await Adapter06(server, token=TOKEN).start()
+    try:
+        await adapter.send(envelope(user_id=10001, nickname="Alice", text="hello 你好", message_id=1234567890))
+        stored = await wait_for(
+            lambda: Message.objects.filter(direction="in", platform_message_id="1234567890").first(),
+            what="the inbound message stored",
+        )
+        assert stored.text == "hello 你好"
+        assert stored.source_kind == "user"
+        assert stored.segments == [{"type": "text", "data": "hello 你好"}]
+        session = await db(lambda: ChatSession.objects.get(pk=stored.session_id))
+        assert (session.platform, session.chat_type, session.user_id, session.user_nickname) == (
+            "qq",
+            "private",
+            "10001",
+            "Alice",
+        )
+
+        # The bot answers through the send service, quoting the user's message.
+        out = await db(
+            message_send, session=session, source_kind="reply", text="hi Alice", reply_to_platform_id="1234567890"
+        )
+        frame = await adapter.next_message()
+        assert frame["message_info"]["message_id"] == str(out.uid)
+        assert frame["message_info"]["user_info"]["user_id"] == 10001
+        assert "group_info" not in frame["message_info"]
+        assert frame["message_segment"] == {
+            "type": "seglist",
+            "data": [{"type": "reply", "data": "1234567890"}, {"type": "text", "data": "hi Alice"}],
+        }
+        sent = await wait_for(
+            lambda: Message.objects.filter(pk=out.pk, delivery_status=DeliveryStatus.SENT).first(), what="sent"
+        )
+        assert sent.delivered_at is not None
+
+        await adapter.echo(str(out.uid), 987654321)
+        await wait_for(
+            lambda: Message.objects.filter(pk=out.pk, platform_message_id="987654321").exists(),
+            what="the echo receipt recorded",
+        )
+        await adapter.router.send_custom_message(
+            "qq", "command_response", {"command_name": "GROUP_BAN", "success": True, "timestamp": 1.0}
+        )
+        resp = await wait_for(lambda: CommandResponse.objects.filter(platform="qq").first(), what="command response")
+        assert resp.command_name == "GROUP_BAN" and resp.success
+        record = await db(lambda: AdapterConnection.objects.filter(platform="qq").first())
+        assert record.protocol == "ws" and record.disconnected_at is None
+        assert "reply" in record.accept_format
+    finally:
+        await adapter.stop()
+    await wait_for(
+        lambda: AdapterConnection.objects.filter(platform="qq", disconnected_at__isnull=False).exists(),
+        what="the disconnect recorded",
+    )
+
+
+async def test_group_message_creates_group_session_and_reply_names_the_group(server):
+    adapter = await Adapter06(server, token=TOKEN).start()
+    try:
+        await adapter.send(envelope(user_id="20002", nickname="Bob", group_id=555, group_name="g", text="大家好"))
+        stored = await wait_for(lambda: Message.objects.filter(direction="in").first(), what="stored")
+        session = await db(lambda: ChatSession.objects.get(pk=stored.session_id))
+        assert (session.chat_type, session.group_id, session.group_name, session.user_id) == (
+            "group",
+            "555",
+            "g",
+            "20002",
+        )
+        assert stored.sender_id == "20002" and stored.sender_nickname == "Bob"
+        out = await db(message_send, session=session, source_kind="reply", text="hello group")
+        frame = await adapter.next_message()
+        assert frame["message_info"]["group_info"] == {"platform": "qq", "group_id": 555, "group_name": "g"}
+        assert frame["message_info"]["message_id"] == str(out.uid)
+    finally:
+        await adapter.stop()
+
+
+async def test_bad_token_is_accepted_then_closed_with_1008(server):
+    for token in ("wrong", None):
+        async with RawSocket(server, token=token) as ws:
+            assert await ws.closed_with() == 1008
+    # The real client does not get a usable connection either, and nothing is recorded.
+    assert not await db(lambda: AdapterConnection.objects.exists())
+
+
+async def test_second_connection_replaces_the_first_which_is_closed_1000(server):
+    async with RawSocket(server, token=TOKEN) as first:
+        await wait_for(lambda: AdapterConnection.objects.filter(disconnected_at__isnull=True).exists())
+        async with RawSocket(server, token=TOKEN) as second:
+            assert await first.closed_with() == 1000
+            # The new connection is the live one: outbound messages go to it.
+            await second.send_json(envelope(text="from the second"))
+            stored = await wait_for(lambda: Message.objects.filter(direction="in").first())
+            session = await db(lambda: ChatSession.objects.get(pk=stored.session_id))
+            out = await db(message_send, session=session, source_kind="reply", text="to the second")
+            frame = await second.recv_json()
+            assert frame["message_info"]["message_id"] == str(out.uid)
+    records = await db(lambda: list(AdapterConnection.objects.order_by("id").values_list("close_code", flat=True)))
+    assert records[0] == 1000
+
+
+async def test_offline_messages_wait_and_go_out_on_reconnect_in_order(server, make_session):
+    session = await db(make_session, user_id="30003")
+    first = await db(message_send, session=session, source_kind="scheduled_send", text="one")
+    second = await db(message_send, session=session, source_kind="reply", text="two")
+    await asyncio.sleep(0.5)
+    assert await db(lambda: Message.objects.filter(delivery_status="pending").count()) == 2
+    adapter = await Adapter06(server, token=TOKEN).start()
+    try:
+        a = await adapter.next_message()
+        b = await adapter.next_message()
+        assert [a["message_info"]["message_id"], b["message_info"]["message_id"]] == [str(first.uid), str(second.uid)]
+        assert a["message_info"]["user_info"]["user_id"] == 30003
+        await wait_for(lambda: Message.objects.filter(delivery_status="sent").count() == 2)
+        # Never twice: nothing else arrives.
+        with pytest.raises(TimeoutError):
+            await adapter.next_message(timeout=1.0)
+    finally:
+        await adapter.stop()
