@@ -170,3 +170,68 @@ def write_bot_config(data_dir: Path, text: str) -> None:
     """A server's bot_config.toml (start_server(name) uses tmp_path / f"data-{name}")."""
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "bot_config.toml").write_text(text, encoding="utf-8")
+
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+MM07_PYTHON = ROOT / ".venv-mm07" / "bin" / "python"
+
+
+class Adapter07:
+    """The real maim_message 0.7.x (Socket.IO) client, run from .venv-mm07 by tests/mm07/adapter.py."""
+
+    def __init__(self, base: str, *, platform: str = "qq", token: str | None = None) -> None:
+        self.args = [str(MM07_PYTHON), str(ROOT / "tests" / "mm07" / "adapter.py"), ws_url(base), platform]
+        if token is not None:
+            self.args.append(token)
+        self.events: asyncio.Queue[dict] = asyncio.Queue()
+        self.proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task | None = None
+
+    async def start(self) -> str:
+        """Start the client; returns its first event: "connected" or "refused"."""
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            limit=64 * 1024 * 1024,
+        )
+        self._reader = asyncio.create_task(self._read())
+        first = await self.next_event(timeout=60)
+        return first["event"]
+
+    async def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        while line := await self.proc.stdout.readline():
+            await self.events.put(json.loads(line))
+        await self.events.put({"event": "exited"})
+
+    async def next_event(self, timeout: float = 20.0) -> dict:
+        return await asyncio.wait_for(self.events.get(), timeout)
+
+    async def next_message(self, timeout: float = 20.0) -> dict:
+        while True:
+            event = await self.next_event(timeout)
+            if event["event"] == "message":
+                return event["data"]
+            if event["event"] in ("exited", "disconnected"):
+                raise AssertionError(f"the 0.7 client went away: {event}")
+
+    async def command(self, cmd: dict) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
+        await self.proc.stdin.drain()
+
+    async def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.returncode is None:
+            try:
+                await self.command({"cmd": "stop"})
+                await asyncio.wait_for(self.proc.wait(), 15)
+            except (TimeoutError, ConnectionError):
+                self.proc.kill()
+                await self.proc.wait()
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
