@@ -41,7 +41,10 @@ logger = logging.getLogger(__name__)
 
 WEB_PLATFORM = "web"
 OUTBOX_GROUP = "maibot.outbox"
+# Without Redis the ASGI side finds rows written by other processes only by polling; with Redis every
+# send wakes it through the channel layer and the poll is a slow safety net.
 POLL_SECONDS = 0.2
+POLL_SECONDS_WITH_REDIS = 5.0
 LEASE_SECONDS = 60.0
 BATCH_SIZE = 500
 SWEEP_SECONDS = 1.0
@@ -183,8 +186,10 @@ def outbox_claim(
     target = Q(session__platform__in=[p for p in adapter_platforms if p != WEB_PLATFORM])
     if web_users:
         target |= Q(session__platform=WEB_PLATFORM, session__user_id__in=list(web_users))
+    # Rows past the offline expiry are never sent, even before the sweep has marked them failed.
+    cutoff = timezone.now() - timedelta(seconds=get_config().gateway.offline_expiry_seconds)
     ids = list(
-        Message.objects.filter(target, delivery_status=DeliveryStatus.PENDING)
+        Message.objects.filter(target, delivery_status=DeliveryStatus.PENDING, created_at__gte=cutoff)
         .order_by("id")
         .values_list("id", flat=True)[:limit]
     )
@@ -321,9 +326,10 @@ class Deliverer:
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
         last_sweep = 0.0
+        poll = POLL_SECONDS_WITH_REDIS if settings.REDIS_URL else POLL_SECONDS
         while True:
             try:
-                await asyncio.wait_for(self._event.wait(), timeout=POLL_SECONDS)
+                await asyncio.wait_for(self._event.wait(), timeout=poll)
             except TimeoutError:
                 pass
             self._event.clear()

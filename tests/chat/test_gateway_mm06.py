@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
+from django.conf import settings
 
 from chat.models import AdapterConnection, ChatSession, CommandResponse, DeliveryStatus, Message
 from chat.services import message_send
@@ -139,5 +141,23 @@ async def test_offline_messages_wait_and_go_out_on_reconnect_in_order(server, ma
         # Never twice: nothing else arrives.
         with pytest.raises(TimeoutError):
             await adapter.next_message(timeout=1.0)
+    finally:
+        await adapter.stop()
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="the channel-layer wake-up needs REDIS_URL")
+async def test_with_redis_a_send_from_another_process_is_delivered_at_once(server, make_session):
+    # This test process is "another process" (like qcluster): its sends reach the server only through
+    # the channel layer group; the server's own safety poll is 5 s, so each prompt arrival is the wake-up.
+    adapter = await Adapter06(server, token=TOKEN).start()
+    try:
+        session = await db(make_session, user_id="50005")
+        for pause in (0.3, 1.3, 0.7):
+            await asyncio.sleep(pause)
+            out = await db(message_send, session=session, source_kind="proactive", text=f"after {pause}")
+            started = time.monotonic()
+            frame = await adapter.next_message(timeout=10)
+            assert frame["message_info"]["message_id"] == str(out.uid)
+            assert time.monotonic() - started < 2.5
     finally:
         await adapter.stop()
