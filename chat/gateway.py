@@ -23,6 +23,7 @@ from urllib.parse import parse_qs
 
 import socketio
 from django.conf import settings
+from django.db import connection
 
 from chat import outbox
 from chat.envelope import EnvelopeError, is_custom_message, parse_custom, parse_envelope
@@ -49,6 +50,10 @@ CLOSE_NORMAL = 1000
 CLOSE_POLICY = 1008
 
 
+def close_old_connection() -> None:
+    connection.close()
+
+
 # --- connections ----------------------------------------------------------------------------------
 
 
@@ -62,6 +67,8 @@ class Connection:
     # Frames queued for storage but not stored yet: the flood guard.
     backlog: int = 0
     record_id: int | None = None
+    # The code we closed it with (replaced, flood, bad token), which is what the record keeps.
+    close_code: int | None = None
 
     async def send(self, frame: dict[str, Any]) -> bool:
         raise NotImplementedError
@@ -90,6 +97,7 @@ class PlainAdapterConnection(Connection):
     async def close(self, code: int) -> None:
         if not self.closed:
             self.closed = True
+            self.close_code = code
             await self._send({"type": "websocket.close", "code": code})
 
 
@@ -110,6 +118,7 @@ class SocketIOAdapterConnection(Connection):
     async def close(self, code: int) -> None:
         if not self.closed:
             self.closed = True
+            self.close_code = code
             await self._server.disconnect(self.sid)
 
 
@@ -131,6 +140,7 @@ class BrowserConnection(Connection):
     async def close(self, code: int) -> None:
         if not self.closed:
             self.closed = True
+            self.close_code = code
             await self.consumer.close(code=code)
 
 
@@ -179,6 +189,7 @@ class Gateway(outbox.Sink):
         self.browsers: dict[str, set[BrowserConnection]] = {}
         self.accept: dict[str, list[str]] = {}
         self.started = False
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.channel_name = ""
         self._queue: asyncio.Queue[_Queued] = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
@@ -197,12 +208,24 @@ class Gateway(outbox.Sink):
         if self.started:
             return
         self.started = True
+        self.loop = asyncio.get_running_loop()
         self._tasks.append(asyncio.ensure_future(self._writer()))
         self._tasks.append(asyncio.ensure_future(self.deliverer.run()))
         if settings.REDIS_URL:
             self._tasks.append(asyncio.ensure_future(self._listen()))
         outbox.set_deliverer(self.deliverer)
         logger.info("gateway started (outbox %s)", "woken via Redis" if settings.REDIS_URL else "polled")
+
+    async def aclose(self) -> None:
+        """Stop the tasks and release the database connections of the gateway's threads."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        outbox.set_deliverer(None)
+        for executor in (self._executor, self.deliverer.executor):
+            await asyncio.wrap_future(executor.submit(close_old_connection))
+            executor.shutdown(wait=False)
 
     async def _listen(self) -> None:
         """With Redis: outbox wake-ups from other processes, and `close` for replaced connections."""
@@ -255,6 +278,7 @@ class Gateway(outbox.Sink):
 
     async def adapter_disconnected(self, conn: Connection, code: int | None) -> None:
         conn.closed = True
+        code = conn.close_code if conn.close_code is not None else code
         if self.adapters.get(conn.platform) is conn:
             del self.adapters[conn.platform]
         logger.info("adapter %r disconnected (code %s)", conn, code)
@@ -421,9 +445,11 @@ _gateway: Gateway | None = None
 
 
 def get_gateway() -> Gateway:
-    """This process's gateway (created and started in the running event loop on first use)."""
+    """This process's gateway, created and started in the running event loop on first use (a new
+    loop, as each in-process test has, gets a new gateway: tasks cannot outlive their loop)."""
     global _gateway
-    if _gateway is None:
+    loop = asyncio.get_running_loop()
+    if _gateway is None or _gateway.loop is not loop:
         _gateway = Gateway()
     _gateway.ensure_started()
     return _gateway

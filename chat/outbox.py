@@ -303,10 +303,10 @@ class Deliverer:
         self._event = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         # One thread keeps one database connection for the deliverer's short statements.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox")
-        self._claim = _db_call(self._executor, outbox_claim)
-        self._finish = _db_call(self._executor, outbox_finish)
-        self._sweep = _db_call(self._executor, outbox_sweep)
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox")
+        self._claim = _db_call(self.executor, outbox_claim)
+        self._finish = _db_call(self.executor, outbox_finish)
+        self._sweep = _db_call(self.executor, outbox_sweep)
         self.sent_total = 0
 
     def wake(self) -> None:

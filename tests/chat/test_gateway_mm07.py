@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from chat.models import AdapterConnection, ChatSession, DeliveryStatus, Message
 from chat.services import message_send
-from tests.chat.gateway_helpers import MM07_PYTHON, Adapter07, db, envelope, wait_for
+from tests.chat.gateway_helpers import MM07_PYTHON, Adapter07, RawSocket, db, envelope, wait_for
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -63,3 +65,23 @@ async def test_socketio_bad_token_is_refused(server):
         finally:
             await adapter.stop()
     assert not await db(lambda: AdapterConnection.objects.exists())
+
+
+async def test_a_new_connection_of_the_platform_replaces_the_socketio_one(server, make_session):
+    adapter = Adapter07(server, token=TOKEN)
+    try:
+        assert await adapter.start() == "connected"
+        async with RawSocket(server, token=TOKEN) as newer:
+            assert (await adapter.next_event())["event"] == "disconnected"
+            session = await db(make_session, user_id="60006")
+            out = await db(message_send, session=session, source_kind="reply", text="to the newer one")
+            frame = await newer.recv_json()
+            assert frame["message_info"]["message_id"] == str(out.uid)
+            # The replaced Socket.IO client does not fight back for the platform.
+            await asyncio.sleep(2)
+            await newer.send_json(envelope(text="still the live one"))
+            await wait_for(lambda: Message.objects.filter(text="still the live one").exists())
+        records = await db(lambda: list(AdapterConnection.objects.order_by("id").values_list("protocol", "close_code")))
+        assert records[0] == ("socketio", 1000)
+    finally:
+        await adapter.stop()
