@@ -13,6 +13,7 @@ from chat.envelope import InboundMessage, MessageInfo, UserInfo
 from chat.gateway import BrowserConnection, get_gateway
 from chat.ingest import InboundItem
 from chat.outbox import WEB_PLATFORM
+from maibot.config import get_config
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,9 @@ class ChatPageConsumer(AsyncJsonWebsocketConsumer):
             return
         if len(text) > MAX_TEXT:
             await self.send_json({"type": "error", "error": f"the message is longer than {MAX_TEXT} characters"})
+            return
+        if self.conn.backlog >= get_config().gateway.max_backlog:
+            await self.send_json({"type": "error", "error": "too many messages at once; try again in a moment"})
             return
         info = MessageInfo(
             platform=WEB_PLATFORM,
