@@ -24,6 +24,11 @@ CLOSE_UNAUTHORISED = 4403
 class ChatPageConsumer(AsyncJsonWebsocketConsumer):
     """Inbound: {"type": "send", "text": ...}. Outbound: the bot's messages and errors, as JSON."""
 
+    # The gateway writes to this socket directly (chat.outbox delivers platform `web`), so the
+    # consumer needs no channel-layer channel: an alias that is not configured means none (and no
+    # Redis reader per browser tab).
+    channel_layer_alias = "chat-page-needs-no-layer"
+
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated or not user.is_staff:
