@@ -55,6 +55,7 @@ class DeliveryError:
     INTERRUPTED = "delivery_interrupted"
     UNSUPPORTED = "unsupported_segments"
     MEDIA_MISSING = "media_missing"
+    BAD_MESSAGE = "bad_message"
 
 
 @dataclass
@@ -76,8 +77,12 @@ def _media_base64(sha: str, kind: str) -> str | None:
     media = Media.objects.filter(sha256=sha, kind=kind).first() or Media.objects.filter(sha256=sha).first()
     if media is None:
         return None
-    with media.file.open("rb") as fh:
-        return base64.b64encode(fh.read()).decode("ascii")
+    try:
+        with media.file.open("rb") as fh:
+            return base64.b64encode(fh.read()).decode("ascii")
+    except OSError as exc:
+        logger.error("media %s (%s) cannot be read: %s", sha[:12], kind, exc)
+        return None
 
 
 def _adapter_segments(segments: list[dict[str, Any]], accept: set[str] | None) -> tuple[list[dict[str, Any]], str]:
@@ -213,10 +218,15 @@ def outbox_claim(
     deliveries = []
     for row in rows:
         session = sessions[row.session_id]
-        if session.platform == WEB_PLATFORM:
-            frame, error = browser_frame(row), ""
-        else:
-            frame, error = adapter_envelope(row, session, accept_formats.get(session.platform))
+        try:
+            if session.platform == WEB_PLATFORM:
+                frame, error = browser_frame(row), ""
+            else:
+                frame, error = adapter_envelope(row, session, accept_formats.get(session.platform))
+        except Exception:
+            # One unbuildable row fails alone; it must not hold back the rest of the outbox.
+            logger.exception("outbound message %s cannot be turned into a frame", row.id)
+            frame, error = {}, DeliveryError.BAD_MESSAGE
         deliveries.append(
             Delivery(
                 message_id=row.id,

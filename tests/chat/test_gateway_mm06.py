@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import time
 
 import pytest
 from django.conf import settings
 
-from chat.models import AdapterConnection, ChatSession, CommandResponse, DeliveryStatus, Message
-from chat.services import message_send
+from chat.models import AdapterConnection, ChatSession, CommandResponse, DeliveryStatus, Media, Message
+from chat.services import Outbound, message_send, messages_send
 from tests.chat.gateway_helpers import Adapter06, RawSocket, db, envelope, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -159,5 +161,91 @@ async def test_with_redis_a_send_from_another_process_is_delivered_at_once(serve
             frame = await adapter.next_message(timeout=10)
             assert frame["message_info"]["message_id"] == str(out.uid)
             assert time.monotonic() - started < 2.5
+    finally:
+        await adapter.stop()
+
+
+async def test_outbound_follows_the_adapters_accept_format_and_inlines_media(server, make_session):
+    png = b"\x89PNG\r\n\x1a\n" + b"outbound image" * 10
+    adapter = await Adapter06(server, token=TOKEN).start()
+    try:
+        # This adapter cannot quote and takes no voice: it says so in its messages' format_info. Its
+        # image is stored by the server; the bot sends it back by reference.
+        image_seg = {"type": "image", "data": base64.b64encode(png).decode()}
+        await adapter.send(envelope(user_id=70007, segments=[image_seg], accept_format=["text", "image"]))
+        stored = await wait_for(lambda: Message.objects.filter(direction="in").first())
+        session = await db(lambda: ChatSession.objects.get(pk=stored.session_id))
+        media = await db(lambda: Media.objects.get(kind="image"))
+        out = await db(
+            message_send,
+            session=session,
+            source_kind="reply",
+            segments=[
+                {"type": "text", "data": "look"},
+                {"type": "image", "data": {"media": media.sha256}},
+                {"type": "voice", "data": "AAAA"},
+            ],
+            reply_to_platform_id="123",
+        )
+        frame = await adapter.next_message()
+        assert frame["message_info"]["message_id"] == str(out.uid)
+        assert frame["message_segment"]["data"] == [
+            {"type": "text", "data": "look"},
+            {"type": "image", "data": base64.b64encode(png).decode()},
+        ]
+        only_voice = await db(
+            message_send, session=session, source_kind="reply", segments=[{"type": "voice", "data": "AAAA"}]
+        )
+        failed = await wait_for(
+            lambda: Message.objects.filter(pk=only_voice.pk, delivery_status=DeliveryStatus.FAILED).first()
+        )
+        assert failed.delivery_error == "unsupported_segments"
+        with pytest.raises(TimeoutError):
+            await adapter.next_message(timeout=1.0)
+    finally:
+        await adapter.stop()
+
+
+async def test_two_server_processes_never_send_a_message_twice(start_server, make_session):
+    _, first_base = start_server("web1", MAIBOT_ADAPTER_TOKENS=TOKEN)
+    _, second_base = start_server("web2", MAIBOT_ADAPTER_TOKENS=TOKEN)
+    received: list[str] = []
+
+    async def collect(ws: RawSocket) -> None:
+        with contextlib.suppress(Exception):  # closed when replaced across processes (Redis)
+            while True:
+                frame = await ws.recv_json(timeout=30)
+                received.append(frame["message_info"]["message_id"])
+
+    session = await db(make_session, user_id="80008")
+    async with RawSocket(first_base, token=TOKEN) as one:
+        await wait_for(lambda: AdapterConnection.objects.filter(disconnected_at__isnull=True).exists())
+        async with RawSocket(second_base, token=TOKEN) as two:
+            await wait_for(lambda: AdapterConnection.objects.count() == 2)
+            readers = [asyncio.create_task(collect(one)), asyncio.create_task(collect(two))]
+            sent = []
+            for i in range(10):
+                batch = [Outbound(session=session, source_kind="proactive", text=f"m{i}-{j}") for j in range(30)]
+                sent.extend(await db(messages_send, batch))
+            await wait_for(lambda: Message.objects.filter(delivery_status="sent").count() == 300, timeout=60)
+            await asyncio.sleep(1)
+            for r in readers:
+                r.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+    assert sorted(received) == sorted(str(m.uid) for m in sent)
+
+
+async def test_an_undeliverable_message_fails_alone_and_the_next_one_goes_out(server, make_session):
+    session = await db(make_session, user_id="90009")
+    broken = await db(
+        message_send, session=session, source_kind="reply", segments=[{"type": "emoji", "data": {"media": "0" * 64}}]
+    )
+    fine = await db(message_send, session=session, source_kind="reply", text="the next one")
+    adapter = await Adapter06(server, token=TOKEN).start()
+    try:
+        frame = await adapter.next_message()
+        assert frame["message_info"]["message_id"] == str(fine.uid)
+        failed = await wait_for(lambda: Message.objects.filter(pk=broken.pk, delivery_status="failed").first())
+        assert failed.delivery_error == "media_missing"
     finally:
         await adapter.stop()
