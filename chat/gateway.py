@@ -10,6 +10,7 @@ chat.outbox.Deliverer through this registry.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import ipaddress
 import json
@@ -192,6 +193,7 @@ class Gateway(outbox.Sink):
         self.started = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.channel_name = ""
+        self._channel_ready: asyncio.Event | None = None
         self._queue: asyncio.Queue[_Queued] = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
         self._background: set[asyncio.Task] = set()
@@ -213,6 +215,7 @@ class Gateway(outbox.Sink):
         self._tasks.append(asyncio.ensure_future(self._writer()))
         self._tasks.append(asyncio.ensure_future(self.deliverer.run()))
         if settings.REDIS_URL:
+            self._channel_ready = asyncio.Event()
             self._tasks.append(asyncio.ensure_future(self._listen()))
         outbox.set_deliverer(self.deliverer)
         logger.info("gateway started (outbox %s)", "woken via Redis" if settings.REDIS_URL else "polled")
@@ -240,6 +243,7 @@ class Gateway(outbox.Sink):
                 if time.monotonic() - last_join > 600:  # group membership expires in channels_redis
                     await layer.group_add(outbox.OUTBOX_GROUP, self.channel_name)
                     last_join = time.monotonic()
+                    self._channel_ready.set()
                 message = await layer.receive(self.channel_name)
             except asyncio.CancelledError:
                 raise
@@ -257,6 +261,11 @@ class Gateway(outbox.Sink):
 
     # --- adapters
     async def adapter_connected(self, conn: Connection) -> None:
+        if self._channel_ready is not None and not self._channel_ready.is_set():
+            # The record must name this process's channel, or a later replacement elsewhere cannot
+            # reach this socket; the first connection can arrive before the channel exists.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._channel_ready.wait(), 5)
         old = self.adapters.get(conn.platform)
         self.adapters[conn.platform] = conn
         if old is not None and old is not conn:

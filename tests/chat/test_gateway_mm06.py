@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import time
 
 import pytest
+import websockets
 from django.conf import settings
 
 from chat.models import AdapterConnection, ChatSession, CommandResponse, DeliveryStatus, Media, Message
@@ -210,12 +210,15 @@ async def test_two_server_processes_never_send_a_message_twice(start_server, mak
     _, first_base = start_server("web1", MAIBOT_ADAPTER_TOKENS=TOKEN)
     _, second_base = start_server("web2", MAIBOT_ADAPTER_TOKENS=TOKEN)
     received: list[str] = []
+    close_codes: list[int | None] = []
 
     async def collect(ws: RawSocket) -> None:
-        with contextlib.suppress(Exception):  # closed when replaced across processes (Redis)
+        try:
             while True:
                 frame = await ws.recv_json(timeout=30)
                 received.append(frame["message_info"]["message_id"])
+        except websockets.ConnectionClosed as exc:  # replaced by the other process's connection (Redis)
+            close_codes.append(exc.rcvd.code if exc.rcvd else None)
 
     session = await db(make_session, user_id="80008")
     async with RawSocket(first_base, token=TOKEN) as one:
@@ -233,6 +236,8 @@ async def test_two_server_processes_never_send_a_message_twice(start_server, mak
                 r.cancel()
             await asyncio.gather(*readers, return_exceptions=True)
     assert sorted(received) == sorted(str(m.uid) for m in sent)
+    # With Redis the processes talk: the newer connection replaced the older one in the other process.
+    assert close_codes == ([1000] if settings.REDIS_URL else [])
 
 
 async def test_an_undeliverable_message_fails_alone_and_the_next_one_goes_out(server, make_session):
