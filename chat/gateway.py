@@ -47,7 +47,6 @@ ADAPTER_PATHS = ("/ws", "/ws/")
 MAX_FRAME_BYTES = 100 * 1024 * 1024  # as the reference server; daphne is started with the same limit
 THREAD_PARSE_BYTES = 256 * 1024  # bigger frames are parsed off the event loop
 INGEST_BATCH = 2000
-STORE_ATTEMPTS = 4
 CLOSE_NORMAL = 1000
 CLOSE_POLICY = 1008
 
@@ -275,6 +274,9 @@ class Gateway(outbox.Sink):
             platform=conn.platform, protocol=conn.protocol, remote=conn.remote, channel_name=self.channel_name
         )
         conn.record_id = record_id
+        if conn.closed:  # gone while it was being recorded: its disconnect found no record to close
+            await self._close(record_id=record_id, close_code=conn.close_code)
+            return
         if accept and conn.platform not in self.accept:
             self.accept[conn.platform] = accept
         if elsewhere and settings.REDIS_URL:
@@ -393,19 +395,14 @@ class Gateway(outbox.Sink):
                     frames.receipts.append((q.conn.platform, q.payload))
                 else:
                     frames.command_responses.append((q.conn.platform, q.payload))
-            result = None
-            for attempt in range(1, STORE_ATTEMPTS + 1):
-                # Only a database outage gets here (bad rows are handled inside the service): wait and
-                # retry rather than drop what the adapters sent.
-                try:
-                    result = await self._store(frames=frames)
-                    break
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    logger.exception("storing %d adapter frames failed (attempt %d)", len(batch), attempt)
-                    if attempt < STORE_ATTEMPTS:
-                        await asyncio.sleep(attempt)
+            try:
+                # Retries through a database outage happen inside; bad rows are dropped one by one there.
+                result = await self._store(frames=frames)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("storing %d adapter frames failed", len(batch))
+                result = None
             for q in batch:
                 q.conn.backlog -= 1
             if result is None or not result.stored:

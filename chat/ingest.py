@@ -5,13 +5,14 @@ from __future__ import annotations
 import functools
 import logging
 import operator
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import connections, models, transaction
+from django.db import InterfaceError, OperationalError, connections, models, transaction
 from django.utils import timezone
 
 from chat.envelope import MEDIA_SEGMENT_TYPES, InboundMessage
@@ -20,6 +21,8 @@ from chat.models import AdapterConnection, ChatSession, ChatType, CommandRespons
 from chat.services import plain_text, session_get_or_create
 
 logger = logging.getLogger(__name__)
+
+STORE_ATTEMPTS = 4
 
 
 @dataclass
@@ -210,13 +213,22 @@ def inbound_messages_store(*, items: Sequence[InboundItem]) -> IngestResult:
     """
     if not items:
         return IngestResult()
-    try:
-        return IngestResult(stored=_store(items))
-    except Exception:
-        if len(items) == 1:
-            logger.exception("inbound message from %s not stored", items[0].platform)
-            return IngestResult(rejected=1)
-        logger.exception("inbound batch of %d failed; storing one by one", len(items))
+    for attempt in range(1, STORE_ATTEMPTS + 1):
+        try:
+            return IngestResult(stored=_store(items))
+        except (OperationalError, InterfaceError):
+            # The database is unreachable or busy, not the data wrong: nothing of the batch was
+            # written, so wait and write it again rather than drop what the adapters sent.
+            logger.exception("inbound batch of %d not stored (attempt %d of %d)", len(items), attempt, STORE_ATTEMPTS)
+            connections[Message.objects.db].close()
+            if attempt < STORE_ATTEMPTS:
+                time.sleep(attempt)
+        except Exception:
+            if len(items) == 1:
+                logger.exception("inbound message from %s not stored", items[0].platform)
+                return IngestResult(rejected=1)
+            logger.exception("inbound batch of %d failed; storing one by one", len(items))
+            break
     result = IngestResult()
     for item in items:
         try:
