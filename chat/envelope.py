@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 # Media segment types adapters send as bare base64; we store the bytes once and reference them.
 MEDIA_SEGMENT_TYPES = ("image", "emoji", "voice")
@@ -73,18 +73,14 @@ class MessageInfo(_Lenient):
 
 
 class Seg(BaseModel):
-    """One segment. `data` is a string, a dict (notify, command, cards), or segments (seglist only)."""
+    """One segment. `data` is a string, a dict (notify, command, cards), or segments (seglist only).
+
+    `data` comes from a JSON decoder, so it is JSON whatever its shape; unknown types keep it as is.
+    """
 
     model_config = ConfigDict(extra="allow")
     type: str = Field(min_length=1, max_length=64)
     data: Any = None
-
-    @field_validator("data")
-    @classmethod
-    def _plain_json(cls, value: Any) -> Any:
-        if value is not None and not isinstance(value, str | int | float | bool | list | dict):
-            raise ValueError("segment data must be JSON")
-        return value
 
 
 class Envelope(BaseModel):

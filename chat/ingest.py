@@ -182,13 +182,21 @@ def _insert(messages: list[Message], now: datetime) -> None:
     sql = "INSERT INTO {} ({}) VALUES ({})".format(
         qn(Message._meta.db_table), ", ".join(qn(f.column) for f in fields), ", ".join(["%s"] * len(fields))
     )
+    uid_index = next(i for i, f in enumerate(fields) if f.attname == "uid")
+    # The uid as the driver gets it back (hex text on SQLite, a UUID on PostgreSQL): ids are read back
+    # without the ORM's per-row converters.
+    by_uid = {row[uid_index]: m for row, m in zip(rows, messages, strict=True)}
+    uids = list(by_uid)
+    table, id_col, uid_col = qn(Message._meta.db_table), qn(Message._meta.pk.column), qn(fields[uid_index].column)
     with conn.cursor() as cursor:
         cursor.executemany(sql, rows)
-    by_uid = {m.uid: m for m in messages}
-    uids = list(by_uid)
-    for start in range(0, len(uids), 500):
-        for pk, uid in Message.objects.filter(uid__in=uids[start : start + 500]).values_list("id", "uid"):
-            by_uid[uid].pk = pk
+        for start in range(0, len(uids), 500):
+            chunk = uids[start : start + 500]
+            cursor.execute(
+                f"SELECT {id_col}, {uid_col} FROM {table} WHERE {uid_col} IN ({', '.join(['%s'] * len(chunk))})", chunk
+            )
+            for pk, uid in cursor.fetchall():
+                by_uid[uid].pk = pk
     for m in messages:
         m._state.adding = False
         m._state.db = conn.alias
