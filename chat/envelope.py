@@ -2,51 +2,36 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, NotRequired
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+# pydantic needs typing_extensions' TypedDict before Python 3.12.
+from typing_extensions import TypedDict
 
 # Media segment types adapters send as bare base64; we store the bytes once and reference them.
 MEDIA_SEGMENT_TYPES = ("image", "emoji", "voice")
 MAX_SEGMENT_DEPTH = 16
 
 
-def _id_to_str(value: Any) -> Any:
-    # NapCat passes numeric ids through as integers; other adapters send strings. bool is an int
-    # subclass but never an id.
-    if isinstance(value, bool):
-        raise ValueError("an id must be a string or an integer")
-    if isinstance(value, int):
-        return str(value)
-    return value
-
-
-PlatformId = Annotated[str, BeforeValidator(_id_to_str)]
-
-
-def _none_to_empty(value: Any) -> Any:
-    return "" if value is None else value
-
-
-Name = Annotated[str, BeforeValidator(_none_to_empty)]
-
-
 class _Lenient(BaseModel):
-    # Newer library versions add fields; keep them rather than fail.
-    model_config = ConfigDict(extra="allow")
+    # Validation runs in pydantic's core, with no Python callbacks: it is on the hot path of every
+    # frame. Ids may be integers (NapCat) or strings: numbers are coerced to str. Fields newer
+    # library versions add are ignored; nested unset fields arrive as null.
+    model_config = ConfigDict(extra="ignore", coerce_numbers_to_str=True)
 
 
 class UserInfo(_Lenient):
     platform: str | None = None
-    user_id: PlatformId | None = None
-    user_nickname: Name = ""
-    user_cardname: Name = ""
+    user_id: str | None = None
+    user_nickname: str | None = None
+    user_cardname: str | None = None
 
 
 class GroupInfo(_Lenient):
     platform: str | None = None
-    group_id: PlatformId | None = None
-    group_name: Name = ""
+    group_id: str | None = None
+    group_name: str | None = None
 
 
 class FormatInfo(_Lenient):
@@ -61,7 +46,7 @@ class PartyInfo(_Lenient):
 
 class MessageInfo(_Lenient):
     platform: str = Field(min_length=1, max_length=64)
-    message_id: PlatformId | None = None
+    message_id: str | None = None
     time: float | None = None
     user_info: UserInfo | None = None
     group_info: GroupInfo | None = None
@@ -72,19 +57,17 @@ class MessageInfo(_Lenient):
     receiver_info: PartyInfo | None = None
 
 
-class Seg(BaseModel):
+class Seg(TypedDict):
     """One segment. `data` is a string, a dict (notify, command, cards), or segments (seglist only).
 
     `data` comes from a JSON decoder, so it is JSON whatever its shape; unknown types keep it as is.
     """
 
-    model_config = ConfigDict(extra="allow")
-    type: str = Field(min_length=1, max_length=64)
-    data: Any = None
+    type: Annotated[str, Field(min_length=1, max_length=64)]
+    data: NotRequired[Any]
 
 
-class Envelope(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class Envelope(_Lenient):
     message_info: MessageInfo
     message_segment: Seg
     raw_message: str | None = None
@@ -94,20 +77,18 @@ class EnvelopeError(ValueError):
     """A frame that is not a usable maim_message envelope; the message names the field and problem."""
 
 
-def _segments(seg: Seg | dict[str, Any], depth: int = 0) -> dict[str, Any]:
-    """Validate a segment tree (seglists nest) into plain dicts; unknown types are kept as they are."""
+def _segments(seg: Any, depth: int = 0, path: str = "message_segment") -> dict[str, Any]:
+    """Check a segment tree (seglists nest) into plain dicts; unknown types are kept as they are."""
     if depth > MAX_SEGMENT_DEPTH:
         raise EnvelopeError(f"segments nested deeper than {MAX_SEGMENT_DEPTH}")
-    if not isinstance(seg, Seg):
-        try:
-            seg = Seg.model_validate(seg)
-        except ValidationError as exc:
-            raise EnvelopeError(f"message_segment: {_describe(exc)}") from None
-    if seg.type == "seglist":
-        if not isinstance(seg.data, list):
-            raise EnvelopeError("message_segment: a seglist's data must be a list of segments")
-        return {"type": "seglist", "data": [_segments(child, depth + 1) for child in seg.data]}
-    return {"type": seg.type, "data": seg.data}
+    if not isinstance(seg, dict) or not isinstance(seg.get("type"), str) or not 0 < len(seg["type"]) <= 64:
+        raise EnvelopeError(f"{path}: a segment is an object with a `type` string")
+    kind, data = seg["type"], seg.get("data")
+    if kind == "seglist":
+        if not isinstance(data, list):
+            raise EnvelopeError(f"{path}: a seglist's data must be a list of segments")
+        return {"type": "seglist", "data": [_segments(c, depth + 1, f"{path}.data.{i}") for i, c in enumerate(data)]}
+    return {"type": kind, "data": data}
 
 
 def _describe(exc: ValidationError) -> str:

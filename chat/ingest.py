@@ -104,10 +104,10 @@ def _sessions_for(items: Sequence[InboundItem]) -> dict[tuple[str, str, str], Ch
             platform=item.platform,
             chat_type=key[1],
             user_id=(user.user_id or "") if user else "",
-            user_nickname=user.user_nickname if user else "",
-            user_cardname=user.user_cardname if user else "",
+            user_nickname=(user.user_nickname or "") if user else "",
+            user_cardname=(user.user_cardname or "") if user else "",
             group_id=key[2] if key[1] == ChatType.GROUP else "",
-            group_name=group.group_name if group and key[1] == ChatType.GROUP else "",
+            group_name=(group.group_name or "") if group and key[1] == ChatType.GROUP else "",
         )
     return sessions
 
@@ -129,8 +129,8 @@ def _build(item: InboundItem, session: ChatSession, now: datetime, media_cache: 
         "source_kind": SourceKind.USER,
         "platform_message_id": (info.message_id or "")[:128],
         "sender_id": ((user.user_id or "") if user else "")[:128],
-        "sender_nickname": (user.user_nickname if user else "")[:255],
-        "sender_cardname": (user.user_cardname if user else "")[:255],
+        "sender_nickname": ((user.user_nickname or "") if user else "")[:255],
+        "sender_cardname": ((user.user_cardname or "") if user else "")[:255],
         "receiver_id": ((receiver.user_id or "") if receiver else "")[:128],
         "segments": segments,
         "text": plain_text(segments),
