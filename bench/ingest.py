@@ -5,6 +5,8 @@ Starts its own daphne on a temporary SQLite data dir (the embedded default), the
    from the client's send (message_info.time) to the row being written (Message.created_at);
 2. outbound: N messages queued at once through the send service (messages_send); reports the time
    until the client has received all of them, as msg/s.
+It also prints the server process's CPU time per message (user + system), a figure that holds when
+the machine is shared, and the load average, which says how shared it was.
 Usage: .venv/bin/python bench/ingest.py [--messages 20000]
 """
 
@@ -221,7 +223,8 @@ def main() -> None:
                 if time.monotonic() > deadline or server.poll() is not None:
                     raise SystemExit(f"daphne did not start; see {data_dir / 'daphne.log'}") from None
                 time.sleep(0.1)
-        print(f"daphne on 127.0.0.1:{port}, SQLite in {data_dir}, {os.cpu_count()} CPUs (shared with other work)")
+        load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+        print(f"daphne on 127.0.0.1:{port}, SQLite in {data_dir}, {os.cpu_count()} CPUs, load average {load}")
         asyncio.run(run(args.messages, f"http://127.0.0.1:{port}", server.pid))
     finally:
         server.terminate()
