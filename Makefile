@@ -50,6 +50,7 @@ lint: venv-dev
 
 bench: venv-dev
 	$(BIN)/python bench/delivery.py
+	$(BIN)/python bench/timers.py
 	$(BIN)/python bench/ingest.py
 
 clean:

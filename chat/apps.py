@@ -9,4 +9,6 @@ class ChatConfig(AppConfig):
         # The outbox listens to the send service's outbound_created signal (wake-ups); built-in
         # tools register themselves with the tool registry on import.
         import chat.outbox
-        import chat.tools.scheduling  # noqa: F401
+        import chat.tools.memory
+        import chat.tools.scheduling
+        import chat.tools.timers  # noqa: F401

@@ -4,10 +4,15 @@ Each app contributes its routes here; the adapter endpoint `/ws` is special-case
 (it serves two wire versions).
 """
 
+from channels.security.websocket import AllowedHostsOriginValidator
 from django.urls import path
 
 from chat.consumers import ChatPageConsumer
+from maibot.consumers import LogStreamConsumer
 
 websocket_urlpatterns: list = [
-    path("chat/ws/", ChatPageConsumer.as_asgi()),
+    # Operators only (checked in the consumer); the Origin check stops other sites from opening it
+    # with an operator's session cookie.
+    path("ws/admin/logs/", AllowedHostsOriginValidator(LogStreamConsumer.as_asgi())),
+    path("chat/ws/", AllowedHostsOriginValidator(ChatPageConsumer.as_asgi())),
 ]

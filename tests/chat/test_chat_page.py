@@ -82,5 +82,5 @@ async def test_the_chat_page_and_its_socket_need_a_staff_login(start_server):
     with urllib.request.urlopen(f"{base}/chat/", timeout=10) as resp:
         assert "/admin/login/" in resp.url
     with pytest.raises(websockets.InvalidStatus):
-        async with websockets.connect(base.replace("http", "ws") + "/chat/ws/"):
+        async with websockets.connect(base.replace("http", "ws") + "/chat/ws/", origin=base):
             pass
