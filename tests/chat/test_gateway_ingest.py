@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 
-from chat.gateway import get_gateway
+from chat.gateway import close_old_connection, get_gateway
 from chat.models import Message
 from chat.services import inbound_stored
 from tests.chat.gateway_helpers import db, envelope, wait_for
@@ -55,3 +56,22 @@ async def test_stored_messages_are_announced_to_the_planner_hook_in_batches(sett
         await comm.disconnect()
         await asyncio.sleep(0.1)
         await get_gateway().aclose()
+        # Sync inbound_stored receivers run in asgiref's shared thread: release its connection too.
+        await sync_to_async(close_old_connection)()
+
+
+def test_a_session_deleted_while_known_to_the_ingest_is_created_again(db):
+    from chat.envelope import parse_envelope
+    from chat.ingest import InboundItem, inbound_messages_store
+    from chat.models import ChatSession
+
+    def item(text: str) -> InboundItem:
+        return InboundItem(platform="qq", message=parse_envelope(envelope(user_id=4242, text=text)))
+
+    first = inbound_messages_store(items=[item("one"), item("two")])
+    assert [m.text for m in first.stored] == ["one", "two"]
+    ChatSession.objects.filter(user_id="4242").delete()  # an operator removes the conversation
+    again = inbound_messages_store(items=[item("three")])
+    assert [m.text for m in again.stored] == ["three"] and again.rejected == 0
+    session = ChatSession.objects.get(user_id="4242")
+    assert list(session.messages.values_list("text", flat=True)) == ["three"]
