@@ -77,18 +77,23 @@ class EnvelopeError(ValueError):
     """A frame that is not a usable maim_message envelope; the message names the field and problem."""
 
 
-def _segments(seg: Any, depth: int = 0, path: str = "message_segment") -> dict[str, Any]:
+def _segments(seg: Any, depth: int = 0, where: tuple = ()) -> dict[str, Any]:
     """Check a segment tree (seglists nest) into plain dicts; unknown types are kept as they are."""
     if depth > MAX_SEGMENT_DEPTH:
         raise EnvelopeError(f"segments nested deeper than {MAX_SEGMENT_DEPTH}")
     if not isinstance(seg, dict) or not isinstance(seg.get("type"), str) or not 0 < len(seg["type"]) <= 64:
-        raise EnvelopeError(f"{path}: a segment is an object with a `type` string")
+        raise EnvelopeError(f"{_path(where)}: a segment is an object with a `type` string")
     kind, data = seg["type"], seg.get("data")
     if kind == "seglist":
         if not isinstance(data, list):
-            raise EnvelopeError(f"{path}: a seglist's data must be a list of segments")
-        return {"type": "seglist", "data": [_segments(c, depth + 1, f"{path}.data.{i}") for i, c in enumerate(data)]}
+            raise EnvelopeError(f"{_path(where)}: a seglist's data must be a list of segments")
+        return {"type": "seglist", "data": [_segments(c, depth + 1, (*where, i)) for i, c in enumerate(data)]}
     return {"type": kind, "data": data}
+
+
+def _path(where: tuple) -> str:
+    # Built only for an error message: the hot path passes index tuples.
+    return "message_segment" + "".join(f".data.{i}" for i in where)
 
 
 def _describe(exc: ValidationError) -> str:
