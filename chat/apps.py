@@ -6,8 +6,10 @@ class ChatConfig(AppConfig):
     verbose_name = "Chat"
 
     def ready(self) -> None:
-        # Built-in tools register themselves with the tool registry on import; chat.runtime connects
-        # the planner's runtimes to `inbound_stored` (sent by the gateway in the ASGI process).
+        # The outbox listens to the send service's outbound_created signal (wake-ups); chat.runtime
+        # connects the planner's runtimes to `inbound_stored` (sent by the gateway in the ASGI
+        # process); built-in tools register themselves with the tool registry on import.
+        import chat.outbox
         import chat.runtime
         import chat.tools.chat
         import chat.tools.memory

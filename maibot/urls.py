@@ -3,6 +3,7 @@
 from django.contrib import admin
 from django.urls import path
 
+from chat.views import chat_page
 from maibot import views
 
 urlpatterns = [
@@ -12,5 +13,6 @@ urlpatterns = [
     path("admin/config/raw/", admin.site.admin_view(views.config_raw_view), name="console-config-raw"),
     path("admin/logs/", admin.site.admin_view(views.logs_view), name="console-logs"),
     path("admin/", admin.site.urls),
+    path("chat/", chat_page, name="chat"),
     path("healthz", views.healthz, name="healthz"),
 ]
