@@ -14,8 +14,6 @@ from django.db import connection
 from chat.models import LLMCall, PlannerCycle
 from tests.fake_llm import FakeLLM
 
-pytest.importorskip("chat.gateway", reason="the adapter gateway (issue 3) is not merged yet")
-
 pytestmark = pytest.mark.django_db(transaction=True)
 
 TOKEN = "e2e-token"
