@@ -11,15 +11,15 @@ from __future__ import annotations
 import threading
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse
-from ninja import Field, Header, NinjaAPI, Query, Schema, Status
+from ninja import Field, Header, NinjaAPI, Path, Query, Schema, Status
 from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationError
 from ninja.security import HttpBearer
 from ninja.throttling import BaseThrottle
-from pydantic import ConfigDict
+from pydantic import ConfigDict, field_validator
 
 from chat.api_access import api_token_authenticate, idempotent_call, rate_limit_hit, request_fingerprint
 from chat.api_errors import ApiError, ApiErrorCode
@@ -36,7 +36,9 @@ from chat.proactive import (
 from scheduling.models import ScheduledStatus
 
 Code = ApiErrorCode
-ID = Field(min_length=1, max_length=128)
+# Beyond these, converting to UTC can overflow; nobody schedules a message there.
+MIN_INSTANT = datetime(2000, 1, 1)
+MAX_INSTANT = datetime(2999, 12, 31)
 
 
 # --- auth and rate limit --------------------------------------------------------------------------
@@ -91,7 +93,20 @@ class Origin(StrEnum):
     SYSTEM = "system"
 
 
-class StrictSchema(Schema):
+class InputSchema(Schema):
+    """Every request shape: values the database cannot store are field errors, never a 500."""
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _storable(cls, value: Any) -> Any:
+        if isinstance(value, str) and "\x00" in value:
+            raise ValueError("must not contain NUL characters")
+        if isinstance(value, datetime) and not (MIN_INSTANT <= value.replace(tzinfo=None) <= MAX_INSTANT):
+            raise ValueError("must be between the years 2000 and 2999")
+        return value
+
+
+class StrictSchema(InputSchema):
     # A misspelt field must be an error, not silently ignored (it may be the anchor).
     model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
 
@@ -306,6 +321,9 @@ def _message(task: Any) -> dict[str, Any]:
     return MessageOut.model_validate(proactive_message_as_dict(task)).model_dump(mode="json")
 
 
+# Message ids are short (`sm_k3v9xq2mtr`); anything else cannot name one.
+MessageId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_]{1,32}$", description="The message id, e.g. sm_k3v9xq2mtr.")]
+
 IDEMPOTENCY_KEY = Header(
     None,
     alias="Idempotency-Key",
@@ -342,11 +360,11 @@ def message_create(request: HttpRequest, payload: MessageIn, idempotency_key: st
 
 
 @api.get("/messages/{message_id}", response={200: MessageOut, **ERRORS}, summary="A message and its delivery")
-def message_detail(request: HttpRequest, message_id: str):
+def message_detail(request: HttpRequest, message_id: MessageId):
     return Status(200, _message(proactive_message_get(message_id=message_id)))
 
 
-class MessageFilters(Schema):
+class MessageFilters(InputSchema):
     status: ScheduledStatus | None = None
     conversation_id: str | None = Field(None, max_length=128)
     origin: Origin | None = None
@@ -356,7 +374,7 @@ class MessageFilters(Schema):
     send_before: datetime | None = Field(None, description="send_at before this instant.")
 
 
-class PageParams(Schema):
+class PageParams(InputSchema):
     limit: int = Field(20, ge=1, le=100)
     offset: int = Field(0, ge=0, le=1_000_000)
 
@@ -383,7 +401,7 @@ def message_list(request: HttpRequest, filters: Query[MessageFilters], page: Que
 @api.post("/messages/{message_id}/cancel", response={200: MessageOut, **ERRORS}, summary="Cancel a pending message")
 def message_cancel(
     request: HttpRequest,
-    message_id: str,
+    message_id: MessageId,
     payload: CancelIn | None = None,
     idempotency_key: str | None = IDEMPOTENCY_KEY,
 ):
@@ -399,7 +417,7 @@ def message_cancel(
     )
 
 
-class ConversationFilters(Schema):
+class ConversationFilters(InputSchema):
     channel_type: str | None = Field(None, max_length=64)
     chat_type: ChatType | None = None
     channel_user_id: str | None = Field(None, max_length=128)
