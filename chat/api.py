@@ -130,6 +130,26 @@ class SegmentIn(StrictSchema):
 
 
 class MessageIn(StrictSchema):
+    model_config = ConfigDict(
+        extra="forbid",
+        coerce_numbers_to_str=True,
+        json_schema_extra={
+            "examples": [
+                {"channel_type": "qq", "channel_user_id": "10001", "text": "你好，记得开会 meeting at 3"},
+                {
+                    "channel_type": "qq",
+                    "channel_thread_id": "555",
+                    "type": "rich_text",
+                    "segments": [
+                        {"type": "mention", "user_id": "10001", "name": "Alice"},
+                        {"type": "text", "text": "到你了"},
+                    ],
+                    "send_at": "2030-01-01T09:00:00+08:00",
+                    "origin": "scheduler",
+                },
+            ]
+        },
+    )
     conversation_id: str | None = Field(None, max_length=128, description="Anchor: our conversation id.")
     channel_type: str | None = Field(
         None, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$", description="The platform, e.g. qq."
@@ -312,7 +332,9 @@ def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
 def _answer(request: HttpRequest, status: int, body: dict[str, Any]) -> Status | HttpResponse:
     # Errors are already in their final shape (maybe replayed from storage): send them as they are.
     if status >= 400:
-        return api.create_response(request, body, status=status)
+        # Stored answers come back from JSONB with their keys reordered: restore the documented order.
+        ordered = {k: body[k] for k in ErrorOut.model_fields if k in body}
+        return api.create_response(request, ordered, status=status)
     return Status(status, body)
 
 
