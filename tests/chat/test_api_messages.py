@@ -436,3 +436,15 @@ def test_too_many_pending_is_409(api, make_session):
         )
         resp = api.post("/messages", {"conversation_id": session.session_id, "text": "2", "send_at": later})
     assert resp.status_code == 409 and resp.json()["code"] == "too_many_pending"
+
+
+def test_values_the_database_cannot_store_are_field_errors(api, make_session):
+    # PostgreSQL refuses NUL in text: without this check it was a 503 on POST and a 500 on GET.
+    session = make_session()
+    resp = api.post("/messages", {"conversation_id": session.session_id, "text": "a\x00b"})
+    assert resp.status_code == 400 and resp.json()["field"] == "text"
+    resp = api.get("/messages", {"conversation_id": "a\x00b"})
+    assert resp.status_code == 400 and resp.json()["field"] == "conversation_id"
+    resp = api.get("/messages", {"created_after": "0001-01-01T00:00:00+05:00"})
+    assert resp.status_code == 400 and resp.json()["field"] == "created_after"
+    assert counts()[:2] == (0, 0)
