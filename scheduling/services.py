@@ -72,7 +72,9 @@ def resolve_send_at(value: str | datetime, *, now: datetime | None = None) -> da
     return send_at
 
 
-def _validate_text(text: str, *, has_segments: bool, max_length: int) -> str:
+def validate_text(text: str, *, has_segments: bool = False, max_length: int | None = None) -> str:
+    """The message text, stripped; refused when empty (without other content) or over the limit."""
+    max_length = max_length or get_config().scheduling.max_text_length
     text = (text or "").strip()
     if not text and not has_segments:
         raise SchedulingError(Code.EMPTY_TEXT, "message_text is empty")
@@ -110,7 +112,7 @@ def scheduled_message_create(
     now = now or timezone.now()
     if private_only and not session.is_private:
         raise SchedulingError(Code.NOT_PRIVATE_CHAT, "scheduled messages are for private chats only")
-    text = _validate_text(message_text, has_segments=bool(segments), max_length=max_text_length or cfg.max_text_length)
+    text = validate_text(message_text, has_segments=bool(segments), max_length=max_text_length)
     when = now if send_at is None else resolve_send_at(send_at, now=now)
     try:
         with transaction.atomic():
@@ -216,6 +218,20 @@ def scheduled_message_reschedule(
         task.rescheduled_at = now
         task.rescheduled_by_user = acted_by.user
         task.save(update_fields=["send_at", "due_at", "rescheduled_at", "rescheduled_by_user", "history", "updated_at"])
+    return task
+
+
+def scheduled_message_edit_text(
+    *, task_id: str, message_text: str, acted_by: ActedBy, now: datetime | None = None
+) -> ScheduledMessage:
+    """Change the text of a pending message."""
+    now = now or timezone.now()
+    text = validate_text(message_text)
+    with transaction.atomic():
+        task = _pending_for_update(task_id)
+        _event(task, "edited", acted_by, now, old_text=task.message_text)
+        task.message_text = text
+        task.save(update_fields=["message_text", "history", "updated_at"])
     return task
 
 

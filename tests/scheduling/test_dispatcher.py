@@ -41,7 +41,6 @@ def test_due_message_is_sent_as_written_through_the_send_service(make_session):
     assert msg.session == session and msg.receiver_id == session.user_id
     assert msg.segments == [{"type": "text", "data": "起床啦 wake up"}]
     assert task.sent_at >= task.send_at
-    assert task.history[-1]["event"] == "sent"
 
 
 def test_not_yet_due_messages_wait(make_session):
@@ -89,7 +88,6 @@ def test_overdue_messages_after_downtime_are_sent_at_once_with_lateness_recorded
     task.refresh_from_db()
     assert task.status == ScheduledStatus.SENT
     assert task.lateness_seconds >= 600
-    assert task.history[-1]["lateness_ms"] >= 600_000
 
 
 def test_messages_older_than_the_expiry_fail_as_expired(make_session):

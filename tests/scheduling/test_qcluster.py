@@ -55,3 +55,27 @@ def test_qcluster_stops_cleanly_on_sigterm(start_qcluster):
     code = proc.stop()
     assert code == 0, proc.output()
     assert "dispatcher stopped" in proc.output()
+
+
+def test_overdue_tasks_are_sent_when_the_cluster_starts_and_stale_ones_expire(make_session, start_qcluster):
+    session = make_session()
+    overdue = scheduled_message_create(
+        session=session, send_at=timezone.now() + timedelta(hours=1), message_text="late but sent", acted_by=SYSTEM
+    ).task
+    stale = scheduled_message_create(
+        session=session, send_at=timezone.now() + timedelta(hours=1), message_text="too old", acted_by=SYSTEM
+    ).task
+    # The cluster was down: one is ten minutes overdue, the other two days (past the 1-day expiry).
+    ScheduledMessage.objects.filter(pk=overdue.pk).update(
+        send_at=timezone.now() - timedelta(minutes=10), due_at=timezone.now() - timedelta(minutes=10)
+    )
+    ScheduledMessage.objects.filter(pk=stale.pk).update(
+        send_at=timezone.now() - timedelta(days=2), due_at=timezone.now() - timedelta(days=2)
+    )
+    start_qcluster()
+    assert wait_for(lambda: ScheduledMessage.objects.get(pk=overdue.pk).status == ScheduledStatus.SENT)
+    overdue.refresh_from_db()
+    assert 600 <= overdue.lateness_seconds < 700
+    stale.refresh_from_db()
+    assert (stale.status, stale.last_error) == (ScheduledStatus.FAILED, "expired")
+    assert stale.sent_message is None

@@ -170,3 +170,17 @@ def _last_sunday(year: int, month: int) -> int:
     import calendar
 
     return max(week[calendar.SUNDAY] for week in calendar.monthcalendar(year, month))
+
+
+def test_a_database_failure_is_reported_as_storage_error(make_session, monkeypatch):
+    from django.db import DatabaseError
+
+    session = make_session()
+
+    def fail(*args, **kwargs):  # fault injection: the database refuses the write
+        raise DatabaseError("disk I/O error")
+
+    monkeypatch.setattr(ScheduledMessage, "save", fail)
+    result = call("schedule_private_message", session, send_at=iso_in(hours=1), message_text="x")
+    assert result["error"]["code"] == "storage_error"
+    assert "disk I/O error" in result["error"]["message"]

@@ -1,0 +1,273 @@
+"""Operator console for scheduled messages: list, filter, cancel, reschedule, send now, retry."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils.html import format_html
+
+from maibot.config import get_config
+from scheduling.error_codes import SchedulingError
+from scheduling.models import Actor, ScheduledMessage, ScheduledStatus
+from scheduling.services import (
+    ActedBy,
+    resolve_send_at,
+    scheduled_message_cancel,
+    scheduled_message_edit_text,
+    scheduled_message_reschedule,
+    scheduled_message_retry,
+    scheduled_message_send_now,
+    validate_text,
+)
+from scheduling.timespec import format_instant
+
+STATUS_COLOURS = {
+    ScheduledStatus.PENDING: "#2563eb",
+    ScheduledStatus.SENDING: "#d97706",
+    ScheduledStatus.SENT: "#16a34a",
+    ScheduledStatus.CANCELLED: "#6b7280",
+    ScheduledStatus.FAILED: "#dc2626",
+}
+
+
+def status_badge(status: str, label: str) -> str:
+    return format_html(
+        '<span class="mb-badge" style="background:{};color:#fff;padding:2px 8px;border-radius:10px;'
+        'font-size:11px;white-space:nowrap">{}</span>',
+        STATUS_COLOURS.get(status, "#6b7280"),
+        label,
+    )
+
+
+def operator(request: HttpRequest) -> ActedBy:
+    return ActedBy(via=Actor.OPERATOR, user=request.user)
+
+
+class PlatformFilter(admin.SimpleListFilter):
+    title = "platform"
+    parameter_name = "platform"
+
+    def lookups(self, request, model_admin):
+        platforms = model_admin.get_queryset(request).values_list("session__platform", flat=True).distinct()
+        return [(p, p) for p in sorted(set(platforms))]
+
+    def queryset(self, request, queryset):
+        if self.value():
+            return queryset.filter(session__platform=self.value())
+        return queryset
+
+
+class LocalDateTimeField(forms.DateTimeField):
+    """A date-time typed in the bot's time zone (not the server's), validated to be in the future."""
+
+    def to_python(self, value):
+        if value in self.empty_values:
+            return None
+        if isinstance(value, str):
+            try:
+                return resolve_send_at(value.strip())
+            except SchedulingError as exc:
+                raise ValidationError(exc.message, code=str(exc.code)) from None
+        return super().to_python(value)
+
+
+class RescheduleForm(forms.Form):
+    send_at = LocalDateTimeField(
+        label="New send time",
+        help_text="Bot time zone; e.g. 2026-12-24 08:00. An explicit offset (+08:00) is accepted too.",
+    )
+
+
+class ScheduledMessageForm(forms.ModelForm):
+    """Editing a pending message: its text and time. The time is read in the bot's time zone."""
+
+    send_at = LocalDateTimeField(help_text="Bot time zone; must be in the future.")
+
+    class Meta:
+        model = ScheduledMessage
+        fields = ["message_text", "send_at"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance and self.instance.pk and self.instance.send_at:
+            tz = get_config().tzinfo
+            self.initial["send_at"] = self.instance.send_at.astimezone(tz).strftime("%Y-%m-%d %H:%M:%S")
+
+    def clean_message_text(self):
+        try:
+            return validate_text(self.cleaned_data.get("message_text") or "")
+        except SchedulingError as exc:
+            raise ValidationError(exc.message, code=str(exc.code)) from None
+
+
+@admin.register(ScheduledMessage)
+class ScheduledMessageAdmin(admin.ModelAdmin):
+    form = ScheduledMessageForm
+    list_display = ["id", "badge", "send_at_local", "session_link", "short_text", "created_via", "attempts", "lateness"]
+    list_filter = ["status", "chat_type", PlatformFilter, "created_via", ("send_at", admin.DateFieldListFilter)]
+    date_hierarchy = "send_at"
+    search_fields = ["id", "message_text", "session__session_id", "session__user_id", "session__user_nickname"]
+    list_select_related = ["session"]
+    ordering = ["-send_at"]
+    actions = ["cancel_selected", "reschedule_selected", "send_now_selected", "retry_failed_selected"]
+    readonly_fields = [
+        "id", "session", "chat_type", "status", "send_at_local", "due_at", "attempts", "last_error", "replace_existing",
+        "sent_message", "sent_at", "lateness", "created_at", "updated_at", "created_via", "created_by_tool_call_id",
+        "created_by_user", "created_by_token", "origin", "cancelled_at", "cancelled_via", "cancelled_by_tool_call_id",
+        "cancelled_by_user", "cancel_reason", "rescheduled_at", "rescheduled_by_user", "history_table",
+    ]  # fmt: skip
+    fieldsets = [
+        (None, {"fields": ["id", "session", "chat_type", "status", "message_text", "send_at", "send_at_local"]}),
+        ("Delivery", {"fields": ["due_at", "attempts", "last_error", "sent_message", "sent_at", "lateness"]}),
+        (
+            "Audit",
+            {
+                "fields": [
+                    "created_at",
+                    "updated_at",
+                    "created_via",
+                    "created_by_tool_call_id",
+                    "created_by_user",
+                    "created_by_token",
+                    "origin",
+                    "replace_existing",
+                    "cancelled_at",
+                    "cancelled_via",
+                    "cancelled_by_tool_call_id",
+                    "cancelled_by_user",
+                    "cancel_reason",
+                    "rescheduled_at",
+                    "rescheduled_by_user",
+                    "history_table",
+                ]
+            },
+        ),
+    ]
+
+    # --- display ----------------------------------------------------------------------------------
+    @admin.display(description="status", ordering="status")
+    def badge(self, obj: ScheduledMessage) -> str:
+        return status_badge(obj.status, obj.get_status_display())
+
+    @admin.display(description="send at (bot time)", ordering="send_at")
+    def send_at_local(self, obj: ScheduledMessage) -> str:
+        return format_instant(obj.send_at, get_config().tzinfo) if obj.send_at else "-"
+
+    @admin.display(description="session")
+    def session_link(self, obj: ScheduledMessage) -> str:
+        url = reverse("admin:chat_chatsession_change", args=[obj.session_id])
+        return format_html('<a href="{}">{}</a>', url, str(obj.session))
+
+    @admin.display(description="text")
+    def short_text(self, obj: ScheduledMessage) -> str:
+        return obj.message_text if len(obj.message_text) <= 60 else obj.message_text[:59] + "…"
+
+    @admin.display(description="lateness")
+    def lateness(self, obj: ScheduledMessage) -> str:
+        late = obj.lateness_seconds
+        return "-" if late is None else f"{late * 1000:.0f} ms"
+
+    @admin.display(description="history")
+    def history_table(self, obj: ScheduledMessage) -> str:
+        if not obj.history:
+            return "-"
+        rows = "".join(
+            format_html(
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                event.get("at", ""),
+                event.get("event", ""),
+                event.get("by", ""),
+                ", ".join(f"{k}={v}" for k, v in event.items() if k not in {"at", "event", "by"}),
+            )
+            for event in obj.history
+        )
+        return format_html("<table><tr><th>at</th><th>event</th><th>by</th><th>details</th></tr>{}</table>", rows)
+
+    # --- editing: only pending tasks, only through the services -----------------------------------
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # messages are scheduled by the planner or the API, in a chat's context
+
+    def has_change_permission(self, request: HttpRequest, obj: ScheduledMessage | None = None) -> bool:
+        if obj is not None and obj.status != ScheduledStatus.PENDING:
+            return False
+        return super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: ScheduledMessage | None = None) -> bool:
+        return False  # cancel instead: the history stays
+
+    def save_model(self, request, obj: ScheduledMessage, form, change: bool) -> None:
+        by = operator(request)
+        try:
+            if "send_at" in form.changed_data:
+                scheduled_message_reschedule(task_id=obj.pk, send_at=form.cleaned_data["send_at"], acted_by=by)
+            if "message_text" in form.changed_data:
+                scheduled_message_edit_text(task_id=obj.pk, message_text=form.cleaned_data["message_text"], acted_by=by)
+        except SchedulingError as exc:
+            self.message_user(request, f"Not saved: {exc.message}", messages.ERROR)
+
+    # --- actions ----------------------------------------------------------------------------------
+    def _each(self, request, queryset, func, verb: str) -> None:
+        done, refused = 0, []
+        for task in queryset:
+            try:
+                func(task)
+                done += 1
+            except SchedulingError as exc:
+                refused.append(f"{task.pk}: {exc.message}")
+        if done:
+            self.message_user(request, f"{verb} {done} scheduled message(s).", messages.SUCCESS)
+        if refused:
+            self.message_user(request, "Skipped " + "; ".join(refused), messages.WARNING)
+
+    @admin.action(description="Cancel selected (pending only)")
+    def cancel_selected(self, request, queryset: QuerySet[ScheduledMessage]) -> None:
+        by = operator(request)
+        self._each(
+            request,
+            queryset,
+            lambda t: scheduled_message_cancel(task_ids=[t.pk], acted_by=by, reason="cancelled by operator"),
+            "Cancelled",
+        )
+
+    @admin.action(description="Reschedule selected…")
+    def reschedule_selected(self, request, queryset: QuerySet[ScheduledMessage]) -> HttpResponse | None:
+        if "apply" in request.POST:
+            form = RescheduleForm(request.POST)
+            if form.is_valid():
+                when = form.cleaned_data["send_at"]
+                by = operator(request)
+                self._each(
+                    request,
+                    queryset,
+                    lambda t: scheduled_message_reschedule(task_id=t.pk, send_at=when, acted_by=by),
+                    f"Rescheduled to {format_instant(when, get_config().tzinfo)}:",
+                )
+                return None
+        else:
+            form = RescheduleForm()
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Reschedule scheduled messages",
+            "form": form,
+            "tasks": queryset,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            "opts": self.model._meta,
+            "time_zone": str(get_config().tzinfo),
+        }
+        return render(request, "admin/scheduling/reschedule.html", context)
+
+    @admin.action(description="Send selected now (pending only)")
+    def send_now_selected(self, request, queryset: QuerySet[ScheduledMessage]) -> None:
+        by = operator(request)
+        self._each(request, queryset, lambda t: scheduled_message_send_now(task_id=t.pk, acted_by=by), "Queued now")
+
+    @admin.action(description="Retry selected failed messages")
+    def retry_failed_selected(self, request, queryset: QuerySet[ScheduledMessage]) -> None:
+        by = operator(request)
+        self._each(request, queryset, lambda t: scheduled_message_retry(task_id=t.pk, acted_by=by), "Retrying")
