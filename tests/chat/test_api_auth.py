@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import io
 import re
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.test import Client
+from django.utils import timezone
 
 from chat.api_access import api_token_revoke, hash_token
 from chat.models import ApiToken, ChatSession, Message
@@ -121,3 +123,17 @@ def test_admin_revoke_action_makes_the_token_fail(operator_client, token_pair):
     resp = ApiClient(raw).post("/messages", SEND)
     assert resp.status_code == 401 and resp.json()["code"] == "token_revoked"
     assert nothing_written()
+
+
+def test_api_messages_and_their_lifecycle_show_in_the_scheduled_message_admin(operator_client, api, make_session):
+    session = make_session()
+    later = (timezone.now() + timedelta(hours=1)).isoformat()
+    sent = api.post("/messages", {"conversation_id": session.session_id, "text": "现在", "origin": "connector"}).json()
+    pending = api.post("/messages", {"conversation_id": session.session_id, "text": "稍后", "send_at": later}).json()
+    api.post(f"/messages/{pending['id']}/cancel", {"reason": "用户取消 user cancelled"})
+    listing = operator_client.get("/admin/scheduling/scheduledmessage/", {"created_via": "api"}).content.decode()
+    assert sent["id"] in listing and pending["id"] in listing
+    page = operator_client.get(f"/admin/scheduling/scheduledmessage/{pending['id']}/change/").content.decode()
+    assert "用户取消 user cancelled" in page and "test-system" in page
+    page = operator_client.get(f"/admin/scheduling/scheduledmessage/{sent['id']}/change/").content.decode()
+    assert "connector" in page
