@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse
-from ninja import Field, Header, NinjaAPI, Path, Query, Schema, Status
+from ninja import Field, Header, NinjaAPI, Path, Query, Schema, Status, Swagger
 from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationError
 from ninja.security import HttpBearer
 from ninja.throttling import BaseThrottle
@@ -78,6 +78,9 @@ api = NinjaAPI(
         "`Idempotency-Key` header: a repeat with the same body gets the first answer and sends nothing."
     ),
     urls_namespace="api-v1",
+    # Offline: Swagger UI comes from django-ninja's static files ("ninja" is an installed app), and
+    # its online validator badge (a request to validator.swagger.io) is switched off.
+    docs=Swagger(settings={"validatorUrl": None, "persistAuthorization": True}),
     auth=BearerToken(),
     throttle=[TokenRateLimit()],
 )
