@@ -134,8 +134,6 @@ class SegmentIn(StrictSchema):
 
 class MessageIn(StrictSchema):
     model_config = ConfigDict(
-        extra="forbid",
-        coerce_numbers_to_str=True,
         json_schema_extra={
             "examples": [
                 {"channel_type": "qq", "channel_user_id": "10001", "text": "你好，记得开会 meeting at 3"},
