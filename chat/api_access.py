@@ -26,6 +26,8 @@ TOKEN_PREFIX = "mbt_"
 # write per call for nothing, so it moves at most once per this interval.
 LAST_USED_GRANULARITY = timedelta(seconds=60)
 RATE_WINDOW = timedelta(seconds=60)
+# How long an Idempotency-Key is remembered (as long as clients are expected to retry).
+IDEMPOTENCY_TTL = timedelta(hours=24)
 
 
 # --- tokens ---------------------------------------------------------------------------------------
@@ -123,6 +125,7 @@ def _run(operation: Callable[[], Outcome]) -> Outcome:
 
 def idempotent_call(*, token: ApiToken, key: str | None, fingerprint: str, operation: Callable[[], Outcome]) -> Outcome:
     """Run a writing request at most once per (token, Idempotency-Key) and replay its first answer.
+    Keys are remembered for IDEMPOTENCY_TTL; the token's older records are dropped here.
 
     The key's record, the operation's writes and the stored answer commit in ONE transaction, so
     there is never a key without its answer, nor an answer whose writes were lost. A concurrent
@@ -134,6 +137,7 @@ def idempotent_call(*, token: ApiToken, key: str | None, fingerprint: str, opera
         with transaction.atomic():
             return _run(operation)
     with transaction.atomic():
+        IdempotencyRecord.objects.filter(token=token, created_at__lt=timezone.now() - IDEMPOTENCY_TTL).delete()
         try:
             with transaction.atomic():
                 record = IdempotencyRecord.objects.create(token=token, key=key, request_hash=fingerprint)

@@ -85,3 +85,15 @@ def test_overlong_key_is_a_field_error(api, make_session):
     assert resp.status_code == 400
     assert resp.json()["field"] == "Idempotency-Key"
     assert Message.objects.count() == 0
+
+
+def test_a_key_is_remembered_for_a_day(api, make_session):
+    session = make_session()
+    body = {"conversation_id": session.session_id, "text": "x"}
+    api.post("/messages", body, headers={"Idempotency-Key": "daily"})
+    api.post("/messages", body, headers={"Idempotency-Key": "daily"})
+    assert Message.objects.count() == 1
+    IdempotencyRecord.objects.update(created_at=timezone.now() - timedelta(hours=25))
+    assert api.post("/messages", body, headers={"Idempotency-Key": "daily"}).status_code == 201
+    assert Message.objects.count() == 2
+    assert IdempotencyRecord.objects.count() == 1

@@ -134,6 +134,25 @@ def test_send_now_and_scheduled_through_a_live_server_and_qcluster(start_server,
     task = ScheduledMessage.objects.get(pk=later["id"])
     assert 0 <= task.lateness_seconds < 5.0, task.lateness_seconds
 
+    # Sends now from several clients while the cluster's dispatcher runs: each goes out exactly once.
+    answers: list[tuple[int, str]] = []
+
+    def send(i: int) -> None:
+        status, _, body = http(
+            "POST", f"{base}/api/v1/messages", {"conversation_id": session.session_id, "text": f"burst {i}"}, auth
+        )
+        answers.append((status, body.get("status")))
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert answers == [(201, "sent")] * 12, answers
+    burst = Message.objects.filter(session=session, text__startswith="burst ")
+    assert sorted(burst.values_list("text", flat=True)) == sorted(f"burst {i}" for i in range(12))
+    assert ScheduledMessage.objects.filter(status="sent").count() == 14
+
 
 def test_openapi_and_docs_are_served_without_a_cdn(start_server):
     _, base = start_server()
