@@ -448,3 +448,12 @@ def test_values_the_database_cannot_store_are_field_errors(api, make_session):
     resp = api.get("/messages", {"created_after": "0001-01-01T00:00:00+05:00"})
     assert resp.status_code == 400 and resp.json()["field"] == "created_after"
     assert counts()[:2] == (0, 0)
+
+
+def test_a_body_over_the_upload_limit_is_413(api, make_session):
+    session = make_session()
+    huge = "A" * (3 * 1024 * 1024)
+    resp = api.post("/messages", {"conversation_id": session.session_id, "type": "image", "image": {"base64": huge}})
+    assert resp.status_code == 413
+    assert resp.json()["code"] == "payload_too_large"
+    assert counts()[:2] == (0, 0)
