@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 from datetime import datetime
-from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from django.core.exceptions import RequestDataTooBig
@@ -25,6 +24,7 @@ from chat.api_access import api_token_authenticate, idempotent_call, rate_limit_
 from chat.api_errors import ApiError, ApiErrorCode
 from chat.models import ApiToken, ChatType
 from chat.proactive import (
+    Origin,
     conversation_as_dict,
     conversations_list,
     proactive_message_as_dict,
@@ -87,13 +87,6 @@ api = NinjaAPI(
 
 
 # --- schemas --------------------------------------------------------------------------------------
-
-
-class Origin(StrEnum):
-    API = "api"
-    SCHEDULER = "scheduler"
-    CONNECTOR = "connector"
-    SYSTEM = "system"
 
 
 class InputSchema(Schema):

@@ -31,6 +31,7 @@ import base64
 import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -48,7 +49,16 @@ from scheduling.services import ActedBy, scheduled_message_cancel, scheduled_mes
 
 Code = ApiErrorCode
 
-ORIGINS = ("api", "scheduler", "connector", "system")
+
+class Origin(StrEnum):
+    """Who asks for a proactive message; recorded on it."""
+
+    API = "api"
+    SCHEDULER = "scheduler"
+    CONNECTOR = "connector"
+    SYSTEM = "system"
+
+
 CONTENT_TYPES = ("text", "rich_text", "image")
 TEXT_FORMATS = ("plain", "markdown")
 SEGMENT_TYPES = ("text", "image", "mention")
@@ -288,8 +298,8 @@ def proactive_message_create(
     Call inside a transaction (the API does): on ApiError the caller's savepoint undoes every write,
     including a private conversation created for it. Raises ApiError with a code.
     """
-    if origin not in ORIGINS:
-        raise ApiError(Code.INVALID_CONTENT, f"origin must be one of {', '.join(ORIGINS)}", field="origin")
+    if origin not in {o.value for o in Origin}:
+        raise ApiError(Code.INVALID_CONTENT, f"origin must be one of {', '.join(Origin)}", field="origin")
     anchor = {
         "conversation_id": conversation_id,
         "channel_type": channel_type,
