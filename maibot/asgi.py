@@ -9,12 +9,18 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from maibot.process import start_services_on_first_call  # noqa: E402
 from maibot.routing import websocket_urlpatterns  # noqa: E402
 
-application = ProtocolTypeRouter(
-    {
-        "http": django_asgi_app,
-        "websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
-    }
+application = start_services_on_first_call(
+    ProtocolTypeRouter(
+        {
+            # The admin's CSS/JS (and the console's) come from this process too: `make run` has no
+            # separate web server, and nothing may come from a CDN.
+            "http": ASGIStaticFilesHandler(django_asgi_app),
+            "websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
+        }
+    )
 )

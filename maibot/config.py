@@ -156,6 +156,39 @@ class LifeSection(Section):
     turn_timeout: float = Field(120.0, gt=0, le=3600, description="Hard timeout of one life-loop turn (seconds).")
 
 
+class ConsoleSection(Section):
+    """The operator console: config hot reload, live logs, health checks."""
+
+    reload_debounce_ms: int = Field(
+        300,
+        ge=10,
+        le=10_000,
+        description="Config file changes are applied once the file has been quiet this long (milliseconds).",
+        json_schema_extra={"requires_restart": True},  # the file watcher reads it when it starts
+    )
+    log_level: str = Field(
+        "INFO",
+        pattern=r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)$",
+        description="Lowest level of log records kept for the live log page (DEBUG, INFO, WARNING, ERROR).",
+    )
+    log_retention_rows: int = Field(
+        20_000, ge=100, le=10_000_000, description="Log lines kept for the live log page; older ones are deleted."
+    )
+    log_retention_days: int = Field(7, ge=1, le=365, description="Log lines older than this many days are deleted.")
+    heartbeat_seconds: float = Field(
+        5.0, gt=0, le=300, description="How often the cluster writes its heartbeat (seconds)."
+    )
+    cluster_stale_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="/healthz reports the cluster down when its last heartbeat is older than this (seconds).",
+    )
+    health_requires_adapter: bool = Field(
+        False, description="/healthz reports unhealthy (503) while no platform adapter is connected."
+    )
+
+
 class BotConfig(Section):
     bot: BotSection = Field(default_factory=BotSection)
     llm: LLMSection = Field(default_factory=LLMSection)
@@ -164,6 +197,7 @@ class BotConfig(Section):
     gateway: GatewaySection = Field(default_factory=GatewaySection)
     api: ApiSection = Field(default_factory=ApiSection)
     life: LifeSection = Field(default_factory=LifeSection)
+    console: ConsoleSection = Field(default_factory=ConsoleSection)
 
     # --- derived values, read through the config so callers never look at os.environ ----------
     @property
@@ -289,6 +323,25 @@ def override(**sections: dict[str, Any]) -> Iterator[BotConfig]:
         set_config(old)
 
 
+# --- documentation (one source: the template comments and the console editor's help texts) ---------
+
+
+def requires_restart(field: Any) -> bool:
+    """A field marked `json_schema_extra={"requires_restart": True}` is read once at start-up, so a hot
+    reload does not change it. Components read get_config() on each use, so only the watcher's own
+    `console.reload_debounce_ms` needs this."""
+    extra = field.json_schema_extra
+    return bool(isinstance(extra, dict) and extra.get("requires_restart"))
+
+
+def field_help(field: Any) -> str:
+    """The help text of a config field, as the template comment and the editor show it."""
+    text = field.description or ""
+    if requires_restart(field):
+        text = f"{text} (Takes effect after a restart.)".strip()
+    return text
+
+
 # --- template -------------------------------------------------------------------------------------
 
 
@@ -305,8 +358,8 @@ def render_template() -> str:
             table.add(tomlkit.comment(section_model.__doc__.strip()))
         section_value = getattr(defaults, name)
         for key, sub in section_model.model_fields.items():
-            if sub.description:
-                table.add(tomlkit.comment(sub.description))
+            if field_help(sub):
+                table.add(tomlkit.comment(field_help(sub)))
             table.add(key, getattr(section_value, key))
         doc.add(tomlkit.nl())
         doc.add(name, table)

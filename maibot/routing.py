@@ -4,4 +4,13 @@ Each app contributes its routes here; the adapter endpoint `/ws` is special-case
 (it serves two wire versions).
 """
 
-websocket_urlpatterns: list = []
+from channels.security.websocket import AllowedHostsOriginValidator
+from django.urls import path
+
+from maibot.consumers import LogStreamConsumer
+
+websocket_urlpatterns: list = [
+    # Operators only (checked in the consumer); the Origin check stops other sites from opening it
+    # with an operator's session cookie.
+    path("ws/admin/logs/", AllowedHostsOriginValidator(LogStreamConsumer.as_asgi())),
+]

@@ -84,6 +84,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "maibot.context_processors.config_reload",
             ],
         },
     },
@@ -162,6 +163,9 @@ AUTH_PASSWORD_VALIDATORS = [
 # Comma-separated tokens accepted from platform adapters (the raw `Authorization` header).
 MAIBOT_ADAPTER_TOKENS = [t.strip() for t in os.environ.get("MAIBOT_ADAPTER_TOKENS", "").split(",") if t.strip()]
 
+# The server and the cluster run the config watcher, the log writer and the heartbeat (maibot.process).
+MAIBOT_CONSOLE_SERVICES = os.environ.get("MAIBOT_CONSOLE_SERVICES", "1") != "0"
+
 # --- logging --------------------------------------------------------------------------------------
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
 LOGGING = {
@@ -174,8 +178,11 @@ LOGGING = {
     },
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "line"},
+        # Copies INFO+ records to the live log page; inactive until the server or the cluster starts
+        # it (maibot.process), so migrate and tests never write logs to the database.
+        "console_db": {"class": "maibot.logdb.DatabaseLogHandler", "level": "INFO"},
     },
-    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "root": {"handlers": ["console", "console_db"], "level": LOG_LEVEL},
     "loggers": {
         "django": {"level": "INFO"},
         "daphne": {"level": "WARNING"},

@@ -1,11 +1,18 @@
-"""HTTP routes: the admin (operator console), the API, the chat page."""
+"""HTTP routes: the admin (operator console), the API, the chat page, /healthz."""
 
 from django.contrib import admin
 from django.urls import path
 
 from chat.api import api as proactive_api
+from maibot import views
 
 urlpatterns = [
+    # The console's own admin pages: admin_view() gives them the admin's login, staff check and CSRF.
+    path("admin/console/", admin.site.admin_view(views.dashboard_view), name="console-dashboard"),
+    path("admin/config/", admin.site.admin_view(views.config_form_view), name="console-config"),
+    path("admin/config/raw/", admin.site.admin_view(views.config_raw_view), name="console-config-raw"),
+    path("admin/logs/", admin.site.admin_view(views.logs_view), name="console-logs"),
     path("admin/", admin.site.urls),
     path("api/v1/", proactive_api.urls),
+    path("healthz", views.healthz, name="healthz"),
 ]

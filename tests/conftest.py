@@ -20,6 +20,15 @@ from maibot import config as bot_config
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True, scope="session")
+def no_console_services_in_test_process(django_test_environment) -> None:
+    """The test process never starts the config watcher, log writer or heartbeat by importing
+    maibot.asgi; the servers and clusters the tests spawn do (tests may start them explicitly)."""
+    from django.conf import settings
+
+    settings.MAIBOT_CONSOLE_SERVICES = False
+
+
 @pytest.fixture(autouse=True)
 def default_bot_config() -> Iterator[bot_config.BotConfig]:
     """Every test starts from the documented defaults, whatever the data dir's file says."""

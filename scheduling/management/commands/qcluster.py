@@ -16,6 +16,12 @@ from django_q.management.commands.qcluster import Command as DjangoQCommand
 from scheduling.dispatcher import Dispatcher
 
 
+def _store_worker_logs(sender, proc_name: str, **kwargs) -> None:
+    from maibot import logdb
+
+    logdb.activate("cluster")
+
+
 class Command(DjangoQCommand):
     help = "Starts the django-q2 cluster and the maibot dispatcher (scheduled messages, timers)."
 
@@ -27,6 +33,12 @@ class Command(DjangoQCommand):
         settings.SECRET_KEY  # noqa: B018 - django-q2 signs tasks with it; fail early when unset
         if options.get("cluster_name"):
             os.environ["Q_CLUSTER_NAME"] = options["cluster_name"]
+        if settings.MAIBOT_CONSOLE_SERVICES:
+            # Workers are forked before this process starts its log writer: each worker starts its
+            # own when it is ready, so task logs (life-loop turns...) reach the live log page too.
+            from django_q.signals import post_spawn
+
+            post_spawn.connect(_store_worker_logs, dispatch_uid="maibot-worker-logs")
         # The cluster forks: no database connection may be shared across the fork.
         connections.close_all()
         cluster = Cluster()
@@ -34,8 +46,21 @@ class Command(DjangoQCommand):
         if options.get("run_once"):
             cluster.stop()
             return
+        # Config watcher, log lines to the console, heartbeat for /healthz: started after the fork
+        # above so the cluster's children never inherit their threads.
+        from maibot.process import start_process_services, stop_process_services
+
         dispatcher = None
         thread = None
+
+        def alive() -> bool:
+            # The heartbeat vouches for the sentinel and the dispatcher, not just this process.
+            sentinel_ok = cluster.sentinel is not None and cluster.sentinel.is_alive()
+            # A dispatcher thread not started yet (ident None) is not a dead one.
+            return sentinel_ok and (thread is None or thread.ident is None or thread.is_alive())
+
+        if settings.MAIBOT_CONSOLE_SERVICES:
+            start_process_services("cluster", alive=alive)
         if not options.get("no_dispatcher"):
             # Import the timer source so it registers itself with the dispatcher.
             import scheduling.sources  # noqa: F401
@@ -51,3 +76,4 @@ class Command(DjangoQCommand):
             if dispatcher is not None:
                 dispatcher.stop()
                 thread.join(timeout=30)
+            stop_process_services()

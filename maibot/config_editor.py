@@ -1,0 +1,174 @@
+"""The console's config editor: a Django form generated from the pydantic config model, and the edit of
+the TOML file that keeps its comments and layout (values are changed in the parsed tomlkit document,
+never re-rendered)."""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+import tomlkit
+from django import forms
+from pydantic import ValidationError
+from pydantic.fields import FieldInfo
+
+from maibot.config import (
+    BotConfig,
+    ConfigError,
+    config_path,
+    ensure_config_file,
+    field_help,
+    parse_config,
+    requires_restart,
+)
+
+SEP = "__"  # form field name: <section>__<key>
+LONG_TEXT = 30  # str defaults longer than this (the persona) get a textarea
+
+
+@dataclass
+class Fieldset:
+    name: str
+    doc: str
+    fields: list[forms.BoundField]
+
+
+def _kind(annotation: Any) -> str:
+    origin = typing.get_origin(annotation)
+    if origin in (list, typing.List):  # noqa: UP006 - both spellings may appear
+        return "list"
+    if origin in (typing.Union, types.UnionType):
+        raise TypeError(f"config fields may not be unions: {annotation}")
+    return {str: "str", int: "int", float: "float", bool: "bool"}[annotation]
+
+
+def _form_field(info: FieldInfo, default: Any) -> forms.Field:
+    kind = _kind(info.annotation)
+    common = {"help_text": field_help(info), "label_suffix": ""}
+    if kind == "bool":
+        return forms.BooleanField(required=False, **common)
+    if kind == "int":
+        return forms.IntegerField(**common)
+    if kind == "float":
+        return forms.FloatField(**common)
+    if kind == "list":
+        return ListField(required=False, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}), **common)
+    widget = (
+        forms.Textarea(attrs={"rows": 3, "cols": 80})
+        if len(str(default)) > LONG_TEXT
+        else forms.TextInput(attrs={"size": 60})
+    )
+    return forms.CharField(required=False, strip=False, widget=widget, **common)
+
+
+class ListField(forms.CharField):
+    """list[str] as a textarea, one item per line."""
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, list):
+            return "\n".join(value)
+        return value
+
+    def to_python(self, value: Any) -> list[str]:
+        text = super().to_python(value) or ""
+        return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def _sections() -> list[tuple[str, type]]:
+    return [(name, f.annotation) for name, f in BotConfig.model_fields.items()]
+
+
+class ConfigForm(forms.Form):
+    """One form field per config field; sections become fieldsets; pydantic's own validation runs in
+    clean() and its errors land on the field they are about.
+
+    Each field carries the value the operator was shown (show_hidden_initial), so a save applies only
+    what the operator changed, on top of `base` (the file as it is now): an edit made to the file
+    meanwhile, by hand or by another operator, is kept.
+    """
+
+    def __init__(self, *args: Any, base: BotConfig, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.base = base
+        defaults = BotConfig()
+        for section, model in _sections():
+            for key, info in model.model_fields.items():
+                field = _form_field(info, getattr(getattr(defaults, section), key))
+                field.label = key
+                field.show_hidden_initial = True
+                field.requires_restart = requires_restart(info)
+                self.fields[f"{section}{SEP}{key}"] = field
+        self.config: BotConfig | None = None
+
+    @classmethod
+    def from_config(cls, cfg: BotConfig) -> ConfigForm:
+        dumped = cfg.model_dump()
+        initial = {f"{section}{SEP}{key}": value for section, values in dumped.items() for key, value in values.items()}
+        return cls(initial=initial, base=cfg)
+
+    def fieldsets(self) -> list[Fieldset]:
+        return [
+            Fieldset(
+                name=section,
+                doc=(model.__doc__ or "").strip(),
+                fields=[self[f"{section}{SEP}{key}"] for key in model.model_fields],
+            )
+            for section, model in _sections()
+        ]
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        values = self.base.model_dump()
+        for name in self.changed_data:
+            if name in cleaned:  # a field that failed its type check keeps the base value here
+                section, key = name.split(SEP, 1)
+                values[section][key] = cleaned[name]
+        # Validated even when some fields already failed, so every wrong field is reported at once.
+        try:
+            config = BotConfig.model_validate(values)
+        except ValidationError as exc:
+            for err in exc.errors():
+                loc = [str(p) for p in err["loc"]]
+                name = SEP.join(loc[:2])
+                if name in self.fields:
+                    if name not in self.errors:
+                        self.add_error(name, err["msg"])
+                else:
+                    self.add_error(None, f"{'.'.join(loc)}: {err['msg']}")
+        else:
+            if not self.errors:
+                self.config = config
+        return cleaned
+
+
+def toml_with_values(text: str, cfg: BotConfig) -> str:
+    """`text` (the current file) with the values of `cfg` written in: only values that differ are
+    touched, so comments, order and formatting of everything else stay as they were."""
+    doc = tomlkit.parse(text)
+    defaults = BotConfig().model_dump()
+    for section, values in cfg.model_dump().items():
+        table = doc.get(section)
+        for key, value in values.items():
+            if table is not None and key in table:
+                current = table[key]
+                if (current.unwrap() if hasattr(current, "unwrap") else current) != value:
+                    table[key] = value
+            elif value != defaults[section][key]:
+                if table is None:
+                    doc.add(tomlkit.nl())
+                    doc.add(section, tomlkit.table())
+                    table = doc[section]
+                table[key] = value
+    return tomlkit.dumps(doc)
+
+
+def read_config_file() -> tuple[str, BotConfig | None, str]:
+    """The config file's text, the config it holds (None when invalid) and its error."""
+    path = ensure_config_file(config_path())  # deleted meanwhile: start again from the template
+    text = path.read_text(encoding="utf-8")
+    try:
+        return text, parse_config(text, source=path.name), ""
+    except ConfigError as exc:
+        return text, None, str(exc)

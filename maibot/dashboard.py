@@ -1,0 +1,252 @@
+"""The console dashboard's reads (selectors): adapters, runtimes, scheduled work, lateness, LLM usage,
+recent errors, and the health checks /healthz reports."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+from collections import defaultdict
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.apps import apps
+from django.db import connection
+from django.db.models import Count, Max, Q, Sum
+from django.db.models.functions import TruncDate
+from django.utils import timezone
+
+from chat.models import AdapterConnection, CycleKind, LLMCall, PlannerCycle
+from maibot import charts
+from maibot.config import get_config
+from maibot.models import LogEntry, ProcessHeartbeat
+from scheduling.models import ScheduledMessage, ScheduledStatus
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100) of unsorted values; None when there are none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def connected_adapters() -> list[AdapterConnection]:
+    return list(AdapterConnection.objects.filter(disconnected_at__isnull=True).order_by("platform", "connected_at"))
+
+
+def active_runtimes() -> dict[str, Any]:
+    """Live session loops. The registry lives in the ASGI process (chat.runtime, when installed);
+    without it, sessions with a planner cycle within the idle-eviction window are counted."""
+    if importlib.util.find_spec("chat.runtime") is not None:
+        # Imported here, not at module level: the planner's registry is optional for the console.
+        registry = getattr(importlib.import_module("chat.runtime"), "registry", None)
+        runtimes = getattr(registry, "runtimes", None)
+        if isinstance(runtimes, dict):
+            return {"count": len(runtimes), "source": "runtime registry of this server"}
+    since = timezone.now() - timedelta(seconds=get_config().chat.idle_evict_seconds)
+    count = (
+        PlannerCycle.objects.filter(kind=CycleKind.CHAT, started_at__gte=since, session__isnull=False)
+        .values("session")
+        .distinct()
+        .count()
+    )
+    return {"count": count, "source": "sessions with a planner cycle in the idle window"}
+
+
+def scheduled_counts() -> dict[str, int]:
+    rows = (
+        ScheduledMessage.objects.filter(
+            status__in=[ScheduledStatus.PENDING, ScheduledStatus.SENDING, ScheduledStatus.FAILED]
+        )
+        .values_list("status")
+        .annotate(n=Count("pk"))
+    )
+    counts = {s: 0 for s in ("pending", "sending", "failed")}
+    counts.update(dict(rows))
+    return counts
+
+
+def next_due(limit: int = 10) -> list[ScheduledMessage]:
+    return list(
+        ScheduledMessage.objects.filter(status=ScheduledStatus.PENDING)
+        .select_related("session")
+        .order_by("due_at")[:limit]
+    )
+
+
+def timer_model():
+    """The life loop's Timer model when that app has it (it may land later than the console)."""
+    try:
+        return apps.get_model("scheduling", "Timer")
+    except LookupError:
+        return None
+
+
+def timers_summary(limit: int = 10) -> dict[str, Any] | None:
+    Timer = timer_model()
+    if Timer is None:
+        return None
+    names = {f.name for f in Timer._meta.get_fields()}
+    due_field = next((f for f in ("next_fire", "due_at", "fire_at", "next_fire_at") if f in names), None)
+    qs = Timer.objects.all()
+    counts: dict[str, int] = {}
+    if "status" in names:
+        counts = dict(qs.values_list("status").annotate(n=Count("pk")))
+        qs = qs.filter(status__in=["active", "pending"])
+    upcoming = list(qs.filter(**{f"{due_field}__isnull": False}).order_by(due_field)[:limit]) if due_field else []
+    return {"counts": counts, "upcoming": [(t, getattr(t, due_field)) for t in upcoming], "due_field": due_field}
+
+
+def lateness_stats(now: datetime | None = None) -> dict[str, Any]:
+    """p50/p99 of sent_at - send_at (seconds) over the last hour and day, and per hour of the day."""
+    now = now or timezone.now()
+    rows = list(
+        ScheduledMessage.objects.filter(status=ScheduledStatus.SENT, sent_at__gte=now - timedelta(days=1)).values_list(
+            "send_at", "sent_at"
+        )
+    )
+    day = [(sent_at, (sent_at - send_at).total_seconds()) for send_at, sent_at in rows]
+    hour = [v for t, v in day if t >= now - timedelta(hours=1)]
+    all_day = [v for _, v in day]
+    buckets: list[list[float]] = [[] for _ in range(24)]
+    for t, v in day:
+        idx = 23 - min(23, int((now - t).total_seconds() // 3600))
+        buckets[idx].append(v)
+    return {
+        "hour": {"count": len(hour), "p50": percentile(hour, 50), "p99": percentile(hour, 99)},
+        "day": {"count": len(all_day), "p50": percentile(all_day, 50), "p99": percentile(all_day, 99)},
+        "hourly_p50": [percentile(b, 50) for b in buckets],
+        "hourly_p99": [percentile(b, 99) for b in buckets],
+    }
+
+
+def lateness_charts(stats: dict[str, Any], now: datetime | None = None) -> list:
+    ms = [
+        charts.Series(f"p{q}", [round((stats[w][f"p{q}"] or 0) * 1000, 1) for w in ("hour", "day")]) for q in (50, 99)
+    ]
+    now = timezone.localtime(now or timezone.now(), get_config().tzinfo)
+    labels = [(now - timedelta(hours=23 - i)).strftime("%H:00") for i in range(24)]
+    return [
+        charts.bar_chart(
+            title="Delivery lateness (sent_at − send_at), ms", categories=["last hour", "last day"], series=ms, unit=""
+        ),
+        charts.line_chart(
+            title="Delivery lateness per hour, ms",
+            labels=labels,
+            series=[
+                charts.Series(name, [None if v is None else round(v * 1000, 1) for v in stats[key]])
+                for name, key in (("p50", "hourly_p50"), ("p99", "hourly_p99"))
+            ],
+        ),
+    ]
+
+
+def llm_usage(days: int = 14, now: datetime | None = None) -> dict[str, Any]:
+    """Tokens and cost per day (bot time zone) and model over the last `days` days."""
+    tz = get_config().tzinfo
+    now = now or timezone.now()
+    today = timezone.localtime(now, tz).date()
+    first = today - timedelta(days=days - 1)
+    rows = (
+        LLMCall.objects.filter(created_at__gte=now - timedelta(days=days + 1))
+        .annotate(day=TruncDate("created_at", tzinfo=tz))
+        .filter(day__gte=first)
+        .values("day", "model")
+        .annotate(
+            prompt=Sum("prompt_tokens"),
+            completion=Sum("completion_tokens"),
+            cost=Sum("cost"),
+            calls=Count("id"),
+            errors=Count("id", filter=~Q(error="")),
+        )
+        .order_by("day", "model")
+    )
+    day_list = [first + timedelta(days=i) for i in range(days)]
+    tokens: dict[str, dict[date, int]] = defaultdict(lambda: defaultdict(int))
+    cost: dict[str, dict[date, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
+    table = []
+    for row in rows:
+        model = row["model"] or "(none)"
+        tokens[model][row["day"]] += (row["prompt"] or 0) + (row["completion"] or 0)
+        cost[model][row["day"]] += row["cost"] or Decimal(0)
+        table.append({**row, "model": model})
+    return {"days": day_list, "tokens": tokens, "cost": cost, "table": table}
+
+
+def llm_charts(usage: dict[str, Any]) -> list:
+    labels = [d.strftime("%m-%d") for d in usage["days"]]
+    models = sorted(usage["tokens"])
+    return [
+        charts.bar_chart(
+            title="LLM tokens per day and model",
+            categories=labels,
+            series=[charts.Series(m, [usage["tokens"][m][d] for d in usage["days"]]) for m in models],
+            stacked=True,
+        ),
+        charts.bar_chart(
+            title="LLM cost per day and model",
+            categories=labels,
+            series=[charts.Series(m, [float(usage["cost"][m][d]) for d in usage["days"]]) for m in models],
+            stacked=True,
+        ),
+    ]
+
+
+def recent_errors(limit: int = 10) -> dict[str, list]:
+    return {
+        "scheduled": list(
+            ScheduledMessage.objects.filter(status=ScheduledStatus.FAILED)
+            .select_related("session")
+            .order_by("-updated_at")[:limit]
+        ),
+        "llm": list(LLMCall.objects.exclude(error="").order_by("-created_at")[:limit]),
+        "log": list(LogEntry.objects.filter(level__gte=40).order_by("-id")[: limit * 2]),
+    }
+
+
+def processes() -> list[ProcessHeartbeat]:
+    """Processes seen lately (a server stopped without a clean shutdown leaves a row that ages out)."""
+    return list(ProcessHeartbeat.objects.filter(beat_at__gte=timezone.now() - timedelta(minutes=10)))
+
+
+# --- health ---------------------------------------------------------------------------------------
+
+
+def health_checks(now: datetime | None = None) -> tuple[bool, dict[str, Any]]:
+    """(healthy, checks) for /healthz: the database answers, a cluster beat recently, and (when the
+    config asks for it) an adapter is connected. Counts and ages only: nothing secret."""
+    cfg = get_config().console
+    now = now or timezone.now()
+    checks: dict[str, Any] = {}
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        checks["database"] = {"ok": True}
+    except Exception as exc:
+        checks["database"] = {"ok": False, "error": type(exc).__name__}
+        return False, checks
+    try:
+        last = ProcessHeartbeat.objects.filter(role=ProcessHeartbeat.Role.CLUSTER).aggregate(at=Max("beat_at"))["at"]
+        age = (now - last).total_seconds() if last else None
+        checks["cluster"] = {
+            "ok": age is not None and age <= cfg.cluster_stale_seconds,
+            "last_heartbeat": last.isoformat() if last else None,
+            "age_seconds": round(age, 1) if age is not None else None,
+        }
+    except Exception as exc:
+        checks["cluster"] = {"ok": False, "error": type(exc).__name__}
+    try:
+        platforms = sorted(
+            set(AdapterConnection.objects.filter(disconnected_at__isnull=True).values_list("platform", flat=True))
+        )
+        checks["adapters"] = {
+            "ok": bool(platforms) or not cfg.health_requires_adapter,
+            "connected_platforms": platforms,
+            "required": cfg.health_requires_adapter,
+        }
+    except Exception as exc:
+        checks["adapters"] = {"ok": False, "error": type(exc).__name__}
+    return all(c["ok"] for c in checks.values()), checks

@@ -1,0 +1,137 @@
+"""What every long-running process (the ASGI server, the cluster) runs beside its real work: the config
+watcher, the database log handler and the heartbeat. Never started by management commands or tests
+unless they ask for it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+
+from django.db import close_old_connections
+from django.utils import timezone
+
+from maibot import logdb
+from maibot.config import get_config
+from maibot.reload import ConfigWatcher
+
+logger = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    """Writes this process's ProcessHeartbeat row every `console.heartbeat_seconds`; deletes it on stop
+    so /healthz sees a stopped cluster at once rather than after the staleness window."""
+
+    def __init__(self, role: str, alive: Callable[[], bool] | None = None) -> None:
+        self.role = role
+        self.alive = alive
+        self.name = f"{socket.gethostname()}:{os.getpid()}"[:128]
+        self.started_at = timezone.now()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"maibot-heartbeat-{role}", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def beat(self) -> None:
+        from maibot.models import ProcessHeartbeat
+
+        if self.alive is not None and not self.alive():
+            # A stuck part (e.g. the dispatcher thread died): stop vouching, let /healthz go stale.
+            logger.error("%s %s: a vital thread is down; heartbeat withheld", self.role, self.name)
+            return
+        now = timezone.now()
+        ProcessHeartbeat.objects.update_or_create(
+            name=self.name, defaults={"role": self.role, "started_at": self.started_at, "beat_at": now}
+        )
+        # Rows of processes that died without saying goodbye.
+        ProcessHeartbeat.objects.filter(beat_at__lt=now - timedelta(days=1)).delete()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.beat()
+            except Exception:
+                logger.exception("heartbeat of %s failed", self.name)
+                close_old_connections()
+            self._stop.wait(get_config().console.heartbeat_seconds)
+        try:
+            from maibot.models import ProcessHeartbeat
+
+            ProcessHeartbeat.objects.filter(name=self.name).delete()
+        except Exception:
+            logger.exception("could not remove the heartbeat of %s", self.name)
+        finally:
+            close_old_connections()
+
+    def stop(self, timeout: float = 5) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+
+class ProcessServices:
+    def __init__(self, role: str, alive: Callable[[], bool] | None = None) -> None:
+        self.role = role
+        self.alive = alive
+        self.watcher: ConfigWatcher | None = None
+        self.heartbeat: Heartbeat | None = None
+
+    def start(self) -> ProcessServices:
+        logdb.activate(self.role)
+        self.watcher = ConfigWatcher().start()
+        self.heartbeat = Heartbeat(self.role, self.alive).start()
+        logger.info("%s process %s: console services started", self.role, os.getpid())
+        return self
+
+    def stop(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        if self.watcher is not None:
+            self.watcher.stop()
+        logdb.shutdown()
+
+
+_started: ProcessServices | None = None
+_start_lock = threading.Lock()
+
+
+def start_process_services(role: str, alive: Callable[[], bool] | None = None) -> ProcessServices:
+    """Start the watcher, the log handler and the heartbeat for this process (once). `alive` says
+    whether the process's vital parts still run; the heartbeat is withheld while it is false."""
+    global _started
+    with _start_lock:
+        if _started is None:
+            _started = ProcessServices(role, alive).start()
+        return _started
+
+
+def stop_process_services() -> None:
+    global _started
+    with _start_lock:
+        if _started is not None:
+            _started.stop()
+            _started = None
+
+
+def start_services_on_first_call(app):
+    """Wrap the ASGI application so the server process starts its services when it first serves
+    (importing maibot.asgi alone, as tests do, starts nothing). settings.MAIBOT_CONSOLE_SERVICES
+    turns this off."""
+    from django.conf import settings
+
+    started = False
+
+    async def wrapper(scope, receive, send):
+        nonlocal started
+        if not started:
+            started = True
+            if getattr(settings, "MAIBOT_CONSOLE_SERVICES", True):
+                # In the background: the first request must not wait for the watcher to arm.
+                threading.Thread(target=start_process_services, args=("web",), daemon=True).start()
+        return await app(scope, receive, send)
+
+    return wrapper

@@ -1,0 +1,139 @@
+"""The operator console's pages inside the admin (dashboard, config editor, raw TOML, live logs) and the
+public /healthz endpoint. Views translate HTTP to the selectors in maibot.dashboard and the write path
+in maibot.reload; they hold no logic of their own."""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.utils import timezone
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from maibot import dashboard, reload
+from maibot.config import ConfigError, config_path, get_config
+from maibot.config_editor import ConfigForm, read_config_file, toml_with_values
+
+VIEW_CONSOLE = "maibot.view_console"
+CHANGE_CONFIG = "maibot.change_config"
+
+
+def _require(request: HttpRequest, perm: str) -> None:
+    # admin_view() already requires an active staff user; the console also needs its permission.
+    if not request.user.has_perm(perm):
+        raise PermissionDenied
+
+
+def _context(request: HttpRequest, title: str, **extra) -> dict:
+    return {**admin.site.each_context(request), "title": title, **extra}
+
+
+def dashboard_view(request: HttpRequest) -> HttpResponse:
+    _require(request, VIEW_CONSOLE)
+    now = timezone.now()
+    lateness = dashboard.lateness_stats(now)
+    usage = dashboard.llm_usage(now=now)
+    return TemplateResponse(
+        request,
+        "admin/maibot/dashboard.html",
+        _context(
+            request,
+            "Dashboard",
+            adapters=dashboard.connected_adapters(),
+            runtimes=dashboard.active_runtimes(),
+            scheduled=dashboard.scheduled_counts(),
+            next_due=dashboard.next_due(),
+            timers=dashboard.timers_summary(),
+            lateness=lateness,
+            lateness_charts=dashboard.lateness_charts(lateness, now),
+            usage=usage,
+            llm_charts=dashboard.llm_charts(usage),
+            errors=dashboard.recent_errors(),
+            processes=dashboard.processes(),
+            healthy=dashboard.health_checks(now),
+            bot_tz=get_config().tzinfo,
+        ),
+    )
+
+
+def config_form_view(request: HttpRequest) -> HttpResponse:
+    _require(request, CHANGE_CONFIG)
+    text, file_cfg, file_error = read_config_file()
+    if request.method == "POST":
+        form = ConfigForm(request.POST, base=file_cfg or get_config())
+        if form.is_valid():
+            new_text = toml_with_values(text, form.config)
+            try:
+                # Only the operator's changes were merged into `text`: refuse if the file moved on
+                # again in between (the next save merges onto the newer file).
+                result = reload.config_save_text(text=new_text, expected_digest=reload.text_digest(text))
+            except ConfigError as exc:  # the file changed meanwhile, or is broken beyond the form
+                form.add_error(None, str(exc))
+            else:
+                _report_saved(request, result)
+                return redirect("console-config")
+    else:
+        form = ConfigForm.from_config(file_cfg or get_config())
+    return TemplateResponse(
+        request,
+        "admin/maibot/config_form.html",
+        _context(request, "Bot configuration", form=form, file_error=file_error, path=config_path()),
+    )
+
+
+def config_raw_view(request: HttpRequest) -> HttpResponse:
+    _require(request, CHANGE_CONFIG)
+    text, _, file_error = read_config_file()
+    digest = reload.text_digest(text)
+    error = ""
+    if request.method == "POST":
+        text = request.POST.get("toml", "").replace("\r\n", "\n")
+        try:
+            # The whole text replaces the file: refuse if the file changed since the page was loaded
+            # (the operator's text stays in the box; saving again replaces the newer file knowingly).
+            result = reload.config_save_text(text=text, expected_digest=request.POST.get("base_digest", ""))
+        except ConfigError as exc:
+            error = str(exc)
+        else:
+            _report_saved(request, result)
+            return redirect("console-config-raw")
+    return TemplateResponse(
+        request,
+        "admin/maibot/config_raw.html",
+        _context(
+            request,
+            "Bot configuration (TOML)",
+            toml=text,
+            base_digest=digest,
+            error=error,
+            file_error=file_error,
+            path=config_path(),
+        ),
+    )
+
+
+def _report_saved(request: HttpRequest, result: reload.ReloadResult) -> None:
+    if result.changed_keys:
+        messages.success(request, f"Saved and applied: {', '.join(result.changed_keys)}.")
+    else:
+        messages.info(request, "Saved; no setting changed.")
+    for err in result.callback_errors:
+        messages.warning(request, f"A reload callback failed: {err}")
+
+
+def logs_view(request: HttpRequest) -> HttpResponse:
+    _require(request, VIEW_CONSOLE)
+    return TemplateResponse(request, "admin/maibot/logs.html", _context(request, "Live logs"))
+
+
+@never_cache
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    healthy, checks = dashboard.health_checks()
+    return JsonResponse(
+        {"status": "ok" if healthy else "unhealthy", "time": timezone.now().isoformat(), "checks": checks},
+        status=200 if healthy else 503,
+    )
