@@ -50,6 +50,7 @@ lint: venv-dev
 
 bench: venv-dev
 	$(BIN)/python bench/delivery.py
+	$(BIN)/python bench/timers.py
 
 clean:
 	rm -rf .test-data .test-data-pg

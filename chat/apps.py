@@ -7,4 +7,6 @@ class ChatConfig(AppConfig):
 
     def ready(self) -> None:
         # Built-in tools register themselves with the tool registry on import.
-        import chat.tools.scheduling  # noqa: F401
+        import chat.tools.memory
+        import chat.tools.scheduling
+        import chat.tools.timers  # noqa: F401

@@ -151,9 +151,35 @@ class ApiSection(Section):
 
 
 class LifeSection(Section):
-    """The life loop (timers, inner state)."""
+    """The life loop (timers, inner state) and the model's memory (slots, summaries, scratch notes)."""
 
     turn_timeout: float = Field(120.0, gt=0, le=3600, description="Hard timeout of one life-loop turn (seconds).")
+    max_timers_per_session: int = Field(
+        20, ge=1, le=10_000, description="Active timers one chat may have (set_timer refuses more)."
+    )
+    max_payload_length: int = Field(2000, ge=1, le=100_000, description="Longest timer payload (characters).")
+    firing_requeue_seconds: float = Field(
+        300.0,
+        gt=0,
+        description="A timer firing no worker has started after this long is handed to the task queue again.",
+    )
+    inner_state_max_length: int = Field(
+        4000, ge=1, le=100_000, description="Longest inner state text the model or an operator may write."
+    )
+    memory_max_slots: int = Field(
+        100, ge=1, le=10_000, description="Memory slots per scope: global, and each chat, may hold this many facts."
+    )
+    memory_max_content_length: int = Field(300, ge=1, le=10_000, description="Longest memory slot content.")
+    summary_every_messages: int = Field(
+        50,
+        ge=0,
+        le=100_000,
+        description="Refresh a chat's rolling summary after this many new messages (0: never summarize).",
+    )
+    summary_max_messages: int = Field(
+        200, ge=1, le=5000, description="At most this many new messages are read by one summary refresh."
+    )
+    scratch_notes_shown: int = Field(10, ge=0, le=200, description="The latest scratch notes shown to the planner.")
 
 
 class ConsoleSection(Section):

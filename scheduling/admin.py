@@ -271,3 +271,7 @@ class ScheduledMessageAdmin(admin.ModelAdmin):
     def retry_failed_selected(self, request, queryset: QuerySet[ScheduledMessage]) -> None:
         by = operator(request)
         self._each(request, queryset, lambda t: scheduled_message_retry(task_id=t.pk, acted_by=by), "Retrying")
+
+
+# The life loop's admin (timers, inner state, memory, turns) lives in its own module.
+from scheduling import admin_life  # noqa: E402, F401

@@ -1,8 +1,14 @@
-"""The one time parser: absolute instants (ISO 8601) and timer specs (`30s`, `once:…`, `cron:…`)."""
+"""The one time parser: absolute instants (ISO 8601) and timer specs (`30s`, `every:…`, `once:…`, `cron:…`)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, tzinfo
+import functools
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta, tzinfo
+from enum import StrEnum
+
+from croniter import CroniterError, croniter
 
 
 class TimeSpecError(ValueError):
@@ -38,3 +44,265 @@ def parse_instant(value: str, tz: tzinfo) -> datetime:
 def format_instant(value: datetime, tz: tzinfo) -> str:
     """An instant as ISO 8601 with the offset of `tz`, to the second."""
     return value.astimezone(tz).isoformat(timespec="seconds")
+
+
+# --- timer specs ----------------------------------------------------------------------------------
+#
+# A timer's spec is one of:
+#   after   `30s`, `5min`, `2h`, `1d`, `1h30min`, `30秒`, `5分钟`, `2小时`, `1天`  → fires ONCE, that long after
+#           it was set (a reminder "in five minutes"), then the timer is done.
+#   every   `every:30min`, `every:1d`, `每2小时`                                   → fires repeatedly at that
+#           interval; the first fire is one interval after it was set.
+#   once    `once:2026-04-10 09:00` (bot's time zone) or `once:2026-04-10T09:00+08:00` → fires once.
+#   cron    `cron:0 8 * * *` (standard 5 fields, in the bot's time zone)         → fires at every match.
+#
+# Cron is evaluated in local wall time and then converted, so `0 8 * * *` stays at 08:00 across DST
+# changes. A wall time the clocks skip (spring forward) fires at the first instant after the gap,
+# once however many matches fell inside it; a wall time that happens twice (fall back) fires on its
+# first occurrence only, unless the hour field is a wildcard (`*`, `*/n`), where both occurrences
+# are real, distinct times.
+
+_UNIT_SECONDS = {
+    "s": 1,
+    "sec": 1,
+    "secs": 1,
+    "second": 1,
+    "seconds": 1,
+    "秒": 1,
+    "秒钟": 1,
+    "m": 60,
+    "min": 60,
+    "mins": 60,
+    "minute": 60,
+    "minutes": 60,
+    "分": 60,
+    "分钟": 60,
+    "h": 3600,
+    "hr": 3600,
+    "hrs": 3600,
+    "hour": 3600,
+    "hours": 3600,
+    "时": 3600,
+    "小时": 3600,
+    "个小时": 3600,
+    "钟头": 3600,
+    "个钟头": 3600,
+    "d": 86400,
+    "day": 86400,
+    "days": 86400,
+    "天": 86400,
+    "日": 86400,
+}
+_SPEC_PREFIX = re.compile(r"^([A-Za-z]+)\s*[:：]\s*(.*)$", re.DOTALL)
+_DURATION_PART = re.compile(r"(\d+)\s*([a-z\u4e00-\u9fff]+)")
+
+
+class TimerKind(StrEnum):
+    AFTER = "after"
+    EVERY = "every"
+    ONCE = "once"
+    CRON = "cron"
+
+
+@dataclass(frozen=True)
+class TimerSpec:
+    """A parsed timer spec. `text` is the normalized spec, `interval` set for after/every, `at` for
+    once, `cron` (the 5 fields) for cron."""
+
+    kind: TimerKind
+    text: str
+    interval: timedelta | None = None
+    at: datetime | None = None
+    cron: str = ""
+
+    @property
+    def repeats(self) -> bool:
+        return self.kind in (TimerKind.EVERY, TimerKind.CRON)
+
+    def first_fire(self, now: datetime, tz: tzinfo) -> datetime:
+        """When a timer set at `now` fires first."""
+        if self.kind in (TimerKind.AFTER, TimerKind.EVERY):
+            return now + self.interval
+        if self.kind == TimerKind.ONCE:
+            return self.at
+        return cron_next(self.cron, now, tz)
+
+    def next_fire(self, due: datetime, now: datetime, tz: tzinfo) -> datetime | None:
+        """After firing the instant `due` at `now`: the next fire, or None for a one-shot timer.
+
+        A repeating timer that missed several periods (downtime) fires once for all of them and
+        moves to its next time in the future: never a burst of catch-up fires.
+        """
+        if self.kind == TimerKind.EVERY:
+            step = self.interval
+            missed = max(0, int((now - due) / step))
+            return due + step * (missed + 1)
+        if self.kind == TimerKind.CRON:
+            return cron_next(self.cron, max(now, due), tz)
+        return None
+
+    def upcoming(self, now: datetime, tz: tzinfo, count: int = 5) -> list[datetime]:
+        """The next `count` fires from `now` (admin preview)."""
+        out: list[datetime] = []
+        when = self.first_fire(now, tz)
+        while when is not None and len(out) < count:
+            out.append(when)
+            when = self.next_fire(when, when, tz)
+        return out
+
+
+def parse_duration(text: str) -> timedelta:
+    """`30s`, `5min`, `1h30min`, `2小时`, `1天12小时` as a positive timedelta."""
+    compact = text.strip().lower()
+    if not compact:
+        raise TimeSpecError("no duration given; expected e.g. 30s, 5min, 2h, 1d, 1h30min or 5分钟")
+    pos = 0
+    total = 0
+    for match in _DURATION_PART.finditer(compact):
+        gap = compact[pos : match.start()].strip()
+        if gap:
+            raise TimeSpecError(f"{text!r}: cannot read {gap!r}; expected e.g. 1h30min or 1小时30分钟")
+        number, unit = match.groups()
+        if unit not in _UNIT_SECONDS:
+            raise TimeSpecError(f"{text!r}: unknown unit {unit!r}; use s, min, h, d (or 秒, 分钟, 小时, 天)")
+        total += int(number) * _UNIT_SECONDS[unit]
+        pos = match.end()
+    rest = compact[pos:].strip()
+    if pos == 0 or rest:
+        raise TimeSpecError(
+            f"{text!r} is not a duration; expected a number and a unit, e.g. 30s, 5min, 2h, 1d or 5分钟"
+        )
+    if total <= 0:
+        raise TimeSpecError(f"{text!r} is zero; a timer needs a positive delay")
+    return timedelta(seconds=total)
+
+
+def _local_datetime(value: str, tz: tzinfo) -> datetime:
+    """`2026-04-10 09:00` (bot's zone) or ISO 8601 with offset, via parse_instant."""
+    return parse_instant(value.strip().replace("/", "-"), tz)
+
+
+def parse_timer_spec(text: str, tz: tzinfo) -> TimerSpec:
+    """Parse a timer spec (see the table above). Raises TimeSpecError saying what is wrong."""
+    if not isinstance(text, str) or not text.strip():
+        raise TimeSpecError(
+            "no timer spec given; expected e.g. 5min, every:1h, once:2026-04-10 09:00 or cron:0 8 * * *"
+        )
+    raw = text.strip()
+    # `kind:` — a full-width colon too, as Chinese keyboards type it.
+    match = _SPEC_PREFIX.match(raw)
+    prefix, body = (match.group(1).lower(), match.group(2)) if match else ("", raw)
+    if prefix == "once":
+        try:
+            at = _local_datetime(body, tz)
+        except TimeSpecError as exc:
+            raise TimeSpecError(f"once: {exc}") from None
+        return TimerSpec(kind=TimerKind.ONCE, text=f"once:{body.strip()}", at=at)
+    if prefix == "cron":
+        expr = " ".join(body.split())
+        _validate_cron(expr, tz)
+        return TimerSpec(kind=TimerKind.CRON, text=f"cron:{expr}", cron=expr)
+    if prefix == "every":
+        interval = parse_duration(body)
+        return TimerSpec(kind=TimerKind.EVERY, text=f"every:{body.strip()}", interval=interval)
+    if prefix:
+        raise TimeSpecError(
+            f"{raw!r}: unknown spec kind {match.group(1)!r}; use once:, every: or cron: (or a delay like 5min)"
+        )
+    if raw.startswith("每"):
+        interval = parse_duration(raw[1:])
+        return TimerSpec(kind=TimerKind.EVERY, text=f"every:{raw[1:].strip()}", interval=interval)
+    return TimerSpec(kind=TimerKind.AFTER, text=raw, interval=parse_duration(raw))
+
+
+def _validate_cron(expr: str, tz: tzinfo) -> None:
+    fields = expr.split()
+    if len(fields) != 5:
+        raise TimeSpecError(
+            f"cron:{expr!r} has {len(fields)} fields; expected 5 (minute hour day month weekday), e.g. cron:0 8 * * *"
+        )
+    try:
+        croniter(expr, datetime(2000, 1, 1))
+    except CroniterError as exc:
+        raise TimeSpecError(f"cron:{expr!r} is not a valid cron expression: {exc}") from None
+    try:
+        cron_next(expr, datetime.now(UTC), tz)
+    except TimeSpecError:
+        raise
+    except CroniterError:
+        raise TimeSpecError(f"cron:{expr!r} never matches a real date") from None
+
+
+def _wall_instants(naive: datetime, tz: tzinfo, hour_wildcard: bool) -> list[datetime]:
+    """The UTC instants at which a local wall time happens: none → the end of the gap; twice → the
+    first (both with a wildcard hour)."""
+    first = naive.replace(tzinfo=tz, fold=0)
+    second = naive.replace(tzinfo=tz, fold=1)
+    first_utc, second_utc = first.astimezone(UTC), second.astimezone(UTC)
+    if first.utcoffset() == second.utcoffset():
+        return [first_utc]
+    if first_utc > second_utc:
+        # A gap (spring forward): fold=0 reads it with the old offset, fold=1 with the new one;
+        # the clocks jump at the instant the new offset begins, which is the earlier reading.
+        return [_gap_end(second_utc, first_utc, tz)]
+    return [first_utc, second_utc] if hour_wildcard else [first_utc]
+
+
+def _gap_end(low: datetime, high: datetime, tz: tzinfo) -> datetime:
+    """The first instant after the clocks jumped forward, between two UTC instants that bracket it."""
+    before = low.astimezone(tz).utcoffset()
+    # Transitions fall on whole minutes: bisect over minutes.
+    lo, hi = low, high
+    while hi - lo > timedelta(minutes=1):
+        mid = lo + (hi - lo) / 2
+        mid = mid.replace(second=0, microsecond=0)
+        if mid <= lo:
+            break
+        if mid.astimezone(tz).utcoffset() == before:
+            lo = mid
+        else:
+            hi = mid
+    return hi.replace(second=0, microsecond=0) if hi.astimezone(tz).utcoffset() != before else high
+
+
+def cron_next(expr: str, after: datetime, tz: tzinfo) -> datetime:
+    """The first instant strictly after `after` (aware) whose wall time in `tz` matches `expr`."""
+    # Cron matches whole minutes, so every `after` within one UTC minute has the same answer; caching
+    # on the minute lets thousands of timers firing together share one croniter walk.
+    minute = after.astimezone(UTC).replace(second=0, microsecond=0)
+    if after == minute:
+        return _cron_next(expr, after, tz)
+    return _cron_next_cached(expr, minute, tz)
+
+
+@functools.lru_cache(maxsize=8192)
+def _cron_next_cached(expr: str, minute: datetime, tz: tzinfo) -> datetime:
+    return _cron_next(expr, minute + timedelta(microseconds=1), tz)
+
+
+def _cron_next(expr: str, after: datetime, tz: tzinfo) -> datetime:
+    hour_wildcard = expr.split()[1].startswith("*")
+    local = after.astimezone(tz)
+    start = local.replace(tzinfo=None, fold=0)
+    # Near a clock change wall time is not monotonic (after falling back, wall times already seen
+    # come again): start a little earlier in wall time and keep the first instant after `after`.
+    window = timedelta(hours=3)
+    offsets = {(after + d).astimezone(tz).utcoffset() for d in (-window, timedelta(0), window)}
+    if len(offsets) > 1:
+        start -= window
+    it = croniter(expr, start - timedelta(microseconds=1))
+    best: datetime | None = None
+    for _ in range(100_000):
+        naive = it.get_next(datetime)
+        instants = _wall_instants(naive, tz, hour_wildcard)
+        later = [i for i in instants if i > after]
+        if later and (best is None or later[0] < best):
+            best = later[0]
+        # Instants grow with wall time except inside a repeated hour; stop once past it.
+        if (
+            best is not None
+            and len(instants) == 1
+            and naive.replace(tzinfo=tz).utcoffset() == naive.replace(tzinfo=tz, fold=1).utcoffset()
+        ):
+            return best
+    raise TimeSpecError(f"cron:{expr!r} has no next time")
