@@ -51,6 +51,7 @@ lint: venv-dev
 bench: venv-dev
 	$(BIN)/python bench/delivery.py
 	$(BIN)/python bench/timers.py
+	$(BIN)/python bench/ingest.py
 
 clean:
 	rm -rf .test-data .test-data-pg

@@ -6,7 +6,9 @@ class ChatConfig(AppConfig):
     verbose_name = "Chat"
 
     def ready(self) -> None:
-        # Built-in tools register themselves with the tool registry on import.
+        # The outbox listens to the send service's outbound_created signal (wake-ups); built-in
+        # tools register themselves with the tool registry on import.
+        import chat.outbox
         import chat.tools.memory
         import chat.tools.scheduling
         import chat.tools.timers  # noqa: F401

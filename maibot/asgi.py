@@ -8,19 +8,21 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "maibot.settings")
 django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.routing import URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from chat.gateway import GatewayRouter  # noqa: E402
 from maibot.process import start_services_on_first_call  # noqa: E402
 from maibot.routing import websocket_urlpatterns  # noqa: E402
 
+# /ws (adapters, both maim_message wire versions, including Socket.IO's HTTP long-polling) is served
+# by the gateway; every other HTTP request goes to Django and every other websocket to the routes
+# the apps list in maibot.routing.
 application = start_services_on_first_call(
-    ProtocolTypeRouter(
-        {
-            # The admin's CSS/JS (and the console's) come from this process too: `make run` has no
-            # separate web server, and nothing may come from a CDN.
-            "http": ASGIStaticFilesHandler(django_asgi_app),
-            "websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
-        }
+    GatewayRouter(
+        # The admin's CSS/JS (and the console's) come from this process too: `make run` has no
+        # separate web server, and nothing may come from a CDN.
+        http=ASGIStaticFilesHandler(django_asgi_app),
+        websocket=AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
     )
 )

@@ -132,6 +132,12 @@ class GatewaySection(Section):
     offline_expiry_seconds: int = Field(
         3600, ge=1, description="An outbound message waiting longer than this for its adapter fails (adapter_offline)."
     )
+    max_backlog: int = Field(
+        20_000,
+        ge=10,
+        description="Frames from one adapter connection waiting to be stored; past this the connection is "
+        "flooding and is closed (1008).",
+    )
 
 
 class ApiSection(Section):

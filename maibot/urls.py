@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.urls import path
 
 from chat.api import api as proactive_api
+from chat.views import chat_page
 from maibot import views
 
 urlpatterns = [
@@ -14,5 +15,6 @@ urlpatterns = [
     path("admin/logs/", admin.site.admin_view(views.logs_view), name="console-logs"),
     path("admin/", admin.site.urls),
     path("api/v1/", proactive_api.urls),
+    path("chat/", chat_page, name="chat"),
     path("healthz", views.healthz, name="healthz"),
 ]

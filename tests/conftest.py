@@ -16,6 +16,7 @@ import pytest
 from django.db import connection
 
 from maibot import config as bot_config
+from maibot.management.commands.serve import ASGI_APPLICATION, DAPHNE_OPTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -150,7 +151,7 @@ def start_server(tmp_path, transactional_db) -> Iterator[Callable[..., tuple[Pro
         data_dir = tmp_path / f"data-{name}"
         data_dir.mkdir(exist_ok=True)
         proc = Proc(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "maibot.asgi:application"],
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), *DAPHNE_OPTIONS, ASGI_APPLICATION],
             subprocess_env(MAIBOT_DATA_DIR=str(data_dir), **env),
             tmp_path / f"{name}.log",
         )

@@ -12,6 +12,18 @@ import time
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+# Adapter frames carry base64 media: accept up to 100 MiB (daphne's default is 1 MiB), and never
+# drop a websocket for its age (daphne's default closes it after a day).
+DAPHNE_OPTIONS = [
+    "--websocket-max-message-size",
+    str(100 * 1024 * 1024),
+    "--websocket-max-frame-size",
+    str(100 * 1024 * 1024),
+    "--websocket_timeout",
+    "-1",
+]
+ASGI_APPLICATION = "maibot.asgi:application"
+
 
 class Command(BaseCommand):
     help = "Run the ASGI server and the qcluster (dispatcher + workers) together."
@@ -26,7 +38,7 @@ class Command(BaseCommand):
         env = {**os.environ}
         children = {
             "web": subprocess.Popen(
-                [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "maibot.asgi:application"],
+                [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), *DAPHNE_OPTIONS, ASGI_APPLICATION],
                 cwd=settings.BASE_DIR,
                 env=env,
             ),

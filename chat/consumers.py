@@ -1,0 +1,81 @@
+"""The operator chat page's websocket: a person chats with the bot as a private chat on platform `web`."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from chat.envelope import InboundMessage, MessageInfo, UserInfo
+from chat.gateway import BrowserConnection, get_gateway
+from chat.ingest import InboundItem
+from chat.outbox import WEB_PLATFORM
+from maibot.config import get_config
+
+logger = logging.getLogger(__name__)
+
+MAX_TEXT = 4000
+CLOSE_UNAUTHORISED = 4403
+
+
+class ChatPageConsumer(AsyncJsonWebsocketConsumer):
+    """Inbound: {"type": "send", "text": ...}. Outbound: the bot's messages and errors, as JSON."""
+
+    # The gateway writes to this socket directly (chat.outbox delivers platform `web`), so the
+    # consumer needs no channel-layer channel: an alias that is not configured means none (and no
+    # Redis reader per browser tab).
+    channel_layer_alias = "chat-page-needs-no-layer"
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated or not user.is_staff:
+            await self.close(code=CLOSE_UNAUTHORISED)
+            return
+        await self.accept()
+        self.user = user
+        self.conn = BrowserConnection(user_id=str(user.pk), consumer=self)
+        get_gateway().browser_connected(self.conn)
+
+    async def disconnect(self, code: int) -> None:
+        conn = getattr(self, "conn", None)
+        if conn is not None:
+            get_gateway().browser_disconnected(conn)
+
+    async def receive_json(self, content: Any, **kwargs) -> None:
+        if not isinstance(content, dict) or content.get("type") != "send":
+            await self.send_json({"type": "error", "error": 'expected {"type": "send", "text": ...}'})
+            return
+        text = content.get("text")
+        if not isinstance(text, str) or not text.strip():
+            await self.send_json({"type": "error", "error": "the message is empty"})
+            return
+        if len(text) > MAX_TEXT:
+            await self.send_json({"type": "error", "error": f"the message is longer than {MAX_TEXT} characters"})
+            return
+        if self.conn.backlog >= get_config().gateway.max_backlog:
+            await self.send_json({"type": "error", "error": "too many messages at once; try again in a moment"})
+            return
+        info = MessageInfo(
+            platform=WEB_PLATFORM,
+            # The browser has no platform id; ours lets the bot quote the message.
+            message_id=str(uuid.uuid4()),
+            time=time.time(),
+            user_info=UserInfo(
+                platform=WEB_PLATFORM, user_id=str(self.user.pk), user_nickname=self.user.get_username()
+            ),
+        )
+        item = InboundItem(
+            platform=WEB_PLATFORM,
+            message=InboundMessage(info=info, segments=[{"type": "text", "data": text}]),
+            received_at=time.time(),
+        )
+        get_gateway().enqueue_message(self.conn, item)
+
+    async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
+        try:
+            await super().receive(text_data=text_data, bytes_data=bytes_data, **kwargs)
+        except ValueError:
+            await self.send_json({"type": "error", "error": "not JSON"})

@@ -1,0 +1,162 @@
+"""The maim_message wire format: parsing adapter frames (envelopes, receipts) and building outbound envelopes."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, NotRequired
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+# pydantic needs typing_extensions' TypedDict before Python 3.12.
+from typing_extensions import TypedDict
+
+# Media segment types adapters send as bare base64; we store the bytes once and reference them.
+MEDIA_SEGMENT_TYPES = ("image", "emoji", "voice")
+MAX_SEGMENT_DEPTH = 16
+
+
+class _Lenient(BaseModel):
+    # Validation runs in pydantic's core, with no Python callbacks: it is on the hot path of every
+    # frame. Ids may be integers (NapCat) or strings: numbers are coerced to str. Fields newer
+    # library versions add are ignored; nested unset fields arrive as null.
+    model_config = ConfigDict(extra="ignore", coerce_numbers_to_str=True)
+
+
+class UserInfo(_Lenient):
+    platform: str | None = None
+    user_id: str | None = None
+    user_nickname: str | None = None
+    user_cardname: str | None = None
+
+
+class GroupInfo(_Lenient):
+    platform: str | None = None
+    group_id: str | None = None
+    group_name: str | None = None
+
+
+class FormatInfo(_Lenient):
+    content_format: list[str] | None = None
+    accept_format: list[str] | None = None
+
+
+class PartyInfo(_Lenient):
+    user_info: UserInfo | None = None
+    group_info: GroupInfo | None = None
+
+
+class MessageInfo(_Lenient):
+    platform: str = Field(min_length=1, max_length=64)
+    message_id: str | None = None
+    time: float | None = None
+    user_info: UserInfo | None = None
+    group_info: GroupInfo | None = None
+    format_info: FormatInfo | None = None
+    template_info: Any = None
+    additional_config: dict[str, Any] | None = None
+    sender_info: PartyInfo | None = None
+    receiver_info: PartyInfo | None = None
+
+
+class Seg(TypedDict):
+    """One segment. `data` is a string, a dict (notify, command, cards), or segments (seglist only).
+
+    `data` comes from a JSON decoder, so it is JSON whatever its shape; unknown types keep it as is.
+    """
+
+    type: Annotated[str, Field(min_length=1, max_length=64)]
+    data: NotRequired[Any]
+
+
+class Envelope(_Lenient):
+    message_info: MessageInfo
+    message_segment: Seg
+    raw_message: str | None = None
+
+
+class EnvelopeError(ValueError):
+    """A frame that is not a usable maim_message envelope; the message names the field and problem."""
+
+
+def _segments(seg: Any, depth: int = 0, where: tuple = ()) -> dict[str, Any]:
+    """Check a segment tree (seglists nest) into plain dicts; unknown types are kept as they are."""
+    if depth > MAX_SEGMENT_DEPTH:
+        raise EnvelopeError(f"segments nested deeper than {MAX_SEGMENT_DEPTH}")
+    if not isinstance(seg, dict) or not isinstance(seg.get("type"), str) or not 0 < len(seg["type"]) <= 64:
+        raise EnvelopeError(f"{_path(where)}: a segment is an object with a `type` string")
+    kind, data = seg["type"], seg.get("data")
+    if kind == "seglist":
+        if not isinstance(data, list):
+            raise EnvelopeError(f"{_path(where)}: a seglist's data must be a list of segments")
+        return {"type": "seglist", "data": [_segments(c, depth + 1, (*where, i)) for i, c in enumerate(data)]}
+    return {"type": kind, "data": data}
+
+
+def _path(where: tuple) -> str:
+    # Built only for an error message: the hot path passes index tuples.
+    return "message_segment" + "".join(f".data.{i}" for i in where)
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:3]:
+        loc = ".".join(str(p) for p in err["loc"]) or "(frame)"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+class InboundMessage(BaseModel):
+    """A parsed inbound chat message, ready for chat.ingest."""
+
+    info: MessageInfo
+    segments: list[dict[str, Any]]
+    raw_message: str | None = None
+
+    @property
+    def is_group(self) -> bool:
+        group = self.info.group_info
+        return group is not None and bool(group.group_id)
+
+
+def parse_envelope(frame: dict[str, Any]) -> InboundMessage:
+    """Validate a message frame. Raises EnvelopeError naming the first problems."""
+    try:
+        envelope = Envelope.model_validate(frame)
+    except ValidationError as exc:
+        raise EnvelopeError(_describe(exc)) from None
+    top = _segments(envelope.message_segment)
+    segments = top["data"] if top["type"] == "seglist" else [top]
+    info = envelope.message_info
+    if not (info.group_info and info.group_info.group_id) and not (info.user_info and info.user_info.user_id):
+        raise EnvelopeError("message_info: a private message needs user_info.user_id")
+    # Everything is validated above; constructing without a second validation pass halves the cost.
+    return InboundMessage.model_construct(info=info, segments=segments, raw_message=envelope.raw_message)
+
+
+class CustomMessage(BaseModel):
+    """A custom message from an adapter (`send_custom_message`): receipts, command results."""
+
+    model_config = ConfigDict(extra="allow")
+    platform: str | None = None
+    message_type_name: str = Field(min_length=1, max_length=128)
+    content: Any = None
+
+
+def is_custom_message(frame: dict[str, Any]) -> bool:
+    return bool(frame.get("is_custom_message")) or ("message_type_name" in frame and "message_info" not in frame)
+
+
+def parse_custom(frame: dict[str, Any]) -> CustomMessage:
+    try:
+        return CustomMessage.model_validate(frame)
+    except ValidationError as exc:
+        raise EnvelopeError(_describe(exc)) from None
+
+
+# --- outbound -------------------------------------------------------------------------------------
+
+
+def wire_id(value: str) -> str | int:
+    """Ids go back the way NapCat-style adapters send them: canonical decimal strings as integers."""
+    if value.isdigit() and str(int(value)) == value:
+        return int(value)
+    return value

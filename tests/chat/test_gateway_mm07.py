@@ -1,0 +1,87 @@
+"""The adapter gateway with the real maim_message 0.7.x client (Socket.IO, from .venv-mm07) on a live daphne."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from chat.models import AdapterConnection, ChatSession, DeliveryStatus, Message
+from chat.services import message_send
+from tests.chat.gateway_helpers import MM07_PYTHON, Adapter07, RawSocket, db, envelope, wait_for
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(not MM07_PYTHON.exists(), reason="run `make venv-mm07` first"),
+]
+
+TOKEN = "adapter-secret-07"
+
+
+@pytest.fixture
+def server(start_server):
+    _, base = start_server(MAIBOT_ADAPTER_TOKENS=TOKEN)
+    return base
+
+
+async def test_socketio_client_round_trip_private_and_group(server):
+    adapter = Adapter07(server, token=TOKEN)
+    try:
+        assert await adapter.start() == "connected"
+        await adapter.command({"cmd": "send", "frame": envelope(user_id=10001, text="你好 from 0.7", message_id=42)})
+        stored = await wait_for(lambda: Message.objects.filter(direction="in", platform_message_id="42").first())
+        assert stored.text == "你好 from 0.7"
+        session = await db(lambda: ChatSession.objects.get(pk=stored.session_id))
+        assert (session.chat_type, session.user_id) == ("private", "10001")
+        record = await db(lambda: AdapterConnection.objects.get(platform="qq", disconnected_at__isnull=True))
+        assert record.protocol == "socketio"
+
+        out = await db(message_send, session=session, source_kind="reply", text="hi from the bot")
+        frame = await adapter.next_message()
+        assert frame["message_info"]["message_id"] == str(out.uid)
+        assert frame["message_info"]["user_info"]["user_id"] == 10001
+        assert frame["message_segment"]["data"] == [{"type": "text", "data": "hi from the bot"}]
+        await wait_for(lambda: Message.objects.filter(pk=out.pk, delivery_status=DeliveryStatus.SENT).exists())
+        await adapter.command({"cmd": "echo", "echo": str(out.uid), "actual_id": 555})
+        await wait_for(lambda: Message.objects.filter(pk=out.pk, platform_message_id="555").exists())
+
+        await adapter.command({"cmd": "send", "frame": envelope(user_id=7, group_id=888, group_name="群", text="g")})
+        group_msg = await wait_for(lambda: Message.objects.filter(direction="in", session__chat_type="group").first())
+        group = await db(lambda: ChatSession.objects.get(pk=group_msg.session_id))
+        assert (group.group_id, group.group_name) == ("888", "群")
+        await db(message_send, session=group, source_kind="reply", text="to the group")
+        frame = await adapter.next_message()
+        assert frame["message_info"]["group_info"]["group_id"] == 888
+    finally:
+        await adapter.stop()
+    await wait_for(lambda: AdapterConnection.objects.filter(disconnected_at__isnull=False).exists())
+
+
+async def test_socketio_bad_token_is_refused(server):
+    for token in ("wrong-token", None):
+        adapter = Adapter07(server, token=token)
+        try:
+            assert await adapter.start() == "refused"
+        finally:
+            await adapter.stop()
+    assert not await db(lambda: AdapterConnection.objects.exists())
+
+
+async def test_a_new_connection_of_the_platform_replaces_the_socketio_one(server, make_session):
+    adapter = Adapter07(server, token=TOKEN)
+    try:
+        assert await adapter.start() == "connected"
+        async with RawSocket(server, token=TOKEN) as newer:
+            assert (await adapter.next_event())["event"] == "disconnected"
+            session = await db(make_session, user_id="60006")
+            out = await db(message_send, session=session, source_kind="reply", text="to the newer one")
+            frame = await newer.recv_json()
+            assert frame["message_info"]["message_id"] == str(out.uid)
+            # The replaced Socket.IO client does not fight back for the platform.
+            await asyncio.sleep(2)
+            await newer.send_json(envelope(text="still the live one"))
+            await wait_for(lambda: Message.objects.filter(text="still the live one").exists())
+        records = await db(lambda: list(AdapterConnection.objects.order_by("id").values_list("protocol", "close_code")))
+        assert records[0] == ("socketio", 1000)
+    finally:
+        await adapter.stop()
