@@ -27,8 +27,6 @@ Content types:
 
 from __future__ import annotations
 
-import base64
-import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -39,7 +37,7 @@ from django.db.models import QuerySet
 
 from chat.api_errors import ApiError, ApiErrorCode
 from chat.media import MediaError, decode_base64, media_store, sniff_mime
-from chat.models import ApiToken, ChatSession, ChatType, make_session_id
+from chat.models import ApiToken, ChatSession, ChatType, Media, make_session_id
 from chat.services import session_get_or_create
 from maibot.config import get_config
 from scheduling.dispatcher import deliver_one
@@ -188,8 +186,9 @@ def _image_segment(*, base64_data: str | None, url: str | None, fld: str, conten
         raise ApiError(Code.INVALID_IMAGE, "the data is not a PNG, JPEG, GIF or WebP image", field=f"{fld}.base64")
     media = media_store(data=data, kind="image")
     content.media.append(media.sha256)
-    # Adapters take bare base64 (no data: prefix), re-encoded so the wire form is canonical.
-    return {"type": "image", "data": base64.b64encode(data).decode()}
+    # A reference to the stored media, as inbound media is kept: the outbox (chat.outbox) puts the
+    # bytes on the wire as the bare base64 adapters expect, and rows stay small.
+    return {"type": "image", "data": {"media": media.sha256}}
 
 
 def _reject_extra(fld: str, given: Any, *, for_type: str) -> None:
@@ -428,17 +427,19 @@ def conversation_as_dict(session: ChatSession) -> dict[str, Any]:
     }
 
 
-def _public_segment(seg: dict[str, Any]) -> dict[str, Any]:
-    if seg.get("type") == "image":
-        # The stored base64 is for the adapter; a client sees which image it was, not its bytes again.
-        data = base64.b64decode(seg.get("data") or "")
-        return {"type": "image", "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
-    return {"type": seg.get("type"), "data": seg.get("data")}
+def _public_segment(seg: dict[str, Any], sizes: dict[str, int]) -> dict[str, Any]:
+    data = seg.get("data")
+    if seg.get("type") == "image" and isinstance(data, dict):
+        # A client sees which image it was, not its bytes again.
+        return {"type": "image", "sha256": data.get("media"), "size": sizes.get(data.get("media"))}
+    return {"type": seg.get("type"), "data": data}
 
 
 def proactive_message_as_dict(task: ScheduledMessage) -> dict[str, Any]:
     """The API's view of a proactive message: its lifecycle and the delivery of what it sent."""
     created = next((e for e in task.history if e.get("event") == "created"), {})
+    media = created.get("media") or []
+    sizes = dict(Media.objects.filter(sha256__in=media, kind="image").values_list("sha256", "size")) if media else {}
     message = task.sent_message
     delivery = None
     if message is not None:
@@ -458,7 +459,7 @@ def proactive_message_as_dict(task: ScheduledMessage) -> dict[str, Any]:
             "type": created.get("content_type", "text"),
             "format": created.get("format", "plain"),
             "text": task.message_text,
-            "segments": [_public_segment(s) for s in task.segments],
+            "segments": [_public_segment(s, sizes) for s in task.segments],
         },
         "send_at": _local(task.send_at),
         "created_at": _local(task.created_at),
