@@ -386,3 +386,7 @@ class LLMCallAdmin(ReadOnlyAdmin):
             **summary,
         }
         return TemplateResponse(request, "admin/chat/usage.html", context)
+
+
+# The proactive API's tokens keep their admin in their own module.
+from chat import admin_api  # noqa: E402, F401

@@ -288,3 +288,14 @@ class IdempotencyRecord(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["token", "key"], name="idempotency_unique_key")]
+
+
+class ApiRateWindow(models.Model):
+    """Requests one API token made in one minute: the rate limit every server process shares."""
+
+    token = models.ForeignKey(ApiToken, on_delete=models.CASCADE, related_name="+")
+    window_start = models.DateTimeField()
+    count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["token", "window_start"], name="api_rate_window_unique")]

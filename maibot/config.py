@@ -149,6 +149,15 @@ class ApiSection(Section):
 
     rate_limit_per_minute: int = Field(60, ge=1, description="Requests per minute per API token.")
     max_text_length: int = Field(1024, ge=1, le=100_000, description="Longest text a proactive message may carry.")
+    max_image_bytes: int = Field(
+        1_500_000,
+        ge=1,
+        le=1_800_000,
+        description=(
+            "Largest base64 image a proactive message may carry (decoded bytes). Capped below the "
+            "2.5 MB request body limit, which base64 (4/3 of the size) must fit in."
+        ),
+    )
 
 
 class LifeSection(Section):

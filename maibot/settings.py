@@ -53,6 +53,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    # django-ninja's API docs page then loads Swagger UI from its own static files, not a CDN.
+    "ninja",
     # scheduling before django_q: its `qcluster` command wraps django-q2's to run the dispatcher.
     "maibot",
     "chat",

@@ -3,6 +3,7 @@
 from django.contrib import admin
 from django.urls import path
 
+from chat.api import api as proactive_api
 from chat.views import chat_page
 from maibot import views
 
@@ -13,6 +14,7 @@ urlpatterns = [
     path("admin/config/raw/", admin.site.admin_view(views.config_raw_view), name="console-config-raw"),
     path("admin/logs/", admin.site.admin_view(views.logs_view), name="console-logs"),
     path("admin/", admin.site.urls),
+    path("api/v1/", proactive_api.urls),
     path("chat/", chat_page, name="chat"),
     path("healthz", views.healthz, name="healthz"),
 ]

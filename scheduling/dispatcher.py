@@ -25,7 +25,7 @@ from django.utils import timezone
 from chat.models import SourceKind
 from chat.services import Outbound, messages_send
 from maibot.config import get_config
-from scheduling.models import ScheduledMessage, ScheduledStatus
+from scheduling.models import Actor, ScheduledMessage, ScheduledStatus
 
 logger = logging.getLogger(__name__)
 
@@ -78,15 +78,19 @@ def recover_expired_leases(now: datetime) -> int:
 def claim_due(now: datetime, *, limit: int, lease_seconds: float) -> tuple[str, list[ScheduledMessage]]:
     """Atomically claim up to `limit` due pending rows. Only rows this call moved to `sending` are
     returned: a concurrent claimer's rows fail the `status='pending'` condition and are skipped."""
-    token = uuid.uuid4().hex
     due_ids = list(
         ScheduledMessage.objects.filter(status=ScheduledStatus.PENDING, due_at__lte=now)
         .order_by("due_at")
         .values_list("pk", flat=True)[:limit]
     )
-    if not due_ids:
+    return _claim(due_ids, now=now, lease_seconds=lease_seconds)
+
+
+def _claim(task_ids: list[str], *, now: datetime, lease_seconds: float) -> tuple[str, list[ScheduledMessage]]:
+    token = uuid.uuid4().hex
+    if not task_ids:
         return token, []
-    ScheduledMessage.objects.filter(pk__in=due_ids, status=ScheduledStatus.PENDING).update(
+    ScheduledMessage.objects.filter(pk__in=task_ids, status=ScheduledStatus.PENDING).update(
         status=ScheduledStatus.SENDING,
         claim_token=token,
         lease_until=now + timedelta(seconds=lease_seconds),
@@ -102,12 +106,20 @@ def claim_due(now: datetime, *, limit: int, lease_seconds: float) -> tuple[str, 
 
 
 def _outbound(task: ScheduledMessage) -> Outbound:
+    # A message another system asked for through the API is a proactive message in the chat's
+    # history, whether it was sent at once or at its send_at.
+    if task.created_via == Actor.API:
+        source_kind = SourceKind.PROACTIVE
+        extra = {"scheduled_message_id": task.pk, "origin": task.origin}
+    else:
+        source_kind = SourceKind.SCHEDULED_SEND
+        extra = {"scheduled_message_id": task.pk}
     return Outbound(
         session=task.session,
-        source_kind=SourceKind.SCHEDULED_SEND,
+        source_kind=source_kind,
         text=task.message_text,
         segments=list(task.segments),
-        extra={"scheduled_message_id": task.pk},
+        extra=extra,
     )
 
 
@@ -210,6 +222,20 @@ def deliver_due(now: datetime | None = None) -> RoundReport:
         logger.warning("%d overdue scheduled messages expired", report.expired)
     if report.recovered:
         logger.warning("%d scheduled messages taken back after their lease ran out", report.recovered)
+    return report
+
+
+def deliver_one(task_id: str, *, now: datetime | None = None) -> RoundReport:
+    """Claim one pending row and deliver it in this process: the API's "send now", which answers
+    only once the message is in the outbox. Same claim and finish as the loop, so it is sent once
+    even if a dispatcher sees the row at the same moment."""
+    cfg = get_config().scheduling
+    now = now or timezone.now()
+    report = RoundReport()
+    token, tasks = _claim([task_id], now=now, lease_seconds=cfg.lease_seconds)
+    report.claimed = len(tasks)
+    if tasks:
+        deliver_claimed(token, tasks, report)
     return report
 
 

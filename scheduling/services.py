@@ -92,23 +92,28 @@ class CreateResult:
 def scheduled_message_create(
     *,
     session: ChatSession,
-    send_at: str | datetime,
+    send_at: str | datetime | None,
     message_text: str,
     acted_by: ActedBy,
     replace_existing: bool = False,
     segments: list[dict[str, Any]] | None = None,
     private_only: bool = True,
     max_text_length: int | None = None,
+    note: dict[str, Any] | None = None,
     now: datetime | None = None,
 ) -> CreateResult:
     """Schedule a message for a session. With replace_existing, the session's pending ones are
-    cancelled in the same transaction. Raises SchedulingError with a code on refusal."""
+    cancelled in the same transaction. Raises SchedulingError with a code on refusal.
+
+    send_at None means due at once (the API's "send now": it then delivers the row itself with
+    scheduling.dispatcher.deliver_one). `note` adds facts to the "created" history event (the API
+    records its content type and text format there)."""
     cfg = get_config().scheduling
     now = now or timezone.now()
     if private_only and not session.is_private:
         raise SchedulingError(Code.NOT_PRIVATE_CHAT, "scheduled messages are for private chats only")
     text = validate_text(message_text, has_segments=bool(segments), max_length=max_text_length)
-    when = resolve_send_at(send_at, now=now)
+    when = now if send_at is None else resolve_send_at(send_at, now=now)
     try:
         with transaction.atomic():
             pending = ScheduledMessage.objects.filter(session=session, status=ScheduledStatus.PENDING)
@@ -135,7 +140,7 @@ def scheduled_message_create(
                 created_by_token=acted_by.token,
                 origin=acted_by.origin,
             )
-            _event(task, "created", acted_by, now, send_at=when.isoformat())
+            _event(task, "created", acted_by, now, send_at=when.isoformat(), **(note or {}))
             task.save(force_insert=True)
     except SchedulingError:
         raise

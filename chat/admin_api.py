@@ -1,0 +1,80 @@
+"""Operator admin for proactive API tokens: create (the token is shown once), revoke, see last use."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+
+from chat.api_access import api_token_create, api_token_revoke
+from chat.models import ApiToken
+
+
+class ApiTokenAddForm(forms.ModelForm):
+    class Meta:
+        model = ApiToken
+        fields = ["name"]
+        help_texts = {"name": "Who uses this token (e.g. the monitoring system). The token is shown once after saving."}
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = ["name", "prefix", "state", "created_at", "created_by", "last_used_at", "revoked_at"]
+    list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["name", "prefix"]
+    readonly_fields = ["prefix", "created_by", "created_at", "last_used_at", "revoked_at"]
+    actions = ["revoke"]
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        if obj is None:
+            kwargs["form"] = ApiTokenAddForm
+        return super().get_form(request, obj, change=change, **kwargs)
+
+    def get_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> list[str]:
+        if obj is None:
+            return ["name"]
+        return ["name", *self.readonly_fields]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> list[str]:
+        return [] if obj is None else self.readonly_fields
+
+    @admin.display(description="State")
+    def state(self, obj: ApiToken) -> str:
+        return "active" if obj.is_active else "revoked"
+
+    def save_model(self, request: HttpRequest, obj: ApiToken, form, change: bool) -> None:
+        if change:
+            obj.save(update_fields=["name"])
+            return
+        # The raw token exists only in this request: kept on the request for response_add to show.
+        token, raw = api_token_create(name=obj.name, created_by=request.user)
+        for name in ("id", "prefix", "token_hash", "created_by", "created_at"):
+            setattr(obj, name, getattr(token, name))
+        obj._state.adding = False
+        request._created_api_token = raw
+
+    def response_add(self, request: HttpRequest, obj: ApiToken, post_url_continue=None) -> HttpResponse:
+        raw = getattr(request, "_created_api_token", None)
+        if raw is None:
+            return super().response_add(request, obj, post_url_continue)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"API token {obj.name} created",
+            "opts": self.opts,
+            "token": obj,
+            "raw_token": raw,
+        }
+        response = TemplateResponse(request, "admin/chat/apitoken/created.html", context)
+        # The secret must not linger in any cache.
+        response["Cache-Control"] = "no-store"
+        return response
+
+    @admin.action(description="Revoke selected tokens")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
+        revoked = [t.name for t in queryset if api_token_revoke(token=t)]
+        if revoked:
+            self.message_user(request, f"Revoked: {', '.join(revoked)}. Requests with them now get 401.")
+        else:
+            self.message_user(request, "The selected tokens were already revoked.", level=messages.WARNING)

@@ -1,0 +1,162 @@
+"""Who may use the proactive message API and how often: bearer tokens, the per-token rate limit
+shared by every server process, and Idempotency-Key replay."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import secrets
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from chat.api_errors import ApiError, ApiErrorCode
+from chat.models import ApiRateWindow, ApiToken, IdempotencyRecord
+from maibot.config import get_config
+
+Code = ApiErrorCode
+
+TOKEN_PREFIX = "mbt_"
+# last_used_at is a "seen recently" fact for operators; writing it on every request would add a
+# write per call for nothing, so it moves at most once per this interval.
+LAST_USED_GRANULARITY = timedelta(seconds=60)
+RATE_WINDOW = timedelta(seconds=60)
+# How long an Idempotency-Key is remembered (as long as clients are expected to retry).
+IDEMPOTENCY_TTL = timedelta(hours=24)
+
+
+# --- tokens ---------------------------------------------------------------------------------------
+
+
+def hash_token(raw: str) -> str:
+    """The stored form of a token. A 256-bit random token needs no salt or slow hash."""
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def api_token_create(*, name: str, created_by: Any = None) -> tuple[ApiToken, str]:
+    """Create a token; returns the row and the raw token, which is never stored and shown only now."""
+    name = (name or "").strip()
+    if not name:
+        raise ValueError("a token needs a name")
+    raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = ApiToken(name=name, prefix=raw[:12], token_hash=hash_token(raw), created_by=created_by)
+    token.full_clean()
+    token.save(force_insert=True)
+    return token, raw
+
+
+def api_token_revoke(*, token: ApiToken, now: datetime | None = None) -> bool:
+    """Revoke a token for good; False when it already was. Requests with it get 401 from now on."""
+    now = now or timezone.now()
+    updated = ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=now)
+    token.refresh_from_db(fields=["revoked_at"])
+    return bool(updated)
+
+
+def api_token_authenticate(*, raw: str, now: datetime | None = None) -> ApiToken:
+    """The active token for a bearer value, with its last use recorded. Raises ApiError (401)."""
+    token = ApiToken.objects.filter(token_hash=hash_token(raw.strip())).first() if raw.strip() else None
+    if token is None:
+        raise ApiError(Code.INVALID_TOKEN, "the bearer token is not valid")
+    if token.revoked_at is not None:
+        raise ApiError(Code.TOKEN_REVOKED, "this token has been revoked")
+    now = now or timezone.now()
+    ApiToken.objects.filter(pk=token.pk).filter(
+        Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - LAST_USED_GRANULARITY)
+    ).update(last_used_at=now)
+    return token
+
+
+# --- rate limit -----------------------------------------------------------------------------------
+
+
+def rate_limit_hit(*, token: ApiToken, now: datetime | None = None) -> int | None:
+    """Count one request of this token in the current minute (a database row, so every server
+    process shares it). Returns None when allowed, else the seconds until the window resets."""
+    limit = get_config().api.rate_limit_per_minute
+    now = now or timezone.now()
+    window = now.replace(second=0, microsecond=0)
+    rows = ApiRateWindow.objects.filter(token=token, window_start=window)
+    with transaction.atomic():
+        if not rows.update(count=F("count") + 1):
+            try:
+                with transaction.atomic():
+                    ApiRateWindow.objects.create(token=token, window_start=window, count=1)
+            except IntegrityError:  # another process opened the window first
+                rows.update(count=F("count") + 1)
+            else:
+                ApiRateWindow.objects.filter(token=token, window_start__lt=window).delete()
+        count = rows.values_list("count", flat=True).get()
+    if count <= limit:
+        return None
+    return max(1, math.ceil((window + RATE_WINDOW - now).total_seconds()))
+
+
+# --- idempotency ----------------------------------------------------------------------------------
+
+
+def request_fingerprint(*, method: str, path: str, body: bytes) -> str:
+    """What makes two requests "the same": method, path and the JSON body (key order and
+    whitespace do not matter)."""
+    try:
+        canonical = json.dumps(json.loads(body or b"null"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        payload = canonical.encode()
+    except ValueError:
+        payload = body
+    return hashlib.sha256(method.encode() + b" " + path.encode() + b"\n" + payload).hexdigest()
+
+
+Outcome = tuple[int, dict[str, Any]]
+
+
+def _run(operation: Callable[[], Outcome]) -> Outcome:
+    """Run the operation in a savepoint: a refusal (ApiError) undoes its writes and becomes the answer."""
+    try:
+        with transaction.atomic():
+            return operation()
+    except ApiError as exc:
+        return exc.status, exc.as_dict()
+
+
+def idempotent_call(*, token: ApiToken, key: str | None, fingerprint: str, operation: Callable[[], Outcome]) -> Outcome:
+    """Run a writing request at most once per (token, Idempotency-Key) and replay its first answer.
+    Keys are remembered for IDEMPOTENCY_TTL; the token's older records are dropped here.
+
+    The key's record, the operation's writes and the stored answer commit in ONE transaction, so
+    there is never a key without its answer, nor an answer whose writes were lost. A concurrent
+    request with the same key blocks on the record's unique index (PostgreSQL) or on the write
+    lock (SQLite) until the first commits, then replays its answer: two requests, one message.
+    If the first one failed unexpectedly its transaction rolled back and the second simply runs.
+    """
+    if not key:
+        with transaction.atomic():
+            return _run(operation)
+    with transaction.atomic():
+        IdempotencyRecord.objects.filter(token=token, created_at__lt=timezone.now() - IDEMPOTENCY_TTL).delete()
+        try:
+            with transaction.atomic():
+                record = IdempotencyRecord.objects.create(token=token, key=key, request_hash=fingerprint)
+        except IntegrityError:
+            first = IdempotencyRecord.objects.filter(token=token, key=key).first()
+            if first is not None and first.request_hash != fingerprint:
+                raise ApiError(
+                    Code.IDEMPOTENCY_KEY_REUSED,
+                    "this Idempotency-Key was used for a different request; use a new key",
+                    field="Idempotency-Key",
+                ) from None
+            if first is None or first.status_code is None:
+                # Cannot happen while answers commit with their record; kept as a clear refusal.
+                raise ApiError(
+                    Code.REQUEST_IN_PROGRESS, "a request with this Idempotency-Key is still running; retry shortly"
+                ) from None
+            return first.status_code, first.response
+        status, body = _run(operation)
+        record.status_code = status
+        record.response = body
+        record.save(update_fields=["status_code", "response"])
+        return status, body

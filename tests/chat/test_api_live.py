@@ -1,0 +1,171 @@
+"""The proactive API on real daphne servers (and a real qcluster): concurrent idempotent requests,
+the rate limit across processes, immediate and scheduled delivery, the docs."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from chat.api_access import api_token_create
+from chat.models import Message
+from scheduling.models import ScheduledMessage
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def http(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None):
+    """(status, headers, json body) of one real HTTP request."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    for k, v in (headers or {}).items():
+        req.add_header(k, v)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.headers, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, json.loads(exc.read() or b"null")
+
+
+def server_config(tmp_path: Path, name: str, toml: str) -> None:
+    """Write the bot config a server (started with this name) reads from its data dir."""
+    data_dir = tmp_path / f"data-{name}"
+    data_dir.mkdir(exist_ok=True)
+    (data_dir / "bot_config.toml").write_text(toml, encoding="utf-8")
+
+
+def wait_for(predicate, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_concurrent_requests_with_one_key_on_two_servers_send_one_message(start_server, make_session, tmp_path):
+    _, base_a = start_server("a")
+    _, base_b = start_server("b")
+    _, raw = api_token_create(name="concurrent")
+    session = make_session()
+    body = {"conversation_id": session.session_id, "text": "并发 concurrent"}
+    auth = {"Authorization": f"Bearer {raw}", "Idempotency-Key": "same-key"}
+    results: list[tuple[int, Any]] = []
+    barrier = threading.Barrier(8)
+
+    def fire(base: str) -> None:
+        barrier.wait()
+        status, _, payload = http("POST", f"{base}/api/v1/messages", body, auth)
+        results.append((status, payload))
+
+    threads = [threading.Thread(target=fire, args=(base_a if i % 2 else base_b,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(results) == 8
+    assert {status for status, _ in results} == {201}, results
+    assert len({json.dumps(payload, sort_keys=True) for _, payload in results}) == 1
+    assert ScheduledMessage.objects.count() == 1
+    assert Message.objects.filter(session=session).count() == 1
+
+
+def test_rate_limit_holds_across_two_server_processes(start_server, tmp_path):
+    for name in ("a", "b"):
+        server_config(tmp_path, name, "[api]\nrate_limit_per_minute = 5\n")
+    _, base_a = start_server("a")
+    _, base_b = start_server("b")
+    _, raw = api_token_create(name="limited")
+    _, other = api_token_create(name="unlimited")
+    # The window is a wall-clock minute: do not start the burst right before it turns.
+    if timezone.now().second >= 50:
+        time.sleep(61 - timezone.now().second)
+    statuses, retry_after = [], []
+    for i in range(8):
+        base = base_a if i % 2 else base_b
+        status, headers, body = http("GET", f"{base}/api/v1/conversations", headers={"Authorization": f"Bearer {raw}"})
+        statuses.append(status)
+        if status == 429:
+            assert body["code"] == "rate_limited"
+            retry_after.append(int(headers["Retry-After"]))
+    assert statuses == [200] * 5 + [429] * 3, statuses
+    assert all(1 <= r <= 60 for r in retry_after), retry_after
+    # Another token has its own budget.
+    status, _, _ = http("GET", f"{base_a}/api/v1/conversations", headers={"Authorization": f"Bearer {other}"})
+    assert status == 200
+
+
+def test_send_now_and_scheduled_through_a_live_server_and_qcluster(start_server, start_qcluster, make_session):
+    _, base = start_server()
+    start_qcluster()
+    _, raw = api_token_create(name="live")
+    auth = {"Authorization": f"Bearer {raw}"}
+    session = make_session(chat_type="group")
+    status, _, now_msg = http(
+        "POST", f"{base}/api/v1/messages", {"conversation_id": session.session_id, "text": "现在 now"}, auth
+    )
+    assert status == 201, now_msg
+    assert now_msg["status"] == "sent" and now_msg["delivery"]["status"] in {"pending", "sending", "sent", "failed"}
+    send_at = timezone.now() + timedelta(seconds=2)
+    status, _, later = http(
+        "POST",
+        f"{base}/api/v1/messages",
+        {"conversation_id": session.session_id, "text": "稍后 later", "send_at": send_at.isoformat()},
+        auth,
+    )
+    assert status == 201 and later["status"] == "pending", later
+
+    def sent() -> bool:
+        return http("GET", f"{base}/api/v1/messages/{later['id']}", headers=auth)[2]["status"] == "sent"
+
+    assert wait_for(sent)
+    detail = http("GET", f"{base}/api/v1/messages/{later['id']}", headers=auth)[2]
+    assert detail["delivery"]["message_id"]
+    history = list(Message.objects.filter(session=session).values_list("text", "source_kind"))
+    assert history == [("现在 now", "proactive"), ("稍后 later", "proactive")]
+    task = ScheduledMessage.objects.get(pk=later["id"])
+    assert 0 <= task.lateness_seconds < 5.0, task.lateness_seconds
+
+    # Sends now from several clients while the cluster's dispatcher runs: each goes out exactly once.
+    answers: list[tuple[int, str]] = []
+
+    def send(i: int) -> None:
+        status, _, body = http(
+            "POST", f"{base}/api/v1/messages", {"conversation_id": session.session_id, "text": f"burst {i}"}, auth
+        )
+        answers.append((status, body.get("status")))
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert answers == [(201, "sent")] * 12, answers
+    burst = Message.objects.filter(session=session, text__startswith="burst ")
+    assert sorted(burst.values_list("text", flat=True)) == sorted(f"burst {i}" for i in range(12))
+    assert ScheduledMessage.objects.filter(status="sent").count() == 14
+
+
+def test_openapi_and_docs_are_served_without_a_cdn(start_server):
+    _, base = start_server()
+    with urllib.request.urlopen(f"{base}/api/v1/openapi.json", timeout=10) as resp:
+        schema = json.loads(resp.read())
+    assert set(schema["paths"]) == {
+        "/api/v1/messages",
+        "/api/v1/messages/{message_id}",
+        "/api/v1/messages/{message_id}/cancel",
+        "/api/v1/conversations",
+    }
+    assert "bearer" in json.dumps(schema["components"]["securitySchemes"]).lower()
+    with urllib.request.urlopen(f"{base}/api/v1/docs", timeout=10) as resp:
+        page = resp.read().decode()
+    assert "cdn" not in page.lower() and "https://" not in page
+    assert "/static/ninja/swagger-ui-bundle.js" in page
