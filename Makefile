@@ -53,6 +53,7 @@ bench: venv-dev
 	$(BIN)/python bench/timers.py
 	$(BIN)/python bench/planner.py
 	$(BIN)/python bench/ingest.py
+	$(BIN)/python bench/api.py
 
 clean:
 	rm -rf .test-data .test-data-pg
