@@ -127,7 +127,7 @@ class SchedulingSection(Section):
     poll_interval: float = Field(
         0.25, gt=0, le=5, description="How often the dispatcher looks for newly due work (seconds)."
     )
-    batch_size: int = Field(500, ge=1, le=10_000, description="Messages the dispatcher claims per round.")
+    batch_size: int = Field(2000, ge=1, le=10_000, description="Messages the dispatcher claims per round.")
 
 
 class GatewaySection(Section):

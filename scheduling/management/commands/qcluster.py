@@ -59,8 +59,6 @@ class Command(DjangoQCommand):
             # A dispatcher thread not started yet (ident None) is not a dead one.
             return sentinel_ok and (thread is None or thread.ident is None or thread.is_alive())
 
-        if settings.MAIBOT_CONSOLE_SERVICES:
-            start_process_services("cluster", alive=alive)
         if not options.get("no_dispatcher"):
             # Import the timer source so it registers itself with the dispatcher.
             import scheduling.sources  # noqa: F401
@@ -68,6 +66,12 @@ class Command(DjangoQCommand):
             dispatcher = Dispatcher()
             thread = threading.Thread(target=dispatcher.run_forever, name="maibot-dispatcher", daemon=True)
             thread.start()
+        if settings.MAIBOT_CONSOLE_SERVICES:
+            # In the background: arming the config watcher can take seconds, and due work must not
+            # wait for it (the dispatcher is already running).
+            threading.Thread(
+                target=start_process_services, args=("cluster",), kwargs={"alive": alive}, daemon=True
+            ).start()
         try:
             # SIGINT/SIGTERM reach Cluster.sig_handler, which stops and joins the sentinel.
             while cluster.sentinel is not None and cluster.sentinel.is_alive():
