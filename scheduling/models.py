@@ -14,9 +14,13 @@ from chat.models import ApiToken, ChatSession, ChatType, Message, PlannerCycle
 _ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"
 
 
-def new_task_id() -> str:
+def short_id(prefix: str) -> str:
     """Short, unambiguous ids a person (or a model) can type back: `sm_k3v9xq2mtr`."""
-    return "sm_" + "".join(secrets.choice(_ALPHABET) for _ in range(10))
+    return prefix + "".join(secrets.choice(_ALPHABET) for _ in range(10))
+
+
+def new_task_id() -> str:
+    return short_id("sm_")
 
 
 class ScheduledStatus(models.TextChoices):
@@ -127,7 +131,7 @@ class ScheduledMessage(models.Model):
 
 
 def new_timer_id() -> str:
-    return "tm_" + "".join(secrets.choice(_ALPHABET) for _ in range(10))
+    return short_id("tm_")
 
 
 class TimerStatus(models.TextChoices):

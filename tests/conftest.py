@@ -172,3 +172,24 @@ def start_server(tmp_path, transactional_db) -> Iterator[Callable[..., tuple[Pro
     yield start
     for p in procs:
         p.stop()
+
+
+# --- headless Chromium (Debian's package; .ci/run installs it) -------------------------------------
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def require_chromium() -> str:
+    """The browser's path. A missing browser fails the test: page tests are never silently skipped."""
+    import shutil
+
+    if not shutil.which(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium)")
+    return CHROMIUM

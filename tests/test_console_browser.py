@@ -13,28 +13,18 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from chat.models import AdapterConnection, LLMCall
+from tests.conftest import CHROMIUM_ARGS, require_chromium
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
-
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 
 
 @pytest.fixture
 def browser():
-    if not shutil.which(CHROMIUM):
-        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    require_chromium()
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        browser = pw.chromium.launch(executable_path=require_chromium(), args=CHROMIUM_ARGS, headless=True)
         yield browser
         browser.close()
 

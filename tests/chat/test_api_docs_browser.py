@@ -3,28 +3,16 @@ off this machine blocked: Swagger UI loads from our own static files and can cal
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from chat.api_access import api_token_create
+from tests.conftest import CHROMIUM_ARGS, require_chromium
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
 
 def test_swagger_ui_works_offline_and_calls_the_api(start_server, make_session):
-    if not shutil.which(CHROMIUM):
-        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    require_chromium()
     from playwright.sync_api import sync_playwright
 
     _, base = start_server()
@@ -41,7 +29,7 @@ def test_swagger_ui_works_offline_and_calls_the_api(start_server, make_session):
             route.abort()
 
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        browser = pw.chromium.launch(executable_path=require_chromium(), args=CHROMIUM_ARGS, headless=True)
         try:
             page = browser.new_page()
             page.set_default_timeout(20_000)

@@ -11,18 +11,9 @@ from django.contrib.auth import get_user_model
 from chat.models import ChatSession, Message
 from chat.services import message_send
 from tests.chat.gateway_helpers import db, wait_for
+from tests.conftest import CHROMIUM_ARGS, require_chromium
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 
 
 @pytest.fixture
@@ -35,7 +26,7 @@ async def test_operator_chats_with_the_bot_and_sees_replies_live(start_server, o
 
     _, base = start_server()
     async with async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = await pw.chromium.launch(executable_path=require_chromium(), args=CHROMIUM_ARGS)
         try:
             page = await browser.new_page()
             await page.goto(f"{base}/chat/")

@@ -10,18 +10,9 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from chat.models import LLMCall, PlannerCycle, ToolCallRecord
+from tests.conftest import CHROMIUM_ARGS, require_chromium
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 
 
 @pytest.fixture
@@ -49,7 +40,7 @@ async def test_usage_chart_and_cycle_page_in_a_browser(start_server, recorded):
     _, base = start_server()
     foreign = []
     async with async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = await pw.chromium.launch(executable_path=require_chromium(), args=CHROMIUM_ARGS)
         try:
             page = await browser.new_page()
             page.on("request", lambda r: None if r.url.startswith((base, "data:")) else foreign.append(r.url))
