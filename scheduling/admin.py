@@ -106,8 +106,30 @@ class ScheduledMessageForm(forms.ModelForm):
             raise ValidationError(exc.message, code=str(exc.code)) from None
 
 
+class ServiceActionsMixin:
+    """Admin actions that call a service for each selected row and report what was done and what
+    the service refused (with its reason)."""
+
+    action_errors: tuple[type[Exception], ...] = (SchedulingError,)
+    action_noun = "item(s)"
+
+    def _each(self, request, queryset, func, verb: str) -> None:
+        done, refused = 0, []
+        for obj in queryset:
+            try:
+                func(obj)
+                done += 1
+            except self.action_errors as exc:
+                refused.append(f"{obj.pk}: {exc.message}")
+        if done:
+            self.message_user(request, f"{verb} {done} {self.action_noun}.", messages.SUCCESS)
+        if refused:
+            self.message_user(request, "Skipped " + "; ".join(refused), messages.WARNING)
+
+
 @admin.register(ScheduledMessage)
-class ScheduledMessageAdmin(admin.ModelAdmin):
+class ScheduledMessageAdmin(ServiceActionsMixin, admin.ModelAdmin):
+    action_noun = "scheduled message(s)"
     form = ScheduledMessageForm
     list_display = ["id", "badge", "send_at_local", "session_link", "short_text", "created_via", "attempts", "lateness"]
     list_filter = ["status", "chat_type", PlatformFilter, "created_via", ("send_at", admin.DateFieldListFilter)]
@@ -212,19 +234,6 @@ class ScheduledMessageAdmin(admin.ModelAdmin):
             self.message_user(request, f"Not saved: {exc.message}", messages.ERROR)
 
     # --- actions ----------------------------------------------------------------------------------
-    def _each(self, request, queryset, func, verb: str) -> None:
-        done, refused = 0, []
-        for task in queryset:
-            try:
-                func(task)
-                done += 1
-            except SchedulingError as exc:
-                refused.append(f"{task.pk}: {exc.message}")
-        if done:
-            self.message_user(request, f"{verb} {done} scheduled message(s).", messages.SUCCESS)
-        if refused:
-            self.message_user(request, "Skipped " + "; ".join(refused), messages.WARNING)
-
     @admin.action(description="Cancel selected (pending only)")
     def cancel_selected(self, request, queryset: QuerySet[ScheduledMessage]) -> None:
         by = operator(request)

@@ -12,9 +12,10 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
+from chat.admin import ReadOnlyInline
 from chat.models import CycleKind, LLMCall, ToolCallRecord
 from maibot.config import get_config
-from scheduling.admin import operator, status_badge
+from scheduling.admin import ServiceActionsMixin, operator, status_badge
 from scheduling.error_codes import LifeError
 from scheduling.memory import inner_state_get, inner_state_update, memory_slot_forget, memory_slot_set
 from scheduling.models import (
@@ -90,7 +91,9 @@ class TimerForm(forms.ModelForm):
 
 
 @admin.register(Timer)
-class TimerAdmin(admin.ModelAdmin):
+class TimerAdmin(ServiceActionsMixin, admin.ModelAdmin):
+    action_errors = (LifeError,)
+    action_noun = "timer(s)"
     form = TimerForm
     list_display = ["id", "label", "badge", "spec", "next_fire_local", "session", "fire_count", "last_fired_local"]
     list_filter = ["status", "kind", "created_via"]
@@ -195,19 +198,6 @@ class TimerAdmin(admin.ModelAdmin):
             self.message_user(request, f"Not saved: {exc.message}", messages.ERROR)
             return
         self.message_user(request, f"Next fire: {local(timer.next_fire)}", messages.INFO)
-
-    def _each(self, request, queryset, func, verb: str) -> None:
-        done, refused = 0, []
-        for timer in queryset:
-            try:
-                func(timer)
-                done += 1
-            except LifeError as exc:
-                refused.append(f"{timer.pk}: {exc.message}")
-        if done:
-            self.message_user(request, f"{verb} {done} timer(s).", messages.SUCCESS)
-        if refused:
-            self.message_user(request, "Skipped " + "; ".join(refused), messages.WARNING)
 
     @admin.action(description="Cancel selected (active only)")
     def cancel_selected(self, request, queryset: QuerySet[Timer]) -> None:
@@ -349,18 +339,6 @@ class SessionSummaryAdmin(admin.ModelAdmin):
 
 
 # --- life-loop turns (read-only) ------------------------------------------------------------------
-
-
-class ReadOnlyInline(admin.TabularInline):
-    extra = 0
-    can_delete = False
-    show_change_link = False
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
 
 
 class ToolCallInline(ReadOnlyInline):
