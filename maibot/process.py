@@ -82,8 +82,10 @@ class ProcessServices:
 
     def start(self) -> ProcessServices:
         logdb.activate(self.role)
-        self.watcher = ConfigWatcher().start()
+        # The heartbeat first: arming the watcher can take seconds, and /healthz must not call a
+        # running process dead meanwhile.
         self.heartbeat = Heartbeat(self.role, self.alive).start()
+        self.watcher = ConfigWatcher().start()
         logger.info("%s process %s: console services started", self.role, os.getpid())
         return self
 
