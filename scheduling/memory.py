@@ -11,6 +11,7 @@ from typing import Any
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from chat.models import ChatSession, Direction, Message
@@ -137,8 +138,11 @@ def memory_slot_forget(*, key: str, session: ChatSession | None = None) -> None:
 
 def memory_slots_for(session: ChatSession | None) -> tuple[list[MemorySlot], list[MemorySlot]]:
     """(global slots, this chat's slots)."""
-    global_slots = list(MemorySlot.objects.filter(session__isnull=True).order_by("key"))
-    own = list(MemorySlot.objects.filter(session=session).order_by("key")) if session is not None else []
+    # One query for both lists: this runs on every planner cycle (memory context block).
+    scope = Q(session__isnull=True) if session is None else Q(session__isnull=True) | Q(session=session)
+    slots = list(MemorySlot.objects.filter(scope).order_by("key"))
+    global_slots = [s for s in slots if s.session_id is None]
+    own = [s for s in slots if s.session_id is not None]
     return global_slots, own
 
 
