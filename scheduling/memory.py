@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import threading
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -270,12 +271,32 @@ def summary_refresh(session_pk: int) -> str:
 
 _background: set[asyncio.Task] = set()
 
+# Inbound messages seen by this process per session since its last summary check. The check costs a few
+# queries in the gateway writer's thread-sensitive executor, so it only runs once a session has gathered
+# `summary_every_messages` new messages here (messages stored before a restart are counted by the check
+# itself when it runs, so at most one interval is added after a restart).
+_unchecked: dict[int, int] = {}
+_unchecked_lock = threading.Lock()
+
+
+def _sessions_to_check(messages: list[Message], every: int) -> list[int]:
+    with _unchecked_lock:
+        for m in messages:
+            _unchecked[m.session_id] = _unchecked.get(m.session_id, 0) + 1
+        ready = [pk for pk, n in _unchecked.items() if n >= every]
+        for pk in ready:
+            del _unchecked[pk]
+    return ready
+
 
 def on_inbound_stored(sender: Any, messages: list[Message], **kwargs: Any) -> None:
     """inbound_stored receiver: request summaries when chats have grown. Never blocks an event loop."""
-    if not get_config().life.summary_every_messages:
+    every = get_config().life.summary_every_messages
+    if not every:
         return
-    session_pks = list({m.session_id for m in messages})
+    session_pks = _sessions_to_check(messages, every)
+    if not session_pks:
+        return
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
