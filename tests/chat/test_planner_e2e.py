@@ -69,7 +69,12 @@ async def test_adapter_message_gets_a_planned_reply_through_a_live_server(start_
             assert texts == ["pong 你好"]
             assert frame["message_info"]["user_info"]["user_id"] in (10001, "10001")
             assert len(fake.requests) == 1 and "Alice: ping" in fake.requests[0]["messages"][1]["content"]
-            cycle = await db(lambda: PlannerCycle.objects.get())
+            # The reply reaches the adapter as soon as it is in the outbox; the cycle's record is
+            # closed a moment later.
+            deadline = time.monotonic() + 15
+            while not (cycle := await db(lambda: PlannerCycle.objects.get())).ended_at:
+                assert time.monotonic() < deadline, "the cycle was never closed"
+                await asyncio.sleep(0.05)
             assert cycle.action == "reply" and not cycle.error
             assert await db(lambda: LLMCall.objects.filter(cycle=cycle).count()) == 1
         finally:

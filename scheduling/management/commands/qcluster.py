@@ -59,6 +59,12 @@ class Command(DjangoQCommand):
             # A dispatcher thread not started yet (ident None) is not a dead one.
             return sentinel_ok and (thread is None or thread.ident is None or thread.is_alive())
 
+        if settings.MAIBOT_CONSOLE_SERVICES:
+            # Store log lines for the console from the start (cheap: one writer thread), so the
+            # dispatcher's own start-up line reaches the live log page too.
+            from maibot import logdb
+
+            logdb.activate("cluster")
         if not options.get("no_dispatcher"):
             # Import the timer source so it registers itself with the dispatcher.
             import scheduling.sources  # noqa: F401
