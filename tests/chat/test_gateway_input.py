@@ -176,12 +176,16 @@ async def test_a_flood_is_closed_with_1008_and_nothing_is_half_stored(start_serv
                     await ws.send(f)
             except websockets.ConnectionClosed:
                 pass
-            assert await ws.closed_with() == 1008
+            code = await ws.closed_with()
+            # The server closes with 1008. On a loaded machine the client, still busy sending, may see
+            # the TCP connection end before it reads that close frame (code None); the server's log
+            # line below says which code it sent either way.
+            assert code in (1008, None)
         await other.send(envelope(platform="wechat", text="unaffected"))
         await wait_for(lambda: Message.objects.filter(text="unaffected").exists(), what="the other adapter")
     finally:
         await other.stop()
-    assert "flood from" in proc.output()
+    assert "flood from" in proc.output() and "closing with 1008" in proc.output()
     stored = await db(
         lambda: list(Message.objects.filter(session__platform="qq").values_list("text", "platform_message_id"))
     )
