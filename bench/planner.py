@@ -31,6 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import pct  # noqa: E402
+
 FAKE_LLM_SERVER = """
 import sys, time
 from tests.fake_llm import FakeLLM
@@ -41,11 +43,6 @@ while True:
     time.sleep(3600)
 """
 _CJK = re.compile(r"[\u3000-\u9fff\uff00-\uffef]")
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def estimate_tokens(text: str) -> int:
