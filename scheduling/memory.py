@@ -178,7 +178,7 @@ _REQUEST_GRACE = timedelta(minutes=10)
 
 def summary_refresh_due(session_pks: list[int], *, now: datetime | None = None) -> list[int]:
     """The sessions with enough new messages since their summary; marks them requested. Cheap: one
-    count per session, nothing when summaries are off."""
+    bounded count per session, nothing when summaries are off."""
     every = get_config().life.summary_every_messages
     if not every:
         return []
@@ -188,7 +188,14 @@ def summary_refresh_due(session_pks: list[int], *, now: datetime | None = None) 
         summary, _ = SessionSummary.objects.get_or_create(session_id=pk)
         if summary.refresh_requested_at and now - summary.refresh_requested_at < _REQUEST_GRACE:
             continue
-        new = Message.objects.filter(session_id=pk, id__gt=summary.last_message_id).count()
+        # Counting stops at `every`: a chat whose summaries keep failing must not cost a scan of its
+        # whole history on every check.
+        new = (
+            Message.objects.filter(session_id=pk, id__gt=summary.last_message_id)
+            .order_by()
+            .values("id")[:every]
+            .count()
+        )
         if new < every:
             continue
         if SessionSummary.objects.filter(pk=summary.pk, refresh_requested_at=summary.refresh_requested_at).update(

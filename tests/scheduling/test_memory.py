@@ -1,6 +1,8 @@
 """Memory: slots with their limits, inner state read-only in chat, summaries, scratch notes, the chat tools."""
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from chat.context import context_blocks
 from chat.models import Direction, LLMCall, Message, SourceKind
@@ -155,6 +157,17 @@ def test_a_summary_is_requested_once_after_enough_new_messages(make_session):
         assert summary_refresh_due([session.pk]) == []  # requested already; not again
     with config.override(life={"summary_every_messages": 0}):
         assert summary_refresh_due([session.pk]) == []
+
+
+def test_the_summary_check_counts_no_further_than_it_needs(make_session):
+    # A chat whose summaries never succeed keeps growing; the check must not scan all of it each time.
+    session = make_session()
+    for i in range(12):
+        inbound(session, str(i))
+    with config.override(life={"summary_every_messages": 5}), CaptureQueriesContext(connection) as queries:
+        assert summary_refresh_due([session.pk]) == [session.pk]
+    counts = [q["sql"] for q in queries if "COUNT(" in q["sql"].upper()]
+    assert len(counts) == 1 and "LIMIT 5" in counts[0], counts
 
 
 def test_the_inbound_hook_requests_a_summary_when_a_chat_has_grown(make_session):
