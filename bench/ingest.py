@@ -28,16 +28,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import pct  # noqa: E402
+
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def percentile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -114,7 +111,7 @@ async def run(n: int, base: str, server_pid: int) -> None:
     print(f"          stored in {elapsed:.2f} s -> {n / elapsed:,.0f} msg/s")
     print(
         f"          latency send->stored: p50 {statistics.median(latencies):.1f} ms, "
-        f"p99 {percentile(latencies, 0.99):.1f} ms, max {max(latencies):.1f} ms"
+        f"p99 {pct(latencies, 0.99):.1f} ms, max {max(latencies):.1f} ms"
     )
     print(
         f"          server CPU {cpu:.2f} s = {cpu / n * 1e6:.0f} us per message -> {n / cpu:,.0f} msg/s per busy core"
@@ -138,7 +135,7 @@ async def run(n: int, base: str, server_pid: int) -> None:
     lone = await sync_to_async(paced_latencies)(9_000_000)
     print(
         f"paced:    {paced} messages 10 ms apart: latency p50 {statistics.median(lone):.1f} ms, "
-        f"p99 {percentile(lone, 0.99):.1f} ms"
+        f"p99 {pct(lone, 0.99):.1f} ms"
     )
 
     # --- outbound
