@@ -133,7 +133,11 @@ def test_api_messages_and_their_lifecycle_show_in_the_scheduled_message_admin(op
     api.post(f"/messages/{pending['id']}/cancel", {"reason": "用户取消 user cancelled"})
     listing = operator_client.get("/admin/scheduling/scheduledmessage/", {"created_via": "api"}).content.decode()
     assert sent["id"] in listing and pending["id"] in listing
-    page = operator_client.get(f"/admin/scheduling/scheduledmessage/{pending['id']}/change/").content.decode()
+    cancelled = api.get(f"/messages/{pending['id']}").json()
+    assert cancelled["status"] == "cancelled", cancelled
+    resp = operator_client.get(f"/admin/scheduling/scheduledmessage/{pending['id']}/change/")
+    assert resp.status_code == 200, (resp.status_code, resp.headers.get("Location"))
+    page = resp.content.decode()
     assert "用户取消 user cancelled" in page and "test-system" in page
     page = operator_client.get(f"/admin/scheduling/scheduledmessage/{sent['id']}/change/").content.decode()
     assert "connector" in page
