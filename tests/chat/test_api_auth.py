@@ -7,9 +7,11 @@ import re
 from datetime import timedelta
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.test import Client
+from django.urls import reverse
 from django.utils import timezone
 
 from chat.api_access import api_token_revoke, hash_token
@@ -135,9 +137,11 @@ def test_api_messages_and_their_lifecycle_show_in_the_scheduled_message_admin(op
     assert sent["id"] in listing and pending["id"] in listing
     cancelled = api.get(f"/messages/{pending['id']}").json()
     assert cancelled["status"] == "cancelled", cancelled
-    resp = operator_client.get(f"/admin/scheduling/scheduledmessage/{pending['id']}/change/")
+    resp = operator_client.get(reverse("admin:scheduling_scheduledmessage_change", args=[quote(pending["id"])]))
     assert resp.status_code == 200, (resp.status_code, resp.headers.get("Location"))
     page = resp.content.decode()
     assert "用户取消 user cancelled" in page and "test-system" in page
-    page = operator_client.get(f"/admin/scheduling/scheduledmessage/{sent['id']}/change/").content.decode()
+    resp = operator_client.get(reverse("admin:scheduling_scheduledmessage_change", args=[quote(sent["id"])]))
+    assert resp.status_code == 200, (resp.status_code, resp.headers.get("Location"))
+    page = resp.content.decode()
     assert "connector" in page

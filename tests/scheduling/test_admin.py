@@ -1,10 +1,13 @@
 """Operators manage scheduled messages through the admin pages; every action goes through the
 services and records who did it."""
 
+import re
 from datetime import timedelta
+from html import unescape as html_unescape
 
 import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.utils import quote
 from django.urls import reverse
 from django.utils import timezone
 
@@ -106,9 +109,19 @@ def test_retry_failed_puts_it_back_and_it_is_sent(client, operator, make_session
     assert task.status == ScheduledStatus.SENT
 
 
+def test_ids_that_look_like_admin_escapes_open_from_the_list(client, operator, make_session):
+    # The admin escapes "_" in URLs ("sm_..." becomes "sm_5F..."); an unescaped "sm_22..." would read as '"'.
+    task = schedule(make_session(), text="escape me")
+    ScheduledMessage.objects.filter(pk=task.pk).update(id="sm_22k3v9xq2m")
+    html = client.get(CHANGELIST).content.decode()
+    link = re.search(r'href="([^"]*/sm_5F22k3v9xq2m/change/[^"]*)"', html).group(1)
+    page = client.get(html_unescape(link))
+    assert page.status_code == 200 and "escape me" in page.content.decode()
+
+
 def test_change_form_edits_pending_only(client, operator, make_session):
     task = schedule(make_session(), text="before")
-    url = reverse("admin:scheduling_scheduledmessage_change", args=[task.pk])
+    url = reverse("admin:scheduling_scheduledmessage_change", args=[quote(task.pk)])
     form = client.get(url)
     assert form.status_code == 200 and 'name="message_text"' in form.content.decode()
     when = (timezone.now() + timedelta(days=1)).astimezone(config.get_config().tzinfo).replace(microsecond=0)

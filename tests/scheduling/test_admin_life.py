@@ -4,6 +4,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.utils import quote
 from django.urls import reverse
 from django.utils import timezone
 
@@ -45,7 +46,7 @@ def test_timer_list_filters_and_actions(client, operator, make_session):
 
 def test_timer_change_page_previews_cron_fires_and_validates_a_new_spec(client, operator, make_session):
     timer = timer_create(spec="cron:0 8 * * *", label="morning", session=make_session(), acted_by=SYSTEM)
-    url = reverse("admin:scheduling_timer_change", args=[timer.pk])
+    url = reverse("admin:scheduling_timer_change", args=[quote(timer.pk)])
     html = client.get(url).content.decode()
     assert html.count("T08:00:00+08:00") >= 5  # the next five fires, in the bot's time zone
 
