@@ -30,6 +30,24 @@ def no_console_services_in_test_process(django_test_environment) -> None:
     settings.MAIBOT_CONSOLE_SERVICES = False
 
 
+@pytest.fixture(autouse=True, scope="session")
+def empty_task_queue(django_test_environment) -> Iterator[None]:
+    """With REDIS_URL the task broker is Redis, which outlives the test database: tasks queued with no
+    cluster running (summary refreshes after inbound messages…) would otherwise reach the clusters of
+    the next run. (The ORM broker's queue lives in the test database and goes with it.)"""
+    from django.conf import settings
+
+    def purge() -> None:
+        if settings.REDIS_URL:
+            from django_q.brokers import get_broker
+
+            get_broker().purge_queue()
+
+    purge()
+    yield
+    purge()
+
+
 @pytest.fixture(autouse=True)
 def default_bot_config() -> Iterator[bot_config.BotConfig]:
     """Every test starts from the documented defaults, whatever the data dir's file says."""
