@@ -20,7 +20,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
@@ -29,13 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import pct  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bench.common import embedded_default, free_port, pct  # noqa: E402
 
 
 def post(url: str, body: dict, token: str) -> dict:
@@ -63,20 +56,10 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=500, help="scheduled messages due at one instant")
     args = parser.parse_args()
 
-    data_dir = Path(tempfile.mkdtemp(prefix="maibot-bench-api-"))
-    (data_dir / "bot_config.toml").write_text(
-        "[api]\nrate_limit_per_minute = 1000000\n[scheduling]\nmax_pending_per_session = 10000\n", encoding="utf-8"
+    data_dir, env = embedded_default(
+        "maibot-bench-api-",
+        bot_config="[api]\nrate_limit_per_minute = 1000000\n[scheduling]\nmax_pending_per_session = 10000\n",
     )
-    os.environ["MAIBOT_DATA_DIR"] = str(data_dir)
-    os.environ.pop("DATABASE_URL", None)
-    os.environ.pop("REDIS_URL", None)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "maibot.settings")
-    env = {**os.environ, "LOG_LEVEL": "WARNING"}
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
-
-    import django
-
-    django.setup()
     from chat.api_access import api_token_create
     from scheduling.models import ScheduledMessage
 

@@ -21,20 +21,13 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import pct  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bench.common import embedded_default, free_port, pct  # noqa: E402
 
 
 def cpu_seconds(pid: int) -> float:
@@ -174,19 +167,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the temporary data dir")
     args = parser.parse_args()
 
-    data_dir = Path(tempfile.mkdtemp(prefix="maibot-bench-"))
-    env = {**os.environ, "MAIBOT_DATA_DIR": str(data_dir), "MAIBOT_ADAPTER_TOKENS": "bench", "PYTHONUNBUFFERED": "1"}
-    for key in ("DATABASE_URL", "REDIS_URL"):
-        env.pop(key, None)
-    os.environ.update({k: v for k, v in env.items() if k.startswith("MAIBOT_")})
-    os.environ.pop("DATABASE_URL", None)
-    os.environ.pop("REDIS_URL", None)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "maibot.settings")
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
-
-    import django
-
-    django.setup()
+    data_dir, env = embedded_default("maibot-bench-", MAIBOT_ADAPTER_TOKENS="bench", PYTHONUNBUFFERED="1")
     from maibot.management.commands.serve import ASGI_APPLICATION, DAPHNE_OPTIONS
 
     port = free_port()
@@ -206,7 +187,7 @@ def main() -> None:
             ASGI_APPLICATION,
         ],
         cwd=ROOT,
-        env={**env, "LOG_LEVEL": "WARNING"},
+        env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
     )

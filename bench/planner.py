@@ -24,14 +24,13 @@ import platform
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import pct  # noqa: E402
+from bench.common import embedded_default, pct  # noqa: E402
 
 FAKE_LLM_SERVER = """
 import sys, time
@@ -61,17 +60,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    data_dir = Path(tempfile.mkdtemp(prefix="maibot-bench-planner-"))
-    os.environ["MAIBOT_DATA_DIR"] = str(data_dir)
-    for var in ("DATABASE_URL", "REDIS_URL", "OPENAI_BASE_URL", "MAIBOT_LLM_MODEL"):
-        os.environ.pop(var, None)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "maibot.settings")
-    os.environ["LOG_LEVEL"] = "WARNING"
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=os.environ, check=True)
-
-    import django
-
-    django.setup()
+    embedded_default("maibot-bench-planner-", unset=("OPENAI_BASE_URL", "MAIBOT_LLM_MODEL"), LOG_LEVEL="WARNING")
     from asgiref.sync import sync_to_async
     from django.utils import timezone
 

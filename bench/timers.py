@@ -20,7 +20,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -28,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import pct  # noqa: E402
+from bench.common import embedded_default, pct  # noqa: E402
 
 
 def summary(values_ms: list[float]) -> str:
@@ -43,17 +42,7 @@ def main() -> None:
     parser.add_argument("--ticks", type=int, default=200, help="idle run_due calls to time")
     args = parser.parse_args()
 
-    data_dir = Path(tempfile.mkdtemp(prefix="maibot-bench-timers-"))
-    os.environ["MAIBOT_DATA_DIR"] = str(data_dir)
-    os.environ.pop("DATABASE_URL", None)
-    os.environ.pop("REDIS_URL", None)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "maibot.settings")
-    env = {**os.environ, "LOG_LEVEL": "WARNING"}
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
-
-    import django
-
-    django.setup()
+    data_dir, env = embedded_default("maibot-bench-timers-")
     from django.utils import timezone
 
     from chat.services import session_get_or_create
