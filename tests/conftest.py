@@ -83,6 +83,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for(predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.05) -> bool:
+    """Poll `predicate` until it is true (True) or `timeout` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False
+
+
 def subprocess_env(**extra: str) -> dict[str, str]:
     """Environment for a child process that must use the same (test) database as this test."""
     from django.conf import settings

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import pytest
 from django.db import connection
@@ -16,6 +17,7 @@ from maibot import config as bot_config
 from maibot.logdb import DatabaseLogHandler, log_entries_prune
 from maibot.models import LogEntry
 from tests.conftest import ROOT, subprocess_env
+from tests.conftest import wait_for as shared_wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,13 +33,7 @@ def handler():
     h.shutdown()
 
 
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
+wait_for = partial(shared_wait_for, timeout=10.0)
 
 
 def test_an_inactive_handler_stores_nothing(handler):

@@ -5,12 +5,14 @@ and a burst of writes is one reload."""
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from maibot import reload
 from maibot.config import get_config, render_template
+from tests.conftest import wait_for as shared_wait_for
 
 
 @pytest.fixture
@@ -45,13 +47,7 @@ def edit(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new, 1), encoding="utf-8")
 
 
-def wait_for(predicate, timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
+wait_for = partial(shared_wait_for, timeout=15.0)
 
 
 def test_a_valid_edit_of_the_file_is_applied_without_restart(config_file, watcher):

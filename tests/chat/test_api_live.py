@@ -18,6 +18,7 @@ from django.utils import timezone
 from chat.api_access import api_token_create
 from chat.models import Message
 from scheduling.models import ScheduledMessage
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -40,15 +41,6 @@ def server_config(tmp_path: Path, name: str, toml: str) -> None:
     data_dir = tmp_path / f"data-{name}"
     data_dir.mkdir(exist_ok=True)
     (data_dir / "bot_config.toml").write_text(toml, encoding="utf-8")
-
-
-def wait_for(predicate, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_concurrent_requests_with_one_key_on_two_servers_send_one_message(start_server, make_session, tmp_path):

@@ -1,24 +1,19 @@
 """A real `manage.py qcluster` process delivers scheduled messages on time."""
 
-import time
 from datetime import timedelta
+from functools import partial
 
 import pytest
 from django.utils import timezone
 
 from scheduling.models import ScheduledMessage, ScheduledStatus
 from scheduling.services import SYSTEM, scheduled_message_create
+from tests.conftest import wait_for as shared_wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def wait_for(predicate, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
+wait_for = partial(shared_wait_for, timeout=15.0)
 
 
 def test_qcluster_delivers_a_task_due_in_two_seconds_on_time(make_session, start_qcluster):

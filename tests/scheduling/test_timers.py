@@ -2,6 +2,7 @@
 
 import time
 from datetime import timedelta
+from functools import partial
 
 import pytest
 from django.utils import timezone
@@ -22,6 +23,7 @@ from scheduling.timers import (
     timer_upcoming,
     timer_update,
 )
+from tests.conftest import wait_for as shared_wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -244,13 +246,7 @@ def test_firings_no_worker_started_are_handed_over_again(make_session):
 # --- real clusters --------------------------------------------------------------------------------
 
 
-def wait_for(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
+wait_for = partial(shared_wait_for, interval=0.1)
 
 
 @pytest.mark.django_db(transaction=True)
