@@ -5,6 +5,7 @@ from datetime import timedelta
 from functools import partial
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
 from chat.models import Message, PlannerCycle, SourceKind
@@ -275,13 +276,15 @@ def test_two_clusters_fire_each_due_cron_instant_once_and_keep_it_active(make_se
     start_qcluster("a")
     start_qcluster("b")
     sessions = [make_session() for _ in range(20)]
-    timers = [
-        timer_create(spec="cron:* * * * *", label="每分钟", payload="say:tick", session=s, acted_by=SYSTEM)
-        for s in sessions
-    ]
-    # Bring the minute forward: every timer due two seconds from now.
-    due = timezone.now() + timedelta(seconds=2)
-    Timer.objects.filter(pk__in=[t.pk for t in timers]).update(next_fire=due)
+    # Bring the minute forward: every timer due two seconds from now. In one transaction, so the running
+    # clusters never see a timer at its natural next minute (which may pass while they are created).
+    with transaction.atomic():
+        timers = [
+            timer_create(spec="cron:* * * * *", label="每分钟", payload="say:tick", session=s, acted_by=SYSTEM)
+            for s in sessions
+        ]
+        due = timezone.now() + timedelta(seconds=2)
+        Timer.objects.filter(pk__in=[t.pk for t in timers]).update(next_fire=due)
     assert wait_for(lambda: Message.objects.filter(source_kind=SourceKind.TIMER).count() >= 20, timeout=40)
     time.sleep(2)
     assert Message.objects.filter(source_kind=SourceKind.TIMER).count() == 20
