@@ -12,7 +12,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from chat.admin import ReadOnlyInline
+from chat.admin import ReadOnlyAdmin, ReadOnlyInline
 from chat.models import CycleKind, LLMCall, ToolCallRecord
 from maibot.config import get_config
 from scheduling.admin import ServiceActionsMixin, operator, status_badge
@@ -356,7 +356,7 @@ class LLMCallInline(ReadOnlyInline):
 
 
 @admin.register(LifeTurn)
-class LifeTurnAdmin(admin.ModelAdmin):
+class LifeTurnAdmin(ReadOnlyAdmin):
     list_display = ["started_local", "action", "trigger", "session", "tool_call_count", "error"]
     list_filter = ["action"]
     search_fields = ["trigger", "error", "session__session_id"]
@@ -383,12 +383,3 @@ class LifeTurnAdmin(admin.ModelAdmin):
             "", "<p><b>{}</b></p><pre style='white-space:pre-wrap'>{}</pre>",
             ((m.get("role", ""), m.get("content", "")) for m in obj.prompt or []),
         )  # fmt: skip
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
