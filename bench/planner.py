@@ -64,12 +64,12 @@ def main() -> None:
     from asgiref.sync import sync_to_async
     from django.utils import timezone
 
-    from chat import context
+    from chat import components as context
+    from chat.components import ToolContext
+    from chat.components import registry as tools
     from chat.models import Direction, LLMCall, Message, PlannerCycle, SourceKind
     from chat.runtime import registry
     from chat.services import inbound_stored, message_send, session_get_or_create
-    from chat.tools import ToolContext
-    from chat.tools import registry as tools
     from maibot import config
 
     if args.without_context_blocks:

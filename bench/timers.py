@@ -46,8 +46,9 @@ def main() -> None:
     from django.utils import timezone
 
     from chat.services import session_get_or_create
-    from scheduling.models import Actor, FiringStatus, Timer, TimerFiring
-    from scheduling.timers import TimerSource
+    from scheduling.life.models import FiringStatus, Timer, TimerFiring
+    from scheduling.life.timers import TimerSource
+    from scheduling.models import Actor
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, SQLite")
     sessions = [session_get_or_create(platform="bench", chat_type="private", user_id=f"u{i}") for i in range(500)]

@@ -21,8 +21,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
 from chat.models import ChatSession, LLMCall, Message, PlannerCycle, ToolCallRecord
-from maibot.config import get_config
-from scheduling.timespec import format_instant
+from maibot.config import format_instant, get_config
 
 CONVERSATION_TAIL = 200
 
@@ -386,7 +385,3 @@ class LLMCallAdmin(ReadOnlyAdmin):
             **summary,
         }
         return TemplateResponse(request, "admin/chat/usage.html", context)
-
-
-# The proactive API's tokens keep their admin in their own module.
-from chat import admin_api  # noqa: E402, F401

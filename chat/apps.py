@@ -8,10 +8,8 @@ class ChatConfig(AppConfig):
     def ready(self) -> None:
         # The outbox listens to the send service's outbound_created signal (wake-ups); chat.runtime
         # connects the planner's runtimes to `inbound_stored` (sent by the gateway in the ASGI
-        # process); built-in tools register themselves with the tool registry on import.
+        # process); the planner's own actions (reply, no_reply, send_emoji) register as tools.
+        # Apps above chat register their components from their own ready().
+        import chat.actions
         import chat.outbox
-        import chat.runtime
-        import chat.tools.chat
-        import chat.tools.memory
-        import chat.tools.scheduling
-        import chat.tools.timers  # noqa: F401
+        import chat.runtime  # noqa: F401

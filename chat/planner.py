@@ -1,7 +1,7 @@
 """The chat planner: one observe → plan → execute cycle of a session, its prompt, and its record.
 
 A cycle (run by the session's runtime, chat/runtime.py) gets the messages that arrived since the
-last one, renders the prompt, calls the model once with the tools (`chat.llm.complete`, purpose
+last one, renders the prompt, calls the model once with the tools (`chat.agent.llm.complete`, purpose
 "planner"), executes the tool calls, and feeds their results back in the same cycle until the model
 ends its turn with `reply` / `no_reply` / `send_emoji` or `chat.max_rounds` calls were made. Every
 cycle is a PlannerCycle row (phase timings, action, reasoning, outcome, replanned, error, the full
@@ -59,15 +59,13 @@ from asgiref.sync import sync_to_async
 from django.db import transaction
 from django.utils import timezone
 
-from chat import llm
-from chat.context import context_blocks
+from chat.actions import MAX_REPLY_CHARS
+from chat.actions import reply as reply_tool
+from chat.agent import llm
+from chat.agent.prompt import Prompt, prompt_manager
+from chat.components import Tool, ToolContext, context_blocks, error, registry
 from chat.models import ChatSession, CycleKind, Direction, Message, PlannerCycle, SourceKind, ToolCallRecord
-from chat.prompt import Prompt, prompt_manager
-from chat.tools import Tool, ToolContext, error, registry
-from chat.tools.chat import MAX_REPLY_CHARS
-from chat.tools.chat import reply as reply_tool
-from maibot.config import BotConfig, get_config
-from scheduling.timespec import format_instant
+from maibot.config import BotConfig, format_instant, get_config
 
 logger = logging.getLogger(__name__)
 

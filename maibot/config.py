@@ -10,6 +10,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
+from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -400,3 +401,8 @@ def render_template() -> str:
         doc.add(tomlkit.nl())
         doc.add(name, table)
     return tomlkit.dumps(doc)
+
+
+def format_instant(value: datetime, tz: tzinfo) -> str:
+    """An instant as ISO 8601 with the offset of `tz`, to the second (how every time is shown)."""
+    return value.astimezone(tz).isoformat(timespec="seconds")

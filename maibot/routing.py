@@ -8,7 +8,7 @@ from channels.security.websocket import AllowedHostsOriginValidator
 from django.urls import path
 
 from chat.consumers import ChatPageConsumer
-from maibot.consumers import LogStreamConsumer
+from console.consumers import LogStreamConsumer
 
 websocket_urlpatterns: list = [
     # Operators only (checked in the consumer); the Origin check stops other sites from opening it

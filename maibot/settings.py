@@ -59,6 +59,7 @@ INSTALLED_APPS = [
     "maibot",
     "chat",
     "scheduling",
+    "console",
     "django_q",
 ]
 
@@ -84,7 +85,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "maibot.context_processors.config_reload",
+                "console.context_processors.config_reload",
             ],
         },
     },

@@ -3,9 +3,9 @@
 from django.contrib import admin
 from django.urls import path
 
-from chat.api import api as proactive_api
 from chat.views import chat_page
-from maibot import views
+from console import views
+from scheduling.proactive.api import api as proactive_api
 
 urlpatterns = [
     # The console's own admin pages: admin_view() gives them the admin's login, staff check and CSRF.

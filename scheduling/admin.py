@@ -12,11 +12,11 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.utils.html import format_html
 
-from maibot.config import get_config
+from maibot.config import format_instant, get_config
+from scheduling.admin_actions import ServiceActionsMixin, operator, status_badge
 from scheduling.error_codes import SchedulingError
-from scheduling.models import Actor, ScheduledMessage, ScheduledStatus
+from scheduling.models import ScheduledMessage, ScheduledStatus
 from scheduling.services import (
-    ActedBy,
     resolve_send_at,
     scheduled_message_cancel,
     scheduled_message_edit_text,
@@ -25,28 +25,6 @@ from scheduling.services import (
     scheduled_message_send_now,
     validate_text,
 )
-from scheduling.timespec import format_instant
-
-STATUS_COLOURS = {
-    ScheduledStatus.PENDING: "#2563eb",
-    ScheduledStatus.SENDING: "#d97706",
-    ScheduledStatus.SENT: "#16a34a",
-    ScheduledStatus.CANCELLED: "#6b7280",
-    ScheduledStatus.FAILED: "#dc2626",
-}
-
-
-def status_badge(status: str, label: str) -> str:
-    return format_html(
-        '<span class="mb-badge" style="background:{};color:#fff;padding:2px 8px;border-radius:10px;'
-        'font-size:11px;white-space:nowrap">{}</span>',
-        STATUS_COLOURS.get(status, "#6b7280"),
-        label,
-    )
-
-
-def operator(request: HttpRequest) -> ActedBy:
-    return ActedBy(via=Actor.OPERATOR, user=request.user)
 
 
 class PlatformFilter(admin.SimpleListFilter):
@@ -104,27 +82,6 @@ class ScheduledMessageForm(forms.ModelForm):
             return validate_text(self.cleaned_data.get("message_text") or "")
         except SchedulingError as exc:
             raise ValidationError(exc.message, code=str(exc.code)) from None
-
-
-class ServiceActionsMixin:
-    """Admin actions that call a service for each selected row and report what was done and what
-    the service refused (with its reason)."""
-
-    action_errors: tuple[type[Exception], ...] = (SchedulingError,)
-    action_noun = "item(s)"
-
-    def _each(self, request, queryset, func, verb: str) -> None:
-        done, refused = 0, []
-        for obj in queryset:
-            try:
-                func(obj)
-                done += 1
-            except self.action_errors as exc:
-                refused.append(f"{obj.pk}: {exc.message}")
-        if done:
-            self.message_user(request, f"{verb} {done} {self.action_noun}.", messages.SUCCESS)
-        if refused:
-            self.message_user(request, "Skipped " + "; ".join(refused), messages.WARNING)
 
 
 @admin.register(ScheduledMessage)
@@ -282,5 +239,7 @@ class ScheduledMessageAdmin(ServiceActionsMixin, admin.ModelAdmin):
         self._each(request, queryset, lambda t: scheduled_message_retry(task_id=t.pk, acted_by=by), "Retrying")
 
 
-# The life loop's admin (timers, inner state, memory, turns) lives in its own module.
-from scheduling import admin_life  # noqa: E402, F401
+# The life loop's admin (timers, inner state, memory, turns) and the API tokens' admin live with their
+# sub-packages; Django's autodiscovery imports only this module.
+from scheduling.life import admin as _life_admin  # noqa: E402, F401
+from scheduling.proactive import admin as _proactive_admin  # noqa: E402, F401

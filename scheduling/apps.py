@@ -6,9 +6,16 @@ class SchedulingConfig(AppConfig):
     verbose_name = "Scheduling"
 
     def ready(self) -> None:
+        # Tools offered to the chat planner: scheduled messages, timers, memory and notes.
+        import scheduling.life.memory_tools
+        import scheduling.life.tools
+        import scheduling.tools  # noqa: F401
         from chat.services import inbound_stored
-        from scheduling.memory import on_inbound_stored, register_context_blocks
+        from scheduling.life.memory import on_inbound_stored, register_context_blocks
+        from scheduling.offline import register_commands
 
+        # Reminders the offline planner understands without a model (/schedule, "remind me in 10 minutes…").
+        register_commands()
         # Inner state, memory slots, summary and scratch notes in the chat planner's prompt.
         register_context_blocks()
         # Long chats get their rolling summary refreshed from the cluster.

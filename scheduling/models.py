@@ -1,22 +1,13 @@
-"""Scheduled messages (text written now, sent as written at send_at) and the life loop's records:
-timers and their firings, the inner state, memory slots, session summaries and scratch notes."""
+"""Scheduled messages: text written now, sent as written at send_at."""
 
 from __future__ import annotations
-
-import secrets
 
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from chat.models import ApiToken, ChatSession, ChatType, Message, PlannerCycle
-
-_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"
-
-
-def short_id(prefix: str) -> str:
-    """Short, unambiguous ids a person (or a model) can type back: `sm_k3v9xq2mtr`."""
-    return prefix + "".join(secrets.choice(_ALPHABET) for _ in range(10))
+from chat.models import ApiToken, ChatSession, ChatType, Message
+from scheduling.base import Actor, short_id
 
 
 def new_task_id() -> str:
@@ -29,15 +20,6 @@ class ScheduledStatus(models.TextChoices):
     SENT = "sent", "Sent"
     CANCELLED = "cancelled", "Cancelled"
     FAILED = "failed", "Failed"
-
-
-class Actor(models.TextChoices):
-    """Who created, cancelled or rescheduled a scheduled message."""
-
-    TOOL = "tool", "Planner tool"
-    OPERATOR = "operator", "Operator"
-    API = "api", "API"
-    SYSTEM = "system", "System"
 
 
 class ScheduledMessage(models.Model):
@@ -127,230 +109,6 @@ class ScheduledMessage(models.Model):
         return (self.sent_at - self.send_at).total_seconds()
 
 
-# --- the life loop: timers, inner state, memory -----------------------------------------------------
-
-
-def new_timer_id() -> str:
-    return short_id("tm_")
-
-
-class TimerStatus(models.TextChoices):
-    ACTIVE = "active", "Active"
-    DONE = "done", "Done"
-    CANCELLED = "cancelled", "Cancelled"
-    FAILED = "failed", "Failed"
-
-
-class TimerKindChoice(models.TextChoices):
-    AFTER = "after", "After a delay (once)"
-    EVERY = "every", "Every interval"
-    ONCE = "once", "Once at a time"
-    CRON = "cron", "Cron"
-
-
-class Timer(models.Model):
-    """Wakes the bot: at next_fire the dispatcher records a firing and a worker runs a life-loop turn."""
-
-    id = models.CharField(primary_key=True, max_length=16, default=new_timer_id, editable=False)
-    label = models.CharField(max_length=200)
-    # What the turn is about; `say:<text>` marks a literal message sent as written (also offline).
-    payload = models.TextField(blank=True)
-    spec = models.CharField(
-        max_length=200, help_text="As written: 5min, every:1h, once:2026-04-10 09:00, cron:0 8 * * *"
-    )
-    kind = models.CharField(max_length=8, choices=TimerKindChoice.choices)
-    session = models.ForeignKey(
-        ChatSession,
-        null=True,
-        blank=True,
-        on_delete=models.CASCADE,
-        related_name="timers",
-        help_text="Where send_message goes by default; empty for a timer of the bot's own.",
-    )
-    next_fire = models.DateTimeField(null=True, blank=True, help_text="UTC; empty once the timer is over.")
-    status = models.CharField(max_length=16, choices=TimerStatus.choices, default=TimerStatus.ACTIVE)
-    last_fired_at = models.DateTimeField(null=True, blank=True)
-    fire_count = models.PositiveIntegerField(default=0)
-    last_error = models.TextField(blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
-    created_via = models.CharField(max_length=16, choices=Actor.choices)
-    created_by_tool_call_id = models.CharField(max_length=128, blank=True)
-    created_by_user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    cancelled_at = models.DateTimeField(null=True, blank=True)
-    # Set by the claiming UPDATE so the claimer can read back exactly the rows it advanced.
-    fire_token = models.CharField(max_length=32, blank=True, editable=False, db_index=True)
-
-    class Meta:
-        ordering = ["next_fire"]
-        indexes = [
-            models.Index(fields=["status", "next_fire"], name="timer_due_idx"),
-            models.Index(fields=["session", "status"], name="timer_session_status_idx"),
-        ]
-        constraints = [
-            models.CheckConstraint(
-                name="timer_active_has_next_fire", condition=~Q(status="active") | Q(next_fire__isnull=False)
-            ),
-            models.CheckConstraint(
-                name="timer_cancelled_has_time", condition=~Q(status="cancelled") | Q(cancelled_at__isnull=False)
-            ),
-            models.CheckConstraint(name="timer_has_label", condition=~Q(label="")),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.id} {self.label} ({self.spec})"
-
-    @property
-    def literal_text(self) -> str | None:
-        """The text of a `say:` payload, sent as written; None for a payload the model reads."""
-        text = self.payload.strip()
-        for marker in ("say:", "say："):
-            if text.lower().startswith(marker):
-                return text[len(marker) :].strip()
-        return None
-
-
-class FiringStatus(models.TextChoices):
-    PENDING = "pending", "Waiting for a worker"
-    RUNNING = "running", "Running"
-    DONE = "done", "Done"
-    SKIPPED = "skipped", "Skipped"
-    FAILED = "failed", "Failed"
-
-
-class TimerFiring(models.Model):
-    """One due instant of a timer, claimed by one dispatcher: the hand-off to a worker's life-loop turn."""
-
-    timer = models.ForeignKey(Timer, on_delete=models.CASCADE, related_name="firings")
-    due_at = models.DateTimeField(help_text="The instant the timer was due (UTC).")
-    fired_at = models.DateTimeField(help_text="When the dispatcher claimed it.")
-    status = models.CharField(max_length=8, choices=FiringStatus.choices, default=FiringStatus.PENDING)
-    enqueued_at = models.DateTimeField(null=True, blank=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
-    cycle = models.ForeignKey(
-        "chat.PlannerCycle", null=True, blank=True, on_delete=models.SET_NULL, related_name="timer_firings"
-    )
-    outcome = models.CharField(max_length=64, blank=True)
-    error = models.TextField(blank=True)
-
-    class Meta:
-        ordering = ["-due_at"]
-        indexes = [models.Index(fields=["status", "fired_at"], name="firing_status_idx")]
-        # The database itself refuses a second firing of the same due instant.
-        constraints = [models.UniqueConstraint(fields=["timer", "due_at"], name="firing_once_per_instant")]
-
-    def __str__(self) -> str:
-        return f"{self.timer_id} @ {self.due_at:%Y-%m-%d %H:%M:%S}"
-
-    @property
-    def lateness_seconds(self) -> float:
-        return (self.fired_at - self.due_at).total_seconds()
-
-
-class InnerState(models.Model):
-    """The bot's own persistent note about its current situation (one row; history in revisions)."""
-
-    id = models.PositiveSmallIntegerField(primary_key=True, default=1, editable=False)
-    text = models.TextField(blank=True)
-    updated_at = models.DateTimeField(null=True, blank=True)
-    updated_by = models.CharField(max_length=160, blank=True)
-
-    class Meta:
-        verbose_name = "inner state"
-        verbose_name_plural = "inner state"
-        constraints = [models.CheckConstraint(name="inner_state_single_row", condition=Q(id=1))]
-
-    def __str__(self) -> str:
-        return "Inner state"
-
-
-class InnerStateRevision(models.Model):
-    """One change of the inner state: the new text, who made it and when."""
-
-    text = models.TextField(blank=True)
-    previous_text = models.TextField(blank=True)
-    created_at = models.DateTimeField()
-    via = models.CharField(max_length=16)  # life | operator | system
-    user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    cycle = models.ForeignKey("chat.PlannerCycle", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    tool_call_id = models.CharField(max_length=128, blank=True)
-
-    class Meta:
-        ordering = ["-created_at", "-id"]
-
-    def __str__(self) -> str:
-        return f"inner state @ {self.created_at:%Y-%m-%d %H:%M:%S} by {self.via}"
-
-
-class MemorySlot(models.Model):
-    """A short persistent fact the model keeps: global (no session) or about one chat."""
-
-    session = models.ForeignKey(
-        ChatSession, null=True, blank=True, on_delete=models.CASCADE, related_name="memory_slots"
-    )
-    key = models.CharField(max_length=64)
-    content = models.TextField()
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
-    updated_via = models.CharField(max_length=16, blank=True)
-    updated_by_tool_call_id = models.CharField(max_length=128, blank=True)
-
-    class Meta:
-        ordering = ["key"]
-        constraints = [
-            models.UniqueConstraint(fields=["key"], condition=Q(session__isnull=True), name="memory_global_key_unique"),
-            models.UniqueConstraint(
-                fields=["session", "key"], condition=Q(session__isnull=False), name="memory_session_key_unique"
-            ),
-            models.CheckConstraint(name="memory_has_key", condition=~Q(key="")),
-            models.CheckConstraint(name="memory_has_content", condition=~Q(content="")),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.key}: {self.content[:40]}"
-
-
-class SessionSummary(models.Model):
-    """The rolling summary of a long conversation, refreshed by the model every N new messages."""
-
-    session = models.OneToOneField(ChatSession, on_delete=models.CASCADE, related_name="summary")
-    text = models.TextField(blank=True)
-    # The last message folded into the summary; newer ones are what the next refresh reads.
-    last_message_id = models.BigIntegerField(default=0)
-    refreshed_at = models.DateTimeField(null=True, blank=True)
-    refresh_requested_at = models.DateTimeField(null=True, blank=True)
-    error = models.TextField(blank=True)
-
-    class Meta:
-        verbose_name_plural = "session summaries"
-
-    def __str__(self) -> str:
-        return f"summary of {self.session}"
-
-
-class ScratchNote(models.Model):
-    """A working note for the current task in one chat (the `note` tool); cleared with `clear_notes`."""
-
-    session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="scratch_notes")
-    text = models.TextField()
-    created_at = models.DateTimeField(auto_now_add=True)
-    tool_call_id = models.CharField(max_length=128, blank=True)
-
-    class Meta:
-        ordering = ["created_at", "id"]
-
-    def __str__(self) -> str:
-        return self.text[:40]
-
-
-class LifeTurn(PlannerCycle):
-    """Life-loop turns (PlannerCycle rows of kind life), for the admin."""
-
-    class Meta:
-        proxy = True
-        verbose_name = "life-loop turn"
+# The life loop's models (timers, firings, inner state, memory, summaries, notes) live in their
+# sub-package; importing them here registers them with this app.
+from scheduling.life.models import *  # noqa: E402, F403

@@ -11,10 +11,10 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from chat.models import ApiToken, ChatSession
-from maibot.config import get_config
+from maibot.config import format_instant, get_config
 from scheduling.error_codes import SchedulingError, SchedulingErrorCode
 from scheduling.models import Actor, ScheduledMessage, ScheduledStatus
-from scheduling.timespec import TimeSpecError, format_instant, parse_instant
+from scheduling.timespec import TimeSpecError, parse_instant
 
 logger = logging.getLogger(__name__)
 

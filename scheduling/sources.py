@@ -1,7 +1,7 @@
 """Registers every due source with the dispatcher (timers add theirs here)."""
 
 from scheduling.dispatcher import register_source
-from scheduling.timers import FiringHandOff, TimerSource
+from scheduling.life.timers import FiringHandOff, TimerSource
 
 # Firings are enqueued from their own thread so the dispatcher thread only claims.
 register_source(TimerSource(enqueue=FiringHandOff().submit))

@@ -11,6 +11,8 @@ from enum import StrEnum
 
 from croniter import CroniterError, croniter
 
+from maibot.config import format_instant
+
 
 class TimeSpecError(ValueError):
     """The text is not a time we understand; the message says what is wrong."""
@@ -40,11 +42,6 @@ def parse_instant(value: str, tz: tzinfo) -> datetime:
             raise TimeSpecError(f"{value!r} does not exist in {tz} (the clocks skip it)")
         parsed = local
     return parsed.astimezone(UTC)
-
-
-def format_instant(value: datetime, tz: tzinfo) -> str:
-    """An instant as ISO 8601 with the offset of `tz`, to the second."""
-    return value.astimezone(tz).isoformat(timespec="seconds")
 
 
 # --- timer specs ----------------------------------------------------------------------------------

@@ -13,8 +13,8 @@ from django.test import Client
 from django.utils import timezone
 
 from chat.models import AdapterConnection, LLMCall
+from console.dashboard import percentile, timer_model
 from maibot import config as bot_config
-from maibot.dashboard import percentile, timer_model
 from maibot.models import LogEntry, ProcessHeartbeat
 from scheduling.dispatcher import deliver_due
 from scheduling.models import ScheduledMessage, ScheduledStatus

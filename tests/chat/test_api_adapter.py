@@ -10,8 +10,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from chat.api_access import api_token_create
 from chat.models import Message
+from scheduling.proactive.access import api_token_create
 from tests.chat.api_support import png_base64, png_bytes
 from tests.chat.gateway_helpers import Adapter06, db, wait_for
 from tests.chat.test_api_live import http

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from chat.api_access import api_token_create
 from chat.models import Message
 from scheduling.models import ScheduledMessage
+from scheduling.proactive.access import api_token_create
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from chat.api_access import api_token_create, rate_limit_hit
 from chat.models import ApiRateWindow, Message
 from maibot import config as bot_config
+from scheduling.proactive.access import api_token_create, rate_limit_hit
 from tests.chat.api_support import ApiClient
 
 pytestmark = pytest.mark.django_db

@@ -2,7 +2,7 @@
 
 import pytest
 
-from chat import llm
+from chat.agent import llm
 from chat.models import LLMCall
 from maibot import config
 from tests.fake_llm import FakeLLM

@@ -234,7 +234,7 @@ async def test_quote_uses_the_platform_id_and_an_unknown_id_is_ignored(fake_llm,
 
 
 async def test_previous_cycles_and_context_blocks_are_in_the_prompt(fake_llm, runtimes, private):
-    from chat import context
+    from chat import components as context
 
     context.register_context_block("test_inner_state", lambda s: "feeling: sleepy 困", order=10)
     try:

@@ -11,9 +11,10 @@ from django.utils import timezone
 from chat.models import Direction, LLMCall, Message, PlannerCycle, ToolCallRecord
 from chat.offline import offline_turn
 from maibot import config
+from maibot.config import format_instant
 from scheduling.dispatcher import deliver_due
 from scheduling.models import ScheduledMessage, ScheduledStatus
-from scheduling.timespec import TimeSpecError, format_instant, parse_spoken_time, split_spoken_time
+from scheduling.timespec import TimeSpecError, parse_spoken_time, split_spoken_time
 from tests.chat.planner_helpers import inbound_store, runtimes_fixture, say, wait_until  # noqa: F401
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")

@@ -2,8 +2,8 @@
 
 import pytest
 
+from chat.agent.prompt import Prompt, PromptError, PromptManager, prompt_manager
 from chat.planner import SYSTEM_PROMPT, TURN_PROMPT, content_as_reply
-from chat.prompt import Prompt, PromptError, PromptManager, prompt_manager
 
 
 def test_blocks_render_in_order_with_construct_functions_and_drop_empty_blocks():

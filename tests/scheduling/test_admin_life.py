@@ -10,10 +10,10 @@ from django.utils import timezone
 
 from chat.models import CycleKind, LLMCall, PlannerCycle, ToolCallRecord
 from maibot import config
-from scheduling.memory import inner_state_update, memory_slot_set
-from scheduling.models import InnerState, InnerStateRevision, MemorySlot, Timer, TimerStatus
+from scheduling.life.memory import inner_state_update, memory_slot_set
+from scheduling.life.models import InnerState, InnerStateRevision, MemorySlot, Timer, TimerStatus
+from scheduling.life.timers import fire_due, timer_create
 from scheduling.services import SYSTEM
-from scheduling.timers import fire_due, timer_create
 
 pytestmark = pytest.mark.django_db
 

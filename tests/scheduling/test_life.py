@@ -7,11 +7,11 @@ from django.utils import timezone
 
 from chat.models import LLMCall, Message, PlannerCycle, SourceKind, ToolCallRecord
 from maibot import config
-from scheduling.life import run_firing
-from scheduling.memory import inner_state_get, inner_state_update, memory_slot_set
-from scheduling.models import FiringStatus, InnerStateRevision, Timer, TimerFiring
+from scheduling.life.loop import run_firing
+from scheduling.life.memory import inner_state_get, inner_state_update, memory_slot_set
+from scheduling.life.models import FiringStatus, InnerStateRevision, Timer, TimerFiring
+from scheduling.life.timers import fire_due, timer_create
 from scheduling.services import SYSTEM
-from scheduling.timers import fire_due, timer_create
 from tests.fake_llm import FakeLLM
 
 pytestmark = pytest.mark.django_db
@@ -182,7 +182,7 @@ def test_offline_other_payloads_are_skipped(make_session):
 
 
 def test_a_cancelled_timers_pending_turn_is_skipped(fake_llm, timer):
-    from scheduling.timers import timer_cancel
+    from scheduling.life.timers import timer_cancel
 
     firing = fire(timer)
     timer_cancel(timer_id=timer.pk, acted_by=SYSTEM)

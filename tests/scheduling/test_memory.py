@@ -4,12 +4,11 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from chat.context import context_blocks
+from chat.components import ToolContext, context_blocks, registry
 from chat.models import Direction, LLMCall, Message, SourceKind
-from chat.tools import ToolContext, registry
 from maibot import config
-from scheduling.error_codes import LifeError, MemoryErrorCode
-from scheduling.memory import (
+from scheduling.life.error_codes import LifeError, MemoryErrorCode
+from scheduling.life.memory import (
     inner_state_update,
     memory_slot_forget,
     memory_slot_set,
@@ -17,7 +16,7 @@ from scheduling.memory import (
     summary_refresh,
     summary_refresh_due,
 )
-from scheduling.models import InnerStateRevision, MemorySlot, SessionSummary, Timer, TimerStatus
+from scheduling.life.models import InnerStateRevision, MemorySlot, SessionSummary, Timer, TimerStatus
 from tests.fake_llm import FakeLLM
 
 pytestmark = pytest.mark.django_db

@@ -10,11 +10,10 @@ from django.utils import timezone
 
 from chat.models import Message, PlannerCycle, SourceKind
 from maibot import config
-from scheduling import timers as timer_services
-from scheduling.error_codes import LifeError, TimerErrorCode
-from scheduling.models import FiringStatus, Timer, TimerFiring, TimerStatus
-from scheduling.services import SYSTEM
-from scheduling.timers import (
+from scheduling.life import timers as timer_services
+from scheduling.life.error_codes import LifeError, TimerErrorCode
+from scheduling.life.models import FiringStatus, Timer, TimerFiring, TimerStatus
+from scheduling.life.timers import (
     TimerSource,
     fire_due,
     requeue_stale_firings,
@@ -24,6 +23,7 @@ from scheduling.timers import (
     timer_upcoming,
     timer_update,
 )
+from scheduling.services import SYSTEM
 from tests.conftest import wait_for as shared_wait_for
 
 pytestmark = pytest.mark.django_db

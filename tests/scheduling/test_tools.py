@@ -5,7 +5,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from chat.tools import ToolContext, registry
+from chat.components import ToolContext, registry
 from maibot import config
 from scheduling.models import Actor, ScheduledMessage, ScheduledStatus
 

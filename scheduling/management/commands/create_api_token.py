@@ -3,7 +3,7 @@
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from chat.api_access import api_token_create
+from scheduling.proactive.access import api_token_create
 
 
 class Command(BaseCommand):

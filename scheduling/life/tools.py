@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from chat.tools import Tool, ToolContext, error, ok, registry
-from scheduling.error_codes import LifeError, TimerErrorCode
+from chat.components import Tool, ToolContext, error, ok, registry
+from scheduling.life.error_codes import LifeError, TimerErrorCode
+from scheduling.life.timers import timer_as_dict, timer_cancel, timer_create, timers_active
 from scheduling.models import Actor
 from scheduling.services import ActedBy
-from scheduling.timers import timer_as_dict, timer_cancel, timer_create, timers_active
 
 
 def _acted_by(ctx: ToolContext) -> ActedBy:

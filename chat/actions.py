@@ -8,9 +8,9 @@ from typing import Any
 
 from django.db.models import F
 
+from chat.components import Tool, ToolContext, error, ok, registry
 from chat.models import Media, MediaKind, Message, SourceKind
 from chat.services import message_send
-from chat.tools import Tool, ToolContext, error, ok, registry
 
 # A chat message longer than this is not a chat message: the model is rambling or dumping data.
 MAX_REPLY_CHARS = 2000

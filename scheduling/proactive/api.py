@@ -1,8 +1,9 @@
 """The proactive message HTTP API (/api/v1/): request and response shapes, auth, errors. HTTP only;
-routing and the lifecycle live in chat.proactive, tokens, rate limit and idempotency in chat.api_access.
+routing and the lifecycle live in scheduling.proactive.routing, tokens, rate limit and idempotency in
+scheduling.proactive.access.
 
 Errors always have the shape {"code", "message", "field"?, "errors"?} with a code from
-chat.api_errors.ApiErrorCode. Every bad-input error, from the schema or from the routing rules, is a
+scheduling.proactive.errors.ApiErrorCode. Every bad-input error, from the schema or from the routing rules, is a
 400 (one status for "fix your request"); the code says what is wrong and `field` where.
 """
 
@@ -20,10 +21,11 @@ from ninja.security import HttpBearer
 from ninja.throttling import BaseThrottle
 from pydantic import ConfigDict, field_validator
 
-from chat.api_access import api_token_authenticate, idempotent_call, rate_limit_hit, request_fingerprint
-from chat.api_errors import ApiError, ApiErrorCode
 from chat.models import ApiToken, ChatType
-from chat.proactive import (
+from scheduling.models import ScheduledStatus
+from scheduling.proactive.access import api_token_authenticate, idempotent_call, rate_limit_hit, request_fingerprint
+from scheduling.proactive.errors import ApiError, ApiErrorCode
+from scheduling.proactive.routing import (
     Origin,
     conversation_as_dict,
     conversations_list,
@@ -33,7 +35,6 @@ from chat.proactive import (
     proactive_message_get,
     proactive_messages_list,
 )
-from scheduling.models import ScheduledStatus
 
 Code = ApiErrorCode
 # Beyond these, converting to UTC can overflow; nobody schedules a message there.

@@ -17,8 +17,8 @@ from django.utils import timezone
 
 from chat.models import ChatSession, Direction, Message
 from maibot.config import get_config
-from scheduling.error_codes import LifeError, MemoryErrorCode
-from scheduling.models import InnerState, InnerStateRevision, MemorySlot, ScratchNote, SessionSummary
+from scheduling.life.error_codes import LifeError, MemoryErrorCode
+from scheduling.life.models import InnerState, InnerStateRevision, MemorySlot, ScratchNote, SessionSummary
 
 logger = logging.getLogger(__name__)
 
@@ -211,7 +211,7 @@ def summary_request(session_pks: list[int]) -> list[int]:
 
     due = summary_refresh_due(session_pks)
     for pk in due:
-        async_task("scheduling.memory.summary_refresh", pk, group="summary", task_name=f"summary-{pk}")
+        async_task("scheduling.life.memory.summary_refresh", pk, group="summary", task_name=f"summary-{pk}")
     return due
 
 
@@ -225,7 +225,7 @@ def _render_messages(messages: list[Message]) -> str:
 
 
 async def _summarize(session_pk: int) -> str:
-    from chat.llm import complete
+    from chat.agent.llm import complete
 
     cfg = get_config().life
 
@@ -364,7 +364,7 @@ def scratch_block(session: ChatSession | None) -> str:
 
 
 def register_context_blocks() -> None:
-    from chat.context import register_context_block
+    from chat.components import register_context_block
 
     register_context_block("inner_state", inner_state_block, order=10)
     register_context_block("memory", memory_block, order=20)

@@ -35,7 +35,6 @@ from urllib.parse import urlsplit
 
 from django.db.models import QuerySet
 
-from chat.api_errors import ApiError, ApiErrorCode
 from chat.media import MediaError, decode_base64, media_store, sniff_mime
 from chat.models import ApiToken, ChatSession, ChatType, Media, make_session_id
 from chat.services import session_get_or_create
@@ -43,6 +42,7 @@ from maibot.config import get_config
 from scheduling.dispatcher import deliver_one
 from scheduling.error_codes import SchedulingError, SchedulingErrorCode
 from scheduling.models import Actor, ScheduledMessage
+from scheduling.proactive.errors import ApiError, ApiErrorCode
 from scheduling.services import ActedBy, scheduled_message_cancel, scheduled_message_create
 
 Code = ApiErrorCode

@@ -14,11 +14,11 @@ from django.utils.html import format_html, format_html_join
 
 from chat.admin import ReadOnlyAdmin, ReadOnlyInline
 from chat.models import CycleKind, LLMCall, ToolCallRecord
-from maibot.config import get_config
-from scheduling.admin import ServiceActionsMixin, operator, status_badge
-from scheduling.error_codes import LifeError
-from scheduling.memory import inner_state_get, inner_state_update, memory_slot_forget, memory_slot_set
-from scheduling.models import (
+from maibot.config import format_instant, get_config
+from scheduling.admin_actions import ServiceActionsMixin, operator, status_badge
+from scheduling.life.error_codes import LifeError
+from scheduling.life.memory import inner_state_get, inner_state_update, memory_slot_forget, memory_slot_set
+from scheduling.life.models import (
     InnerState,
     InnerStateRevision,
     LifeTurn,
@@ -27,7 +27,7 @@ from scheduling.models import (
     Timer,
     TimerStatus,
 )
-from scheduling.timers import (
+from scheduling.life.timers import (
     timer_cancel,
     timer_clean_fields,
     timer_create,
@@ -37,7 +37,6 @@ from scheduling.timers import (
     timer_upcoming,
     timer_update,
 )
-from scheduling.timespec import format_instant
 
 TIMER_COLOURS = {
     TimerStatus.ACTIVE: "pending",

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from chat.tools import Tool, ToolContext, error, ok, registry
-from scheduling.error_codes import LifeError, MemoryErrorCode
-from scheduling.memory import memory_slot_forget, memory_slot_set, scratch_note_add, scratch_notes_clear
+from chat.components import Tool, ToolContext, error, ok, registry
+from scheduling.life.error_codes import LifeError, MemoryErrorCode
+from scheduling.life.memory import memory_slot_forget, memory_slot_set, scratch_note_add, scratch_notes_clear
 
 _SCOPES = ("chat", "global")
 

@@ -25,11 +25,10 @@ from django.utils import timezone
 
 from chat.models import ChatSession, CycleKind, LLMCall, PlannerCycle, SourceKind, ToolCallRecord
 from chat.services import message_send
-from maibot.config import get_config
-from scheduling.error_codes import LifeError, LifeToolErrorCode
-from scheduling.memory import inner_state_text, inner_state_update, memory_block, summary_block
-from scheduling.models import FiringStatus, Timer, TimerFiring, TimerStatus
-from scheduling.timespec import format_instant
+from maibot.config import format_instant, get_config
+from scheduling.life.error_codes import LifeError, LifeToolErrorCode
+from scheduling.life.memory import inner_state_text, inner_state_update, memory_block, summary_block
+from scheduling.life.models import FiringStatus, Timer, TimerFiring, TimerStatus
 
 logger = logging.getLogger(__name__)
 
@@ -255,7 +254,7 @@ def _literal_turn(timer: Timer, firing: TimerFiring, now: datetime) -> tuple[Pla
 
 
 async def _model_turn(timer: Timer, firing: TimerFiring, cycle: PlannerCycle) -> TurnResult:
-    from chat.llm import complete
+    from chat.agent.llm import complete
 
     started = time.perf_counter()
     answer = await complete(
@@ -306,7 +305,7 @@ async def _run_turn(firing_id: int) -> TurnResult:
 
 
 def _record_timeout(cycle: PlannerCycle, timer: Timer, timeout: float) -> None:
-    """A call cut off by the turn's timeout never reached the ledger from chat.llm: put it there."""
+    """A call cut off by the turn's timeout never reached the ledger from chat.agent.llm: put it there."""
     if not LLMCall.objects.filter(cycle=cycle).exists():
         LLMCall.objects.create(
             cycle=cycle,

@@ -8,8 +8,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-from chat.api_access import api_token_create, api_token_revoke
 from chat.models import ApiToken
+from scheduling.proactive.access import api_token_create, api_token_revoke
 
 
 class ApiTokenAddForm(forms.ModelForm):

@@ -1,5 +1,5 @@
 """The operator console's pages inside the admin (dashboard, config editor, raw TOML, live logs) and the
-public /healthz endpoint. Views translate HTTP to the selectors in maibot.dashboard and the write path
+public /healthz endpoint. Views translate HTTP to the selectors in console.dashboard and the write path
 in maibot.reload; they hold no logic of their own."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from maibot import dashboard, reload
+from console import dashboard
+from console.config_editor import ConfigForm, read_config_file, toml_with_values
+from maibot import reload
 from maibot.config import ConfigError, config_path, get_config
-from maibot.config_editor import ConfigForm, read_config_file, toml_with_values
 
 VIEW_CONSOLE = "maibot.view_console"
 CHANGE_CONFIG = "maibot.change_config"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from chat.tools import Tool, ToolContext, error, ok, registry
+from chat.components import Tool, ToolContext, error, ok, registry
 from scheduling.error_codes import SchedulingError, SchedulingErrorCode
 from scheduling.models import Actor
 from scheduling.services import (

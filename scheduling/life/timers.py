@@ -7,7 +7,7 @@ advances next_fire (or ends a one-shot timer) and stamps a claim token; in the s
 INSERT … SELECT records a TimerFiring for every row it advanced. Another cluster's UPDATE for the same
 instant finds next_fire already moved and matches nothing; the unique (timer, due_at) constraint
 backs this up in the database. After commit the firings go to the django-q2 queue
-(scheduling.life.run_firing) from a hand-off thread, so the dispatcher never waits on a model.
+(scheduling.life.loop.run_firing) from a hand-off thread, so the dispatcher never waits on a model.
 A repeating timer that missed periods (downtime) fires once and moves to its next future time.
 """
 
@@ -27,17 +27,12 @@ from django.db.models import Min, Q
 from django.utils import timezone
 
 from chat.models import ChatSession
-from maibot.config import get_config
-from scheduling.error_codes import LifeError, TimerErrorCode
-from scheduling.models import (
-    Actor,
-    FiringStatus,
-    Timer,
-    TimerFiring,
-    TimerStatus,
-)
+from maibot.config import format_instant, get_config
+from scheduling.life.error_codes import LifeError, TimerErrorCode
+from scheduling.life.models import FiringStatus, Timer, TimerFiring, TimerStatus
+from scheduling.models import Actor
 from scheduling.services import ActedBy
-from scheduling.timespec import TimerSpec, TimeSpecError, format_instant, parse_timer_spec
+from scheduling.timespec import TimerSpec, TimeSpecError, parse_timer_spec
 
 logger = logging.getLogger(__name__)
 
@@ -325,7 +320,7 @@ def enqueue_firings(firing_ids: list[int]) -> None:
     with transaction.atomic():
         for firing_id in firing_ids:
             async_task(
-                "scheduling.life.run_firing",
+                "scheduling.life.loop.run_firing",
                 firing_id,
                 group="life",
                 task_name=f"life-firing-{firing_id}",

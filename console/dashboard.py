@@ -18,7 +18,7 @@ from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from chat.models import AdapterConnection, CycleKind, LLMCall, PlannerCycle
-from maibot import charts
+from console import charts
 from maibot.config import get_config
 from maibot.models import LogEntry, ProcessHeartbeat
 from scheduling.models import ScheduledMessage, ScheduledStatus

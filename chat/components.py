@@ -1,0 +1,157 @@
+"""The component registry: what the apps above `chat` (and plugins) plug into the bot.
+
+* Tools the agent turns offer to the model. A tool is a plain sync function taking a ToolContext and
+  its JSON arguments and returning a JSON-able dict: {"ok": true, ...} or {"ok": false, "error":
+  {"code": ..., "message": ...}}. The session is implicit: it comes from the context, never from the
+  model's arguments.
+* Commands: handlers that read what people type before any model does (the offline planner asks
+  them; plugins' commands will join them). A command gets the turn and one typed text and says
+  whether it handled it.
+* Context blocks other apps add to the planner's prompt (inner state, memory slots, summary…): a sync
+  function (session) -> str; an empty string means "nothing to say". The planner renders the
+  registered blocks in `order` (stable, cache-friendly blocks first).
+
+`chat` imports none of the apps that register here: each registers from its AppConfig.ready().
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from chat.models import ChatSession
+
+
+@dataclass
+class ToolContext:
+    session: ChatSession
+    tool_call_id: str = ""
+    cycle: Any = None  # chat.models.PlannerCycle when run by the planner
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+ToolFunc = Callable[..., dict[str, Any]]
+
+
+@dataclass
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]  # JSON Schema of the arguments
+    func: ToolFunc
+    # Decides per session whether the model is offered the tool (e.g. private chats only).
+    available: Callable[[ToolContext], bool] = lambda ctx: True
+    # The planner's cycle ends once such a tool succeeded (reply, no_reply, send_emoji): its result
+    # is not sent back to the model, so a plain reply costs exactly one LLM call.
+    ends_cycle: bool = False
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI `tools=[...]` entry."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+    def __call__(self, ctx: ToolContext, **arguments: Any) -> dict[str, Any]:
+        return self.func(ctx, **arguments)
+
+
+class ToolRegistry:
+    def __init__(self) -> None:
+        self._tools: dict[str, Tool] = {}
+
+    def register(self, tool: Tool) -> Tool:
+        if tool.name in self._tools:
+            raise ValueError(f"tool {tool.name!r} is already registered")
+        self._tools[tool.name] = tool
+        return tool
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def available(self, ctx: ToolContext) -> list[Tool]:
+        return [t for t in self._tools.values() if t.available(ctx)]
+
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+
+registry = ToolRegistry()
+
+
+def ok(**payload: Any) -> dict[str, Any]:
+    return {"ok": True, **payload}
+
+
+def error(code: str, message: str) -> dict[str, Any]:
+    return {"ok": False, "error": {"code": str(code), "message": message}}
+
+
+# --- context blocks -------------------------------------------------------------------------------
+
+ContextProvider = Callable[[ChatSession | None], str]
+
+
+@dataclass(frozen=True)
+class ContextBlock:
+    name: str
+    order: int
+    provider: ContextProvider
+
+
+_blocks: dict[str, ContextBlock] = {}
+
+
+def register_context_block(name: str, provider: ContextProvider, *, order: int = 100) -> None:
+    if name in _blocks:
+        raise ValueError(f"context block {name!r} is already registered")
+    _blocks[name] = ContextBlock(name=name, order=order, provider=provider)
+
+
+def context_blocks(session: ChatSession | None) -> list[tuple[str, str]]:
+    """(name, text) of every registered block with something to say, in order. Sync: call it from a
+    thread (sync_to_async) when in async code."""
+    out = []
+    for block in sorted(_blocks.values(), key=lambda b: (b.order, b.name)):
+        text = block.provider(session)
+        if text:
+            out.append((block.name, text))
+    return out
+
+
+# --- commands -------------------------------------------------------------------------------------
+
+
+class CommandTurn(Protocol):
+    """What a command may do in the turn that asked it: call a tool (recorded like the model's own
+    calls) and answer in the chat."""
+
+    session: ChatSession
+
+    def tool(self, name: str, **arguments: Any) -> dict[str, Any]: ...
+
+    def answer(self, text: str, action: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    # (turn, typed text) -> True when the command handled the text (answered, well or with an error).
+    handle: Callable[[CommandTurn, str], bool]
+    order: int = 100
+    # What the command understands, per language ("zh", "en"), for the offline notice.
+    help: dict[str, str] = field(default_factory=dict)
+
+
+_commands: dict[str, Command] = {}
+
+
+def register_command(command: Command) -> None:
+    if command.name in _commands:
+        raise ValueError(f"command {command.name!r} is already registered")
+    _commands[command.name] = command
+
+
+def commands() -> list[Command]:
+    return sorted(_commands.values(), key=lambda c: (c.order, c.name))
