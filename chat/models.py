@@ -268,6 +268,9 @@ class ApiToken(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
+    class Meta:
+        permissions = [("revoke_apitoken", "Can revoke API tokens")]
+
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
 

@@ -11,6 +11,8 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils.html import format_html
+from django_q import admin as q_admin
+from django_q.models import Failure, Success
 
 from maibot.config import format_instant, get_config
 from scheduling.admin_actions import ServiceActionsMixin, operator, status_badge
@@ -191,7 +193,10 @@ class ScheduledMessageAdmin(ServiceActionsMixin, admin.ModelAdmin):
             self.message_user(request, f"Not saved: {exc.message}", messages.ERROR)
 
     # --- actions ----------------------------------------------------------------------------------
-    @admin.action(description="Cancel selected (pending only)")
+    def has_send_now_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("scheduling.send_now_scheduledmessage")
+
+    @admin.action(description="Cancel selected (pending only)", permissions=["change"])
     def cancel_selected(self, request, queryset: QuerySet[ScheduledMessage]) -> None:
         by = operator(request)
         self._each(
@@ -201,7 +206,7 @@ class ScheduledMessageAdmin(ServiceActionsMixin, admin.ModelAdmin):
             "Cancelled",
         )
 
-    @admin.action(description="Reschedule selected…")
+    @admin.action(description="Reschedule selected…", permissions=["change"])
     def reschedule_selected(self, request, queryset: QuerySet[ScheduledMessage]) -> HttpResponse | None:
         if "apply" in request.POST:
             form = RescheduleForm(request.POST)
@@ -228,15 +233,27 @@ class ScheduledMessageAdmin(ServiceActionsMixin, admin.ModelAdmin):
         }
         return render(request, "admin/scheduling/reschedule.html", context)
 
-    @admin.action(description="Send selected now (pending only)")
+    @admin.action(description="Send selected now (pending only)", permissions=["send_now"])
     def send_now_selected(self, request, queryset: QuerySet[ScheduledMessage]) -> None:
         by = operator(request)
         self._each(request, queryset, lambda t: scheduled_message_send_now(task_id=t.pk, acted_by=by), "Queued now")
 
-    @admin.action(description="Retry selected failed messages")
+    @admin.action(description="Retry selected failed messages", permissions=["change"])
     def retry_failed_selected(self, request, queryset: QuerySet[ScheduledMessage]) -> None:
         by = operator(request)
         self._each(request, queryset, lambda t: scheduled_message_retry(task_id=t.pk, acted_by=by), "Retrying")
+
+
+# django-q2's task admins offer "resubmit" with no permission declared: a view-only operator could run a
+# task again. The same admins, with the action needing the change permission.
+@admin.action(description="Resubmit selected tasks to queue", permissions=["change"])
+def resubmit_task(modeladmin, request, queryset) -> None:
+    q_admin.resubmit_task(modeladmin, request, queryset)
+
+
+for _model, _base in ((Success, q_admin.TaskAdmin), (Failure, q_admin.FailAdmin)):
+    admin.site.unregister(_model)
+    admin.site.register(_model, type(_base.__name__, (_base,), {"actions": [resubmit_task]}))
 
 
 # The life loop's admin (timers, inner state, memory, turns) and the API tokens' admin live with their

@@ -72,6 +72,7 @@ class ScheduledMessage(models.Model):
 
     class Meta:
         ordering = ["send_at"]
+        permissions = [("send_now_scheduledmessage", "Can send scheduled messages now")]
         indexes = [
             models.Index(fields=["status", "due_at"], name="scheduled_due_idx"),
             models.Index(fields=["session", "status"], name="scheduled_session_status_idx"),

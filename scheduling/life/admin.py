@@ -198,12 +198,15 @@ class TimerAdmin(ServiceActionsMixin, admin.ModelAdmin):
             return
         self.message_user(request, f"Next fire: {local(timer.next_fire)}", messages.INFO)
 
-    @admin.action(description="Cancel selected (active only)")
+    def has_fire_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("scheduling.fire_timer")
+
+    @admin.action(description="Cancel selected (active only)", permissions=["change"])
     def cancel_selected(self, request, queryset: QuerySet[Timer]) -> None:
         by = operator(request)
         self._each(request, queryset, lambda t: timer_cancel(timer_id=t.pk, acted_by=by), "Cancelled")
 
-    @admin.action(description="Fire selected now (active only)")
+    @admin.action(description="Fire selected now (active only)", permissions=["fire"])
     def fire_now_selected(self, request, queryset: QuerySet[Timer]) -> None:
         by = operator(request)
         self._each(request, queryset, lambda t: timer_fire_now(timer_id=t.pk, acted_by=by), "Fired")

@@ -66,6 +66,7 @@ class Timer(models.Model):
 
     class Meta:
         ordering = ["next_fire"]
+        permissions = [("fire_timer", "Can fire timers now")]
         indexes = [
             models.Index(fields=["status", "next_fire"], name="timer_due_idx"),
             models.Index(fields=["session", "status"], name="timer_session_status_idx"),

@@ -71,7 +71,10 @@ class ApiTokenAdmin(admin.ModelAdmin):
         response["Cache-Control"] = "no-store"
         return response
 
-    @admin.action(description="Revoke selected tokens")
+    def has_revoke_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("chat.revoke_apitoken")
+
+    @admin.action(description="Revoke selected tokens", permissions=["revoke"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
         revoked = [t.name for t in queryset if api_token_revoke(token=t)]
         if revoked:
