@@ -7,6 +7,7 @@ class SchedulingErrorCode(StrEnum):
     NOT_PRIVATE_CHAT = "not_private_chat"
     INVALID_TIME = "invalid_time"
     EMPTY_TEXT = "empty_text"
+    INVALID_TEXT = "invalid_text"
     TEXT_TOO_LONG = "text_too_long"
     TOO_MANY_PENDING = "too_many_pending"
     STORAGE_ERROR = "storage_error"

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from chat.models import ApiToken, ChatSession
 from maibot.config import format_instant, get_config
+from maibot.text import is_blank, text_problem
 from scheduling.error_codes import SchedulingError, SchedulingErrorCode
 from scheduling.models import Actor, ScheduledMessage, ScheduledStatus
 from scheduling.timespec import TimeSpecError, parse_instant
@@ -76,8 +77,12 @@ def validate_text(text: str, *, has_segments: bool = False, max_length: int | No
     """The message text, stripped; refused when empty (without other content) or over the limit."""
     max_length = max_length or get_config().scheduling.max_text_length
     text = (text or "").strip()
-    if not text and not has_segments:
-        raise SchedulingError(Code.EMPTY_TEXT, "message_text is empty")
+    if problem := text_problem(text):
+        raise SchedulingError(Code.INVALID_TEXT, f"message_text {problem}")
+    if is_blank(text):
+        if not has_segments:
+            raise SchedulingError(Code.EMPTY_TEXT, "message_text is empty")
+        text = ""
     if len(text) > max_length:
         raise SchedulingError(Code.TEXT_TOO_LONG, f"message_text has {len(text)} characters; the limit is {max_length}")
     return text

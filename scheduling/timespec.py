@@ -18,6 +18,11 @@ class TimeSpecError(ValueError):
     """The text is not a time we understand; the message says what is wrong."""
 
 
+# The longest delay or interval anyone means (a timer, "in N days"): far beyond every configured
+# horizon, yet far from where date arithmetic overflows.
+MAX_SPAN = timedelta(days=365 * 100)
+
+
 def parse_instant(value: str, tz: tzinfo) -> datetime:
     """An ISO 8601 date-time as an aware UTC datetime.
 
@@ -35,13 +40,16 @@ def parse_instant(value: str, tz: tzinfo) -> datetime:
         ) from None
     if len(text) <= 10:  # a bare date: "send at 2026-04-10" has no time of day to send at
         raise TimeSpecError(f"{value!r} has no time of day; expected e.g. {text}T09:00")
-    if parsed.tzinfo is None:
-        local = parsed.replace(tzinfo=tz)
-        # Round-trip through UTC: a wall time inside a DST gap comes back different.
-        if local.astimezone(UTC).astimezone(tz).replace(tzinfo=None) != parsed:
-            raise TimeSpecError(f"{value!r} does not exist in {tz} (the clocks skip it)")
-        parsed = local
-    return parsed.astimezone(UTC)
+    try:
+        if parsed.tzinfo is None:
+            local = parsed.replace(tzinfo=tz)
+            # Round-trip through UTC: a wall time inside a DST gap comes back different.
+            if local.astimezone(UTC).astimezone(tz).replace(tzinfo=None) != parsed:
+                raise TimeSpecError(f"{value!r} does not exist in {tz} (the clocks skip it)")
+            parsed = local
+        return parsed.astimezone(UTC)
+    except OverflowError:  # years 1 and 9999 with an offset fall off the calendar in UTC
+        raise TimeSpecError(f"{value!r} is out of range") from None
 
 
 # --- timer specs ----------------------------------------------------------------------------------
@@ -172,6 +180,8 @@ def parse_duration(text: str) -> timedelta:
         )
     if total <= 0:
         raise TimeSpecError(f"{text!r} is zero; a timer needs a positive delay")
+    if total > MAX_SPAN.total_seconds():
+        raise TimeSpecError(f"{text!r} is longer than {MAX_SPAN.days // 365} years")
     return timedelta(seconds=total)
 
 
@@ -337,11 +347,18 @@ _SPOKEN_ZH_ABS = re.compile(
 
 
 def _spoken_zh_number(text: str) -> int:
+    try:
+        return _zh_number(text)
+    except KeyError:  # 十十, 两两十…: not a numeral
+        raise TimeSpecError(f"{text!r} is not a number") from None
+
+
+def _zh_number(text: str) -> int:
     if text.isdigit():
         return int(text)
     if "百" in text:
         head, _, tail = text.partition("百")
-        return (_SPOKEN_ZH_DIGITS.get(head, 1) if head else 1) * 100 + (_spoken_zh_number(tail) if tail else 0)
+        return (_SPOKEN_ZH_DIGITS.get(head, 1) if head else 1) * 100 + (_zh_number(tail) if tail else 0)
     if "十" in text:
         head, _, tail = text.partition("十")
         return (_SPOKEN_ZH_DIGITS[head] if head else 1) * 10 + (_SPOKEN_ZH_DIGITS[tail] if tail else 0)
@@ -374,20 +391,8 @@ def _spoken_parse_match(kind: str, m: re.Match, tz: tzinfo, now: datetime) -> da
     now_local = now.astimezone(tz)
     if kind == "iso":
         return parse_instant(m.group(0), tz)
-    if kind == "en_rel":
-        text = m.group(0)
-        if re.search(r"half\s+an\s+hour", text, re.I):
-            return now + timedelta(minutes=30)
-        seconds = sum(
-            (1 if n.lower() in {"a", "an", "one"} else int(n)) * _spoken_en_unit(u)
-            for n, u in _SPOKEN_EN_REL_PART.findall(text)
-        )
-        return now + timedelta(seconds=seconds)
-    if kind == "zh_rel":
-        n, unit = m.group("n"), m.group("u")
-        per = {"秒": 1, "秒钟": 1, "分": 60, "分钟": 60, "小时": 3600, "钟头": 3600, "天": 86400}[unit]
-        amount = 0.5 if n == "半" else _spoken_zh_number(n)
-        return now + timedelta(seconds=amount * per)
+    if kind in ("en_rel", "zh_rel"):
+        return now + _spoken_span(kind, m)
     if kind == "en_abs":
         day = (m.group("day1") or m.group("day2") or "").lower() or None
         hour, minute = int(m.group("h")), int(m.group("mi") or 0)
@@ -411,6 +416,25 @@ def _spoken_parse_match(kind: str, m: re.Match, tz: tzinfo, now: datetime) -> da
     elif period == "中午" and hour < 11:
         hour += 12
     return _spoken_at_clock(now_local, hour, minute, day, tz)
+
+
+def _spoken_span(kind: str, m: re.Match) -> timedelta:
+    """How far ahead "in 10 minutes" / "10分钟后" is, refused beyond MAX_SPAN."""
+    if kind == "en_rel":
+        text = m.group(0)
+        if re.search(r"half\s+an\s+hour", text, re.I):
+            return timedelta(minutes=30)
+        seconds = sum(
+            (1 if n.lower() in {"a", "an", "one"} else int(n)) * _spoken_en_unit(u)
+            for n, u in _SPOKEN_EN_REL_PART.findall(text)
+        )
+    else:
+        n, unit = m.group("n"), m.group("u")
+        per = {"秒": 1, "秒钟": 1, "分": 60, "分钟": 60, "小时": 3600, "钟头": 3600, "天": 86400}[unit]
+        seconds = (0.5 if n == "半" else _spoken_zh_number(n)) * per
+    if seconds > MAX_SPAN.total_seconds():
+        raise TimeSpecError(f"{m.group(0).strip()!r} is more than {MAX_SPAN.days // 365} years away")
+    return timedelta(seconds=seconds)
 
 
 _SPOKEN = (

@@ -22,6 +22,7 @@ from ninja.throttling import BaseThrottle
 from pydantic import ConfigDict, field_validator
 
 from chat.models import ApiToken, ChatType
+from maibot.text import text_problem
 from scheduling.models import ScheduledStatus
 from scheduling.proactive.access import api_token_authenticate, idempotent_call, rate_limit_hit, request_fingerprint
 from scheduling.proactive.errors import ApiError, ApiErrorCode
@@ -96,8 +97,8 @@ class InputSchema(Schema):
     @field_validator("*", mode="after")
     @classmethod
     def _storable(cls, value: Any) -> Any:
-        if isinstance(value, str) and "\x00" in value:
-            raise ValueError("must not contain NUL characters")
+        if isinstance(value, str) and (problem := text_problem(value)):
+            raise ValueError(problem)
         if isinstance(value, datetime) and not (MIN_INSTANT <= value.replace(tzinfo=None) <= MAX_INSTANT):
             raise ValueError("must be between the years 2000 and 2999")
         return value

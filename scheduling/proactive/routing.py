@@ -39,6 +39,7 @@ from chat.media import MediaError, decode_base64, media_store, sniff_mime
 from chat.models import ApiToken, ChatSession, ChatType, Media, make_session_id
 from chat.services import session_get_or_create
 from maibot.config import get_config
+from maibot.text import is_blank
 from scheduling.dispatcher import deliver_one
 from scheduling.error_codes import SchedulingError, SchedulingErrorCode
 from scheduling.models import Actor, ScheduledMessage
@@ -66,6 +67,7 @@ MAX_URL_LENGTH = 2048
 _SCHEDULING_TO_API = {
     SchedulingErrorCode.INVALID_TIME: (Code.INVALID_SEND_AT, "send_at"),
     SchedulingErrorCode.EMPTY_TEXT: (Code.EMPTY_TEXT, "text"),
+    SchedulingErrorCode.INVALID_TEXT: (Code.INVALID_CONTENT, "text"),
     SchedulingErrorCode.TEXT_TOO_LONG: (Code.TEXT_TOO_LONG, "text"),
     SchedulingErrorCode.TOO_MANY_PENDING: (Code.TOO_MANY_PENDING, None),
     SchedulingErrorCode.STORAGE_ERROR: (Code.STORAGE_ERROR, None),
@@ -220,7 +222,7 @@ def content_build(
     if type == "text":
         _reject_extra("segments", segments, for_type=type)
         _reject_extra("image", image, for_type=type)
-        if not text:
+        if is_blank(text):
             raise ApiError(Code.EMPTY_TEXT, "text is empty", field="text")
         return content
 
@@ -245,7 +247,7 @@ def content_build(
         kind = seg.get("type")
         if kind == "text":
             value = seg.get("text") or ""
-            if not value.strip():
+            if is_blank(value):
                 raise ApiError(Code.EMPTY_TEXT, "a text segment needs text", field=f"{fld}.text")
             out.append({"type": "text", "data": value})
             texts.append(value)
