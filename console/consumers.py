@@ -12,11 +12,11 @@ import asyncio
 import logging
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.utils import timezone
 
 from maibot.config import get_config
 from maibot.models import LogEntry
+from maibot.websocket import JsonFrameConsumer
 
 POLL_SECONDS = 0.3
 BACKLOG = 200
@@ -63,7 +63,7 @@ def _as_dict(entry: LogEntry, tz) -> dict:
     }
 
 
-class LogStreamConsumer(AsyncJsonWebsocketConsumer):
+class LogStreamConsumer(JsonFrameConsumer):
     async def connect(self) -> None:
         if not await _may_view(self.scope.get("user")):
             await self.close(code=CLOSE_FORBIDDEN)
@@ -84,7 +84,7 @@ class LogStreamConsumer(AsyncJsonWebsocketConsumer):
             try:
                 self.min_level = max(0, min(int(content.get("min_level", logging.INFO)), logging.CRITICAL))
             except (TypeError, ValueError):
-                await self.send_json({"type": "error", "message": "min_level must be a number such as 20 or 40"})
+                await self.send_error("min_level must be a number such as 20 or 40")
                 return
             await self._restart()
 
