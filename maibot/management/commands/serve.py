@@ -1,16 +1,29 @@
-"""`manage.py serve`: the ASGI server (daphne) and the task cluster together, for one machine.
+"""`manage.py serve`: the ASGI server (daphne) and the task cluster together, for one machine, supervised.
 
-Prints the URLs, and on Ctrl-C (or SIGTERM) stops both cleanly; if either dies, the other is stopped.
+Prints the URLs. A child that dies is restarted with backoff (1 s, doubling to 30 s; back to 1 s once it
+ran a minute), logged and stored in the console's log (the dashboard's recent errors), never a reason to
+stop the other. Each child runs in its own process group, so whatever it leaves behind when it dies
+(the cluster's workers) is killed with it. On Ctrl-C or SIGTERM each child is asked to stop (SIGTERM to
+the child itself: django-q2's cluster stops its own workers), given 30 s, and then its whole group is
+killed: after `serve` returns, no process it started is left.
 """
 
+from __future__ import annotations
+
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
+
+from maibot import logdb
+
+logger = logging.getLogger("maibot.serve")
 
 # Adapter frames carry base64 media: accept up to 100 MiB (daphne's default is 1 MiB), and never
 # drop a websocket for its age (daphne's default closes it after a day).
@@ -23,10 +36,50 @@ DAPHNE_OPTIONS = [
     "-1",
 ]
 ASGI_APPLICATION = "maibot.asgi:application"
+STOP_GRACE_SECONDS = 30.0
+BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0
+STABLE_AFTER_SECONDS = 60.0  # a child that ran this long starts its next backoff from the beginning
+TICK_SECONDS = 0.2
+
+
+@dataclass
+class Child:
+    """One supervised process: its command, the running Popen, and its restart bookkeeping."""
+
+    name: str
+    argv: list[str]
+    proc: subprocess.Popen | None = None
+    started_at: float = 0.0
+    restart_at: float | None = None
+    backoff: float = BACKOFF_FIRST
+    restarts: int = field(default=0)
+
+    def start(self) -> None:
+        # A group of its own: the child and everything it forks can be signalled (and killed) together,
+        # and a Ctrl-C in the terminal reaches only `serve`, which stops the children in order.
+        self.proc = subprocess.Popen(self.argv, cwd=settings.BASE_DIR, env=os.environ.copy(), start_new_session=True)
+        self.started_at = time.monotonic()
+        self.restart_at = None
+
+    def kill_group(self) -> None:
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass  # the group is gone already
+
+
+def _describe(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with status {returncode}"
 
 
 class Command(BaseCommand):
-    help = "Run the ASGI server and the qcluster (dispatcher + workers) together."
+    help = "Run the ASGI server and the qcluster (dispatcher + workers) together, restarting either if it dies."
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--host", default=settings.HOST)
@@ -34,16 +87,13 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options) -> None:
         host, port = options["host"], options["port"]
+        # The supervisor's own lines (restarts) go to the console's log like the children's.
+        logdb.activate("supervisor")
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
-        env = {**os.environ}
-        children = {
-            "web": subprocess.Popen(
-                [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), *DAPHNE_OPTIONS, ASGI_APPLICATION],
-                cwd=settings.BASE_DIR,
-                env=env,
-            ),
-            "cluster": subprocess.Popen([*manage, "qcluster"], cwd=settings.BASE_DIR, env=env),
-        }
+        daphne = [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), *DAPHNE_OPTIONS, ASGI_APPLICATION]
+        children = [Child("web", daphne), Child("cluster", [*manage, "qcluster"])]
+        for child in children:
+            child.start()
         base = f"http://{host}:{port}"
         self.stdout.write(
             self.style.SUCCESS("maibot is starting")
@@ -63,21 +113,44 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
         try:
-            while not stopping and all(p.poll() is None for p in children.values()):
-                time.sleep(0.2)
+            while not stopping:
+                for child in children:
+                    self._supervise(child)
+                time.sleep(TICK_SECONDS)
         finally:
-            for proc in children.values():
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + 30
-            for name, proc in children.items():
-                try:
-                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    self.stderr.write(f"{name} did not stop in time; killing it")
-                    proc.kill()
-                    proc.wait()
-        dead = [n for n, p in children.items() if p.returncode not in (0, -signal.SIGTERM, -signal.SIGINT)]
-        if not stopping and dead:
-            raise SystemExit(f"{', '.join(dead)} exited unexpectedly; stopped the rest")
+            self._stop_all(children)
+            logdb.shutdown()
         self.stdout.write("maibot stopped")
+
+    def _supervise(self, child: Child) -> None:
+        now = time.monotonic()
+        if child.restart_at is not None:
+            if now >= child.restart_at:
+                child.restarts += 1
+                logger.warning("%s: restarting (restart %d)", child.name, child.restarts)
+                child.start()
+            return
+        code = child.proc.poll()
+        if code is None:
+            return
+        child.kill_group()  # what it left behind (the cluster's workers) goes with it
+        if now - child.started_at >= STABLE_AFTER_SECONDS:
+            child.backoff = BACKOFF_FIRST
+        logger.error("%s %s; restarting in %g s", child.name, _describe(code), child.backoff)
+        child.restart_at = now + child.backoff
+        child.backoff = min(child.backoff * 2, BACKOFF_MAX)
+
+    def _stop_all(self, children: list[Child]) -> None:
+        running = [c for c in children if c.proc is not None and c.proc.poll() is None]
+        for child in running:
+            child.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for child in running:
+            try:
+                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.stderr.write(f"{child.name} did not stop in time; killing it")
+        for child in children:
+            child.kill_group()
+            if child.proc is not None:
+                child.proc.wait()
