@@ -20,6 +20,7 @@ from maibot.config import ConfigError, config_path, get_config
 
 VIEW_CONSOLE = "maibot.view_console"
 CHANGE_CONFIG = "maibot.change_config"
+CHANGE_LLM_PROVIDER = "maibot.change_llm_provider"
 
 
 def _require(request: HttpRequest, perm: str) -> None:
@@ -70,7 +71,9 @@ def config_form_view(request: HttpRequest) -> HttpResponse:
             try:
                 # Only the operator's changes were merged into `text`: refuse if the file moved on
                 # again in between (the next save merges onto the newer file).
-                result = reload.config_save_text(text=new_text, expected_digest=reload.text_digest(text))
+                result = reload.config_save_text(
+                    text=new_text, expected_digest=reload.text_digest(text), **_acting(request)
+                )
             except ConfigError as exc:  # the file changed meanwhile, or is broken beyond the form
                 form.add_error(None, str(exc))
             else:
@@ -95,7 +98,9 @@ def config_raw_view(request: HttpRequest) -> HttpResponse:
         try:
             # The whole text replaces the file: refuse if the file changed since the page was loaded
             # (the operator's text stays in the box; saving again replaces the newer file knowingly).
-            result = reload.config_save_text(text=text, expected_digest=request.POST.get("base_digest", ""))
+            result = reload.config_save_text(
+                text=text, expected_digest=request.POST.get("base_digest", ""), **_acting(request)
+            )
         except ConfigError as exc:
             error = str(exc)
         else:
@@ -114,6 +119,11 @@ def config_raw_view(request: HttpRequest) -> HttpResponse:
             path=config_path(),
         ),
     )
+
+
+def _acting(request: HttpRequest) -> dict:
+    """Who saves, and whether they may point the model calls (and the API key) somewhere else."""
+    return {"user": request.user, "may_change_provider": request.user.has_perm(CHANGE_LLM_PROVIDER)}
 
 
 def _report_saved(request: HttpRequest, result: reload.ReloadResult) -> None:

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator
 from datetime import datetime, tzinfo
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import tomlkit
@@ -26,29 +26,36 @@ class ConfigError(Exception):
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # Every number has finite bounds (inf and nan are refused everywhere), every text a length limit:
+    # a value the config accepts never overflows a date, a timeout or a prompt (tests/test_config.py
+    # walks the fields).
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class BotSection(Section):
     """Who the bot is."""
 
-    nickname: str = Field("麦麦", min_length=1, description="The bot's name in chats.")
-    alias_names: list[str] = Field(
+    nickname: str = Field("麦麦", min_length=1, max_length=64, description="The bot's name in chats.")
+    alias_names: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
         default_factory=lambda: ["MaiBot", "麦麦"],
+        max_length=50,
         description="Other names that count as mentioning the bot in a group chat.",
     )
     language: str = Field(
         "zh",
+        max_length=16,
         pattern=r"^[a-z]{2}(-[A-Za-z]{2,4})?$",
         description="The language the bot speaks (BCP 47, e.g. zh or en). Fixed texts follow it.",
     )
     persona: str = Field(
         "你是麦麦，一个友善、简洁、有点俏皮的大学生。说话口语化，不长篇大论。",
         min_length=1,
+        max_length=8000,
         description="The persona given to the model at the top of every prompt.",
     )
     time_zone: str = Field(
         "",
+        max_length=64,
         description=(
             "IANA time zone the bot lives in (times without an offset are read in it). "
             "Empty: the MAIBOT_TIME_ZONE environment setting."
@@ -69,16 +76,47 @@ class BotSection(Section):
 class LLMSection(Section):
     """The OpenAI-compatible model the planner and the life loop call."""
 
-    base_url: str = Field("", description="API base URL, e.g. https://api.openai.com/v1 (OPENAI_BASE_URL overrides).")
-    model: str = Field("", description="Model name. Empty: offline mode (MAIBOT_LLM_MODEL overrides).")
+    base_url: str = Field(
+        "", max_length=2048, description="API base URL, e.g. https://api.openai.com/v1 (OPENAI_BASE_URL overrides)."
+    )
+    model: str = Field("", max_length=256, description="Model name. Empty: offline mode (MAIBOT_LLM_MODEL overrides).")
     api_key_env: str = Field(
-        "OPENAI_API_KEY", min_length=1, description="Name of the environment variable holding the API key."
+        "OPENAI_API_KEY",
+        min_length=1,
+        max_length=128,
+        description=(
+            "Name of the environment variable holding the API key: OPENAI_API_KEY, or one the deployment "
+            "allows in MAIBOT_LLM_KEY_ENVS (comma-separated)."
+        ),
     )
     timeout: float = Field(120.0, gt=0, le=3600, description="Seconds before one LLM call times out.")
     max_retries: int = Field(2, ge=0, le=10, description="Retries the SDK makes on connection errors and 5xx.")
     temperature: float = Field(0.7, ge=0, le=2, description="Sampling temperature.")
-    price_input_per_1m: float = Field(0.0, ge=0, description="Price per 1M prompt tokens (for the cost ledger).")
-    price_output_per_1m: float = Field(0.0, ge=0, description="Price per 1M completion tokens (for the cost ledger).")
+    price_input_per_1m: float = Field(
+        0.0, ge=0, le=10_000, description="Price per 1M prompt tokens (for the cost ledger)."
+    )
+    price_output_per_1m: float = Field(
+        0.0, ge=0, le=10_000, description="Price per 1M completion tokens (for the cost ledger)."
+    )
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _allowed_key_variable(cls, value: str) -> str:
+        # The key's variable is the deployment's choice, not the console's: otherwise whoever may edit
+        # the config could point it at any secret in the environment and send it to a URL of theirs.
+        allowed = llm_key_variables()
+        if value not in allowed:
+            raise ValueError(
+                f"{value!r} is not an allowed API key variable (allowed: {', '.join(sorted(allowed))}; "
+                "the deployment lists others in MAIBOT_LLM_KEY_ENVS)"
+            )
+        return value
+
+
+def llm_key_variables() -> set[str]:
+    """Environment variables the config may name as the LLM API key (set by the deployment)."""
+    extra = os.environ.get("MAIBOT_LLM_KEY_ENVS", "")
+    return {"OPENAI_API_KEY", *(name.strip() for name in extra.split(",") if name.strip())}
 
 
 class ChatSection(Section):
@@ -91,6 +129,7 @@ class ChatSection(Section):
     no_reply_timeout: float = Field(
         300.0,
         gt=0,
+        le=86_400,
         description=(
             "Private chats: after no_reply, seconds before the planner looks once more without a new message."
         ),
@@ -103,9 +142,12 @@ class ChatSection(Section):
         le=1,
         description="Group chats: how readily the bot speaks unprompted (0 only when mentioned, 1 freely).",
     )
-    max_runtimes: int = Field(500, ge=1, description="At most this many session loops live at once.")
+    max_runtimes: int = Field(500, ge=1, le=100_000, description="At most this many session loops live at once.")
     idle_evict_seconds: float = Field(
-        1800.0, gt=0, description="A session loop idle this long is stopped (it restarts on the next message)."
+        1800.0,
+        gt=0,
+        le=604_800,
+        description="A session loop idle this long is stopped (it restarts on the next message).",
     )
 
 
@@ -118,12 +160,15 @@ class SchedulingSection(Section):
     expire_after_seconds: int = Field(
         86400,
         ge=1,
+        le=31_536_000,
         description="An overdue message older than this (e.g. after downtime) fails as expired instead of sending.",
     )
     max_attempts: int = Field(5, ge=1, le=100, description="Send attempts before a message fails.")
-    retry_backoff_seconds: float = Field(2.0, gt=0, description="First retry delay; each further retry doubles it.")
+    retry_backoff_seconds: float = Field(
+        2.0, gt=0, le=3600, description="First retry delay; each further retry doubles it."
+    )
     lease_seconds: float = Field(
-        30.0, gt=0, description="A claimed message not finished within this is taken back and retried."
+        30.0, gt=0, le=3600, description="A claimed message not finished within this is taken back and retried."
     )
     poll_interval: float = Field(
         0.25, gt=0, le=5, description="How often the dispatcher looks for newly due work (seconds)."
@@ -135,11 +180,15 @@ class GatewaySection(Section):
     """Delivery to platform adapters."""
 
     offline_expiry_seconds: int = Field(
-        3600, ge=1, description="An outbound message waiting longer than this for its adapter fails (adapter_offline)."
+        3600,
+        ge=1,
+        le=2_592_000,
+        description="An outbound message waiting longer than this for its adapter fails (adapter_offline).",
     )
     max_backlog: int = Field(
         20_000,
         ge=10,
+        le=1_000_000,
         description="Frames from one adapter connection waiting to be stored; past this the connection is "
         "flooding and is closed (1008).",
     )
@@ -148,7 +197,7 @@ class GatewaySection(Section):
 class ApiSection(Section):
     """The proactive message HTTP API."""
 
-    rate_limit_per_minute: int = Field(60, ge=1, description="Requests per minute per API token.")
+    rate_limit_per_minute: int = Field(60, ge=1, le=100_000, description="Requests per minute per API token.")
     max_text_length: int = Field(1024, ge=1, le=100_000, description="Longest text a proactive message may carry.")
     max_image_bytes: int = Field(
         1_500_000,
@@ -172,6 +221,7 @@ class LifeSection(Section):
     firing_requeue_seconds: float = Field(
         300.0,
         gt=0,
+        le=86_400,
         description="A timer firing no worker has started after this long is handed to the task queue again.",
     )
     inner_state_max_length: int = Field(
@@ -205,6 +255,7 @@ class ConsoleSection(Section):
     )
     log_level: str = Field(
         "INFO",
+        max_length=8,
         pattern=r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)$",
         description="Lowest level of log records kept for the live log page (DEBUG, INFO, WARNING, ERROR).",
     )

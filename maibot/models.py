@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
 
@@ -55,4 +56,22 @@ class Console(models.Model):
         permissions = [
             ("view_console", "Can view the dashboard and the live logs"),
             ("change_config", "Can edit the bot configuration"),
+            ("change_llm_provider", "Can change the model provider (llm.base_url, llm.api_key_env)"),
         ]
+
+
+class ConfigChange(models.Model):
+    """One applied change of the bot configuration made through the console: who, when, which keys."""
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    source = models.CharField(max_length=64)
+    changed_keys = models.JSONField(default=list)
+    # Old and new values of the model-provider keys when they changed (never secrets: names and URLs).
+    provider = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M} {', '.join(self.changed_keys)}"

@@ -176,15 +176,33 @@ def reload_from_file(path: Path | None = None) -> ReloadResult | None:
         return _apply(cfg, text, str(path))
 
 
+# Keys that choose where the model calls (and the API key) go: changing them needs its own permission.
+PROVIDER_KEYS = ("llm.base_url", "llm.api_key_env")
+
+
 def config_save_text(
-    *, text: str, path: Path | None = None, source: str = "console editor", expected_digest: str | None = None
+    *,
+    text: str,
+    path: Path | None = None,
+    source: str = "console editor",
+    expected_digest: str | None = None,
+    user: Any = None,
+    may_change_provider: bool = True,
 ) -> ReloadResult:
-    """Validate TOML text, write it as the config file (atomically) and apply it. Raises ConfigError
-    (nothing written, nothing changed) when the text is not a valid config, and ConfigChanged when
-    `expected_digest` is given and the file no longer has that content."""
+    """Validate TOML text, write it as the config file (atomically), apply it and record who changed
+    what. Raises ConfigError (nothing written, nothing changed) when the text is not a valid config or
+    changes a provider key without `may_change_provider`, and ConfigChanged when `expected_digest` is
+    given and the file no longer has that content."""
     path = path or bot_config.config_path()
     with _reload_lock:
         cfg = bot_config.parse_config(text, source="bot_config.toml")
+        old = bot_config.get_config()
+        provider = [k for k in _changed_keys(cfg, old) if k in PROVIDER_KEYS]
+        if provider and not may_change_provider:
+            raise ConfigError(
+                f"{', '.join(provider)}: changing the model provider needs the permission "
+                "'Can change the model provider'; nothing was saved"
+            )
         if expected_digest is not None:
             try:
                 current = text_digest(path.read_text(encoding="utf-8"))
@@ -203,7 +221,26 @@ def config_save_text(
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
-        return _apply(cfg, text, source)
+        result = _apply(cfg, text, source)
+        if result.changed_keys:
+            _history_record(result, old=old, new=cfg, user=user)
+        return result
+
+
+def _history_record(result: ReloadResult, *, old: BotConfig, new: BotConfig, user: Any) -> None:
+    from maibot.models import ConfigChange
+
+    def value(cfg: BotConfig, key: str) -> Any:
+        section, name = key.split(".")
+        return getattr(getattr(cfg, section), name)
+
+    watched = [k for k in (*PROVIDER_KEYS, "llm.model") if k in result.changed_keys]
+    ConfigChange.objects.create(
+        user=user if getattr(user, "pk", None) else None,
+        source=result.source[:64],
+        changed_keys=result.changed_keys,
+        provider={k: [value(old, k), value(new, k)] for k in watched},
+    )
 
 
 # --- the watcher ----------------------------------------------------------------------------------

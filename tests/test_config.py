@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+from pydantic import BaseModel
 
 from maibot.config import BotConfig, ConfigError, load_config, parse_config
 from tests.conftest import ROOT
@@ -50,3 +51,63 @@ def test_an_invalid_file_stops_start_up_with_the_message(tmp_path):
     assert result.returncode != 0
     assert "Invalid bot configuration" in result.stderr
     assert "bot.time_zone" in result.stderr and "Nowhere/Land" in result.stderr
+
+
+def _leaf_fields(model=BotConfig, prefix=""):
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            yield from _leaf_fields(annotation, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", info
+
+
+def _bounds(info) -> dict[str, object]:
+    found = {}
+    for meta in info.metadata:
+        for attr in ("ge", "gt", "le", "lt", "max_length"):
+            if getattr(meta, attr, None) is not None:
+                found[attr] = getattr(meta, attr)
+    return found
+
+
+def test_every_number_has_finite_bounds_and_every_text_a_length_limit():
+    unbounded = []
+    for key, info in _leaf_fields():
+        bounds = _bounds(info)
+        if info.annotation in (int, float):
+            if not ({"ge", "gt"} & set(bounds) and {"le", "lt"} & set(bounds)):
+                unbounded.append(f"{key}: {bounds}")
+        elif info.annotation is str or str(info.annotation).startswith("list"):
+            if "max_length" not in bounds:
+                unbounded.append(f"{key}: no max_length")
+    assert unbounded == []
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("[gateway]\noffline_expiry_seconds = 100000000000000\n", "gateway.offline_expiry_seconds"),
+        ("[scheduling]\nlease_seconds = 1e12\n", "scheduling.lease_seconds"),
+        ("[scheduling]\nexpire_after_seconds = 100000000000000\n", "scheduling.expire_after_seconds"),
+        ("[scheduling]\nretry_backoff_seconds = inf\n", "scheduling.retry_backoff_seconds"),
+        ("[chat]\nno_reply_timeout = nan\n", "chat.no_reply_timeout"),
+        ("[chat]\nidle_evict_seconds = inf\n", "chat.idle_evict_seconds"),
+        ("[gateway]\nmax_backlog = 1000000000000\n", "gateway.max_backlog"),
+        ('[bot]\npersona = "' + "x" * 2_000_000 + '"\n', "bot.persona"),
+    ],
+)
+def test_values_that_would_halt_delivery_are_refused_naming_the_key(text, key):
+    with pytest.raises(ConfigError) as refused:
+        parse_config(text)
+    assert key in str(refused.value)
+
+
+def test_the_key_variable_must_be_one_the_deployment_allows(monkeypatch):
+    with pytest.raises(ConfigError) as refused:
+        parse_config('[llm]\napi_key_env = "DJANGO_SUPERUSER_PASSWORD"\n')
+    assert "llm.api_key_env" in str(refused.value) and "MAIBOT_LLM_KEY_ENVS" in str(refused.value)
+    monkeypatch.setenv("MAIBOT_LLM_KEY_ENVS", "DEEPSEEK_API_KEY, SILICONFLOW_KEY")
+    assert parse_config('[llm]\napi_key_env = "DEEPSEEK_API_KEY"\n').llm.api_key_env == "DEEPSEEK_API_KEY"
+    with pytest.raises(ConfigError):
+        parse_config('[llm]\napi_key_env = "MAIBOT_ADAPTER_TOKENS"\n')

@@ -12,6 +12,7 @@ from django.test import Client
 
 from maibot import reload
 from maibot.config import TEMPLATE_PATH, get_config, render_template
+from maibot.models import ConfigChange
 
 NOTE = "# 运营备注 operator note: keep the persona short\n"
 
@@ -257,3 +258,47 @@ def test_a_raw_save_over_a_file_changed_meanwhile_is_refused_then_allowed_knowin
     again = form_data_from(page)
     assert operator.post("/admin/config/raw/", again).status_code == 302
     assert "max_rounds = 8" in config_file.read_text(encoding="utf-8")
+
+
+@pytest.fixture
+def config_editor(db) -> tuple[Client, User]:
+    """Staff who may edit the config but not choose the model provider."""
+    staff = User.objects.create_user("editor", password="pw-123456", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="change_config"))
+    client = Client()
+    client.force_login(staff)
+    return client, staff
+
+
+def test_changing_the_provider_needs_its_own_permission_and_nothing_is_written(config_file, config_editor):
+    client, _ = config_editor
+    before = config_file.read_text(encoding="utf-8")
+    data = form_data(client) | {"llm__base_url": "https://attacker.example/v1"}
+    page = client.post("/admin/config/", data).content.decode()
+    assert "Can change the model provider" in page
+    raw = before.replace('base_url = ""', 'base_url = "https://attacker.example/v1"')
+    assert raw != before
+    page = client.post("/admin/config/raw/", {"toml": raw, "base_digest": reload.text_digest(before)}).content.decode()
+    assert "Can change the model provider" in page
+    assert config_file.read_text(encoding="utf-8") == before and get_config().llm.base_url == ""
+    # Other keys stay editable for them, and the history says who changed what.
+    client.post("/admin/config/", form_data(client) | {"chat__max_rounds": "4"})
+    assert get_config().chat.max_rounds == 4
+    change = ConfigChange.objects.get()
+    assert change.user.username == "editor" and change.changed_keys == ["chat.max_rounds"]
+
+
+def test_a_provider_change_by_a_superuser_is_recorded_with_who_and_the_old_and_new_values(config_file, operator):
+    operator.post("/admin/config/", form_data(operator) | {"llm__base_url": "https://llm.example/v1"})
+    assert get_config().llm.base_url == "https://llm.example/v1"
+    change = ConfigChange.objects.get()
+    assert change.user.username == "op" and change.provider == {"llm.base_url": ["", "https://llm.example/v1"]}
+
+
+def test_the_key_variable_cannot_name_another_secret_even_for_a_superuser(config_file, operator):
+    before = config_file.read_text(encoding="utf-8")
+    page = operator.post(
+        "/admin/config/", form_data(operator) | {"llm__api_key_env": "DJANGO_SUPERUSER_PASSWORD"}
+    ).content.decode()
+    assert "MAIBOT_LLM_KEY_ENVS" in page
+    assert config_file.read_text(encoding="utf-8") == before and not ConfigChange.objects.exists()

@@ -145,7 +145,7 @@ def test_rewriting_the_same_config_runs_no_callbacks(config_file, watcher):
     assert calls == []
 
 
-def test_saving_from_the_console_applies_once_even_though_the_watcher_sees_the_write(config_file, watcher):
+def test_saving_from_the_console_applies_once_even_though_the_watcher_sees_the_write(config_file, watcher, db):
     calls = []
     reload.register_reload_callback(lambda new, old: calls.append(new.chat.history_window))
     text = config_file.read_text(encoding="utf-8").replace("history_window = 30", "history_window = 12")
