@@ -257,8 +257,23 @@ class LLMCall(models.Model):
 # --- the proactive API's credentials --------------------------------------------------------------
 
 
+class ApiScope(models.TextChoices):
+    """What a proactive API token may do."""
+
+    SEND = "send", "Send and schedule messages (and find conversations to send to)"
+    READ_OWN = "read_own", "Read the messages it created"
+    READ_ALL = "read_all", "Read every proactive message"
+    CANCEL = "cancel", "Cancel the pending messages it may read"
+
+
+def default_api_scopes() -> list[str]:
+    """New tokens: send, and read and cancel their own messages only."""
+    return [ApiScope.SEND, ApiScope.READ_OWN, ApiScope.CANCEL]
+
+
 class ApiToken(models.Model):
-    """A bearer token for the proactive message API; only its hash is stored."""
+    """A bearer token for the proactive message API; only its hash is stored. It may do what its scopes
+    say, to the conversations it is allowed (empty lists: every channel but the operators' browser chat)."""
 
     name = models.CharField(max_length=100, unique=True)
     prefix = models.CharField(max_length=12, editable=False)
@@ -267,6 +282,9 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    scopes = models.JSONField(default=default_api_scopes)
+    allowed_channels = models.JSONField(default=list, blank=True)  # platforms, e.g. ["qq"]
+    allowed_conversations = models.JSONField(default=list, blank=True)  # conversation (session) ids
 
     class Meta:
         permissions = [("revoke_apitoken", "Can revoke API tokens")]

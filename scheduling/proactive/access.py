@@ -7,7 +7,7 @@ import hashlib
 import json
 import math
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -15,7 +15,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from chat.models import ApiRateWindow, ApiToken, IdempotencyRecord
+from chat.models import ApiRateWindow, ApiScope, ApiToken, IdempotencyRecord, default_api_scopes
 from maibot.config import get_config
 from scheduling.proactive.errors import ApiError, ApiErrorCode
 
@@ -38,16 +38,75 @@ def hash_token(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-def api_token_create(*, name: str, created_by: Any = None) -> tuple[ApiToken, str]:
-    """Create a token; returns the row and the raw token, which is never stored and shown only now."""
+def api_token_create(
+    *,
+    name: str,
+    created_by: Any = None,
+    scopes: Iterable[str] | None = None,
+    allowed_channels: Iterable[str] = (),
+    allowed_conversations: Iterable[str] = (),
+) -> tuple[ApiToken, str]:
+    """Create a token; returns the row and the raw token, which is never stored and shown only now.
+    Default scopes: send, and read and cancel its own messages."""
     name = (name or "").strip()
     if not name:
         raise ValueError("a token needs a name")
+    scopes = list(dict.fromkeys(scopes)) if scopes is not None else default_api_scopes()
+    unknown = [s for s in scopes if s not in ApiScope.values]
+    if unknown:
+        raise ValueError(f"unknown scope(s) {', '.join(unknown)}; use {', '.join(ApiScope.values)}")
     raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    token = ApiToken(name=name, prefix=raw[:12], token_hash=hash_token(raw), created_by=created_by)
+    token = ApiToken(
+        name=name,
+        prefix=raw[:12],
+        token_hash=hash_token(raw),
+        created_by=created_by,
+        scopes=scopes,
+        allowed_channels=_clean_list(allowed_channels),
+        allowed_conversations=_clean_list(allowed_conversations),
+    )
     token.full_clean()
     token.save(force_insert=True)
     return token, raw
+
+
+def _clean_list(values: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(v.strip() for v in values if v and v.strip()))
+
+
+# --- what a token may do ----------------------------------------------------------------------------
+
+# The operators' own browser chat: reachable only by a token that names this channel explicitly.
+PRIVATE_CHANNELS = ("web",)
+
+
+def token_require(token: ApiToken, scope: ApiScope) -> None:
+    """Raise insufficient_scope (403) unless the token has `scope`."""
+    if scope not in token.scopes:
+        raise ApiError(Code.INSUFFICIENT_SCOPE, f"this token lacks the scope {scope.value!r} ({scope.label.lower()})")
+
+
+def token_may_reach(token: ApiToken, *, channel: str, conversation_id: str | None = None) -> None:
+    """Raise forbidden_conversation (403) unless the token may send to that channel and conversation."""
+    if token.allowed_channels:
+        allowed = channel in token.allowed_channels
+    else:
+        allowed = channel not in PRIVATE_CHANNELS
+    if allowed and conversation_id is not None and token.allowed_conversations:
+        allowed = conversation_id in token.allowed_conversations
+    if not allowed:
+        raise ApiError(
+            Code.FORBIDDEN_CONVERSATION, f"this token may not send to {conversation_id or channel!r}", field=None
+        )
+
+
+def token_readable(token: ApiToken) -> Q:
+    """The proactive messages a token may read (and so cancel): its own, or all with read_all."""
+    if ApiScope.READ_ALL in token.scopes:
+        return Q()
+    if ApiScope.READ_OWN in token.scopes:
+        return Q(created_by_token=token)
+    raise ApiError(Code.INSUFFICIENT_SCOPE, "this token lacks the scope 'read_own' (read the messages it created)")
 
 
 def api_token_revoke(*, token: ApiToken, now: datetime | None = None) -> bool:

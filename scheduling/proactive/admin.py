@@ -8,34 +8,57 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-from chat.models import ApiToken
+from chat.models import ApiScope, ApiToken, default_api_scopes
 from scheduling.proactive.access import api_token_create, api_token_revoke
 
 
-class ApiTokenAddForm(forms.ModelForm):
+class ListField(forms.CharField):
+    """A list typed as comma-separated words."""
+
+    def prepare_value(self, value):
+        return ", ".join(value) if isinstance(value, list) else value
+
+    def to_python(self, value):
+        return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+class ApiTokenForm(forms.ModelForm):
+    scopes = forms.MultipleChoiceField(
+        choices=ApiScope.choices,
+        widget=forms.CheckboxSelectMultiple,
+        initial=default_api_scopes,
+        help_text="New tokens: send, and read and cancel their own messages only.",
+    )
+    allowed_channels = ListField(
+        required=False,
+        help_text="Platforms it may send to, comma-separated (e.g. qq). Empty: every platform but the operators' "
+        "browser chat (web), which a token reaches only when it names it here.",
+    )
+    allowed_conversations = ListField(
+        required=False, help_text="Conversation ids it may send to, comma-separated. Empty: any conversation."
+    )
+
     class Meta:
         model = ApiToken
-        fields = ["name"]
+        fields = ["name", "scopes", "allowed_channels", "allowed_conversations"]
         help_texts = {"name": "Who uses this token (e.g. the monitoring system). The token is shown once after saving."}
 
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    list_display = ["name", "prefix", "state", "created_at", "created_by", "last_used_at", "revoked_at"]
+    list_display = ["name", "prefix", "state", "scopes", "created_at", "created_by", "last_used_at", "revoked_at"]
     list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
     search_fields = ["name", "prefix"]
     readonly_fields = ["prefix", "created_by", "created_at", "last_used_at", "revoked_at"]
     actions = ["revoke"]
 
-    def get_form(self, request, obj=None, change=False, **kwargs):
-        if obj is None:
-            kwargs["form"] = ApiTokenAddForm
-        return super().get_form(request, obj, change=change, **kwargs)
+    form = ApiTokenForm
+    EDITABLE = ["name", "scopes", "allowed_channels", "allowed_conversations"]
 
     def get_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> list[str]:
         if obj is None:
-            return ["name"]
-        return ["name", *self.readonly_fields]
+            return self.EDITABLE
+        return [*self.EDITABLE, *self.readonly_fields]
 
     def get_readonly_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> list[str]:
         return [] if obj is None else self.readonly_fields
@@ -46,11 +69,17 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: ApiToken, form, change: bool) -> None:
         if change:
-            obj.save(update_fields=["name"])
+            obj.save(update_fields=self.EDITABLE)
             return
         # The raw token exists only in this request: kept on the request for response_add to show.
-        token, raw = api_token_create(name=obj.name, created_by=request.user)
-        for name in ("id", "prefix", "token_hash", "created_by", "created_at"):
+        token, raw = api_token_create(
+            name=obj.name,
+            created_by=request.user,
+            scopes=obj.scopes,
+            allowed_channels=obj.allowed_channels,
+            allowed_conversations=obj.allowed_conversations,
+        )
+        for name in ("id", "prefix", "token_hash", "created_by", "created_at", "scopes"):
             setattr(obj, name, getattr(token, name))
         obj._state.adding = False
         request._created_api_token = raw

@@ -247,7 +247,7 @@ class ConversationPage(Page):
     items: list[ConversationOut]
 
 
-ERRORS = {code: ErrorOut for code in (400, 401, 404, 409, 413, 429, 503)}
+ERRORS = {code: ErrorOut for code in (400, 401, 403, 404, 409, 413, 429, 503)}
 
 
 # --- errors ---------------------------------------------------------------------------------------
@@ -379,7 +379,7 @@ def message_create(request: HttpRequest, payload: MessageIn, idempotency_key: st
 
 @api.get("/messages/{message_id}", response={200: MessageOut, **ERRORS}, summary="A message and its delivery")
 def message_detail(request: HttpRequest, message_id: MessageId):
-    return Status(200, _message(proactive_message_get(message_id=message_id)))
+    return Status(200, _message(proactive_message_get(token=request.auth, message_id=message_id)))
 
 
 class MessageFilters(InputSchema):
@@ -412,7 +412,7 @@ def _page(qs, page: PageParams, render) -> dict[str, Any]:
 
 @api.get("/messages", response={200: MessagePage, **ERRORS}, summary="Proactive messages, newest first")
 def message_list(request: HttpRequest, filters: Query[MessageFilters], page: Query[PageParams]):
-    qs = proactive_messages_list(**filters.model_dump())
+    qs = proactive_messages_list(token=request.auth, **filters.model_dump())
     return Status(200, _page(qs, page, proactive_message_as_dict))
 
 
@@ -444,5 +444,5 @@ class ConversationFilters(InputSchema):
 
 @api.get("/conversations", response={200: ConversationPage, **ERRORS}, summary="Find a conversation id")
 def conversation_list(request: HttpRequest, filters: Query[ConversationFilters], page: Query[PageParams]):
-    qs = conversations_list(**filters.model_dump())
+    qs = conversations_list(token=request.auth, **filters.model_dump())
     return Status(200, _page(qs, page, conversation_as_dict))

@@ -24,6 +24,9 @@ class ApiErrorCode(StrEnum):
     INVALID_IMAGE = "invalid_image"
     IMAGE_TOO_LARGE = "image_too_large"
     INVALID_SEND_AT = "invalid_send_at"
+    # 403: the token may not do this
+    INSUFFICIENT_SCOPE = "insufficient_scope"
+    FORBIDDEN_CONVERSATION = "forbidden_conversation"
     # 404
     NOT_FOUND = "not_found"
     CONVERSATION_NOT_FOUND = "conversation_not_found"
@@ -44,6 +47,8 @@ STATUS: dict[ApiErrorCode, int] = {
     ApiErrorCode.NOT_AUTHENTICATED: 401,
     ApiErrorCode.INVALID_TOKEN: 401,
     ApiErrorCode.TOKEN_REVOKED: 401,
+    ApiErrorCode.INSUFFICIENT_SCOPE: 403,
+    ApiErrorCode.FORBIDDEN_CONVERSATION: 403,
     ApiErrorCode.NOT_FOUND: 404,
     ApiErrorCode.CONVERSATION_NOT_FOUND: 404,
     ApiErrorCode.THREAD_NOT_FOUND: 404,

@@ -36,13 +36,14 @@ from urllib.parse import urlsplit
 from django.db.models import QuerySet
 
 from chat.media import MediaError, decode_base64, media_store, sniff_mime
-from chat.models import ApiToken, ChatSession, ChatType, Media, make_session_id
+from chat.models import ApiScope, ApiToken, ChatSession, ChatType, Media, make_session_id
 from chat.services import session_get_or_create
 from maibot.config import get_config
 from maibot.text import is_blank
 from scheduling.dispatcher import deliver_one
 from scheduling.error_codes import SchedulingError, SchedulingErrorCode
 from scheduling.models import Actor, ScheduledMessage
+from scheduling.proactive.access import PRIVATE_CHANNELS, token_may_reach, token_readable, token_require
 from scheduling.proactive.errors import ApiError, ApiErrorCode
 from scheduling.services import ActedBy, scheduled_message_cancel, scheduled_message_create
 
@@ -307,9 +308,13 @@ def proactive_message_create(
         "channel_thread_id": channel_thread_id,
         "channel_user_id": channel_user_id,
     }
+    token_require(token, ApiScope.SEND)
     conversation_resolve(**anchor, check_only=True)
+    if channel_type:
+        token_may_reach(token, channel=channel_type)  # before a private conversation is created for it
     content = content_build(type=type, text=text, format=format, segments=segments, image=image)
     session = conversation_resolve(**anchor)
+    token_may_reach(token, channel=session.platform, conversation_id=session.session_id)
     acted_by = ActedBy(via=Actor.API, token=token, origin=origin)
     note: dict[str, Any] = {"content_type": content.type, "format": content.format}
     if content.media:
@@ -334,8 +339,10 @@ def proactive_message_create(
 
 
 def proactive_message_cancel(*, token: ApiToken, message_id: str, reason: str = "") -> ScheduledMessage:
-    """Cancel a pending proactive message. Raises ApiError: message_not_found, not_pending."""
-    task = proactive_message_get(message_id=message_id)
+    """Cancel a pending proactive message the token may read. Raises ApiError: insufficient_scope,
+    message_not_found, not_pending."""
+    token_require(token, ApiScope.CANCEL)
+    task = proactive_message_get(token=token, message_id=message_id)
     try:
         scheduled_message_cancel(
             acted_by=ActedBy(via=Actor.API, token=token),
@@ -355,8 +362,9 @@ def proactive_messages() -> QuerySet[ScheduledMessage]:
     return ScheduledMessage.objects.filter(created_via=Actor.API).select_related("session", "sent_message")
 
 
-def proactive_message_get(*, message_id: str) -> ScheduledMessage:
-    task = proactive_messages().filter(pk=message_id).first()
+def proactive_message_get(*, token: ApiToken, message_id: str) -> ScheduledMessage:
+    """A proactive message the token may read; another token's (without read_all) is not found."""
+    task = proactive_messages().filter(token_readable(token), pk=message_id).first()
     if task is None:
         raise ApiError(Code.MESSAGE_NOT_FOUND, f"no proactive message {message_id!r}")
     return task
@@ -364,6 +372,7 @@ def proactive_message_get(*, message_id: str) -> ScheduledMessage:
 
 def proactive_messages_list(
     *,
+    token: ApiToken,
     status: str | None = None,
     conversation_id: str | None = None,
     origin: str | None = None,
@@ -372,7 +381,7 @@ def proactive_messages_list(
     send_after: datetime | None = None,
     send_before: datetime | None = None,
 ) -> QuerySet[ScheduledMessage]:
-    qs = proactive_messages()
+    qs = proactive_messages().filter(token_readable(token))
     if status:
         qs = qs.filter(status=status)
     if conversation_id:
@@ -392,12 +401,20 @@ def proactive_messages_list(
 
 def conversations_list(
     *,
+    token: ApiToken,
     channel_type: str | None = None,
     chat_type: str | None = None,
     channel_user_id: str | None = None,
     channel_thread_id: str | None = None,
 ) -> QuerySet[ChatSession]:
+    token_require(token, ApiScope.SEND)  # finding a conversation is part of sending to it
     qs = ChatSession.objects.all()
+    if token.allowed_channels:
+        qs = qs.filter(platform__in=token.allowed_channels)
+    else:
+        qs = qs.exclude(platform__in=PRIVATE_CHANNELS)
+    if token.allowed_conversations:
+        qs = qs.filter(session_id__in=token.allowed_conversations)
     if channel_type:
         qs = qs.filter(platform=channel_type)
     if chat_type:

@@ -96,7 +96,8 @@ def test_admin_add_shows_the_token_once_and_it_works(operator_client):
     add = operator_client.get("/admin/chat/apitoken/add/")
     assert add.status_code == 200
     assert 'name="name"' in add.content.decode()
-    resp = operator_client.post("/admin/chat/apitoken/add/", {"name": "crm"})
+    # What the browser sends: the name and the default scopes, checked on the form.
+    resp = operator_client.post("/admin/chat/apitoken/add/", {"name": "crm", "scopes": ["send", "read_own", "cancel"]})
     assert resp.status_code == 200
     page = resp.content.decode()
     assert "will not be shown again" in page
