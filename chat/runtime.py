@@ -195,7 +195,21 @@ class SessionRuntime(AsyncConsumer):
         if scope.get("type") != "chat.session" or scope.get("session_pk") != self.session_pk:
             raise ValueError(f"a session runtime needs a chat.session scope for session {self.session_pk}")
         self.last_seen_pk = scope.get("last_seen_pk", 0)
-        await super().__call__(scope, receive, send)
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # However the consumer ends (session.stop, cancelled, or its channel receive failing, e.g.
+            # Redis gone), its planner loop ends with it: never a loop the registry no longer knows.
+            self.closed = True
+            if self.planner_task is not None and not self.planner_task.done():
+                self.planner_task.cancel()
+                # asyncio.wait, not await: the loop's cancellation must not cut this cleanup short.
+                await asyncio.wait([self.planner_task])
+            if self.joined_at is not None and self.channel_layer is not None:
+                try:
+                    await self.channel_layer.group_discard(self.group, self.channel_name)
+                except Exception:
+                    logger.warning("planner runtime for session %s could not leave its group", self.session_pk)
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         """Like AsyncConsumer.dispatch, minus its `close_old_connections` before each handler: these
@@ -221,16 +235,7 @@ class SessionRuntime(AsyncConsumer):
 
     async def session_stop(self, message: dict[str, Any]) -> None:
         self.closed = True
-        if self.planner_task is not None:
-            self.planner_task.cancel()
-            # asyncio.wait, not await: the loop's own cancellation must not end this handler early.
-            await asyncio.wait([self.planner_task])
-        if self.joined_at is not None and self.channel_layer is not None:
-            try:
-                await self.channel_layer.group_discard(self.group, self.channel_name)
-            except Exception:
-                logger.warning("planner runtime for session %s could not leave its group", self.session_pk)
-        raise StopConsumer
+        raise StopConsumer  # __call__ then stops the planner loop and leaves the group
 
     async def _join(self) -> None:
         if self.channel_layer is None:
