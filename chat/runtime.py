@@ -217,7 +217,7 @@ class SessionRuntime(AsyncConsumer):
         connection the planner loop uses in asgiref's shared thread. A message of another type (any
         process can send to the group) is logged and dropped rather than killing the runtime."""
         kind = message.get("type") if isinstance(message, dict) else None
-        if kind not in self.handled:
+        if not isinstance(kind, str) or kind not in self.handled:
             logger.warning("planner runtime for session %s: ignored message %r", self.session_pk, kind)
             return
         await getattr(self, kind.replace(".", "_"))(message)
