@@ -1,18 +1,36 @@
-"""Session runtimes: one asyncio task per active chat session in the ASGI process, and their registry.
+"""Session runtimes: one Channels consumer per active chat session in the ASGI process, their registry,
+and the API that wakes them from anywhere.
 
-The gateway sends `chat.services.inbound_stored` after storing inbound messages; the receiver here
-wakes (or starts) the session's runtime on the registry's event loop with `call_soon_threadsafe`,
-whatever thread or loop the signal is sent from. A runtime waits for news, lets a burst settle
-(`chat.debounce_seconds`, at most 5× that for a never-ending stream), observes the inbound messages
-stored since its last cycle (by primary key, so nothing is missed when signals coalesce), decides
-whether this is worth a cycle (chat/planner.py has the rule) and runs it; then waits again.
+A runtime (`SessionRuntime`) is a `channels.consumer.AsyncConsumer`, run the way Channels runs every
+consumer: an instance called with a scope (`{"type": "chat.session", "session_pk", "last_seen_pk"}`),
+a receive callable and a send callable. It takes its own channel name from the channel layer and joins
+the group `chat.session.<pk>`. A wake is the channel-layer message
+`{"type": "session.wake", "reason": "message"}`, so any process can wake a live runtime with
+`group_send`: `wake_session()` (async), `wake_session_soon()` (sync, any thread of the ASGI process),
+`wake_session_from_sync_process()` (a process with no event loop, e.g. the cluster). With REDIS_URL
+set the layer is Redis and the group reaches the runtime from every process; on the embedded default
+(in-memory layer) only from within the ASGI process. A session without a live runtime ignores a wake:
+runtimes are started by the registry, below.
+
+The registry plays the ASGI server's part for runtimes: it owns each one's receive callable (an
+asyncio queue) and feeds it `session.start` (join the group, start the planner loop), the first wake
+(which cannot travel through the group before the runtime has joined it) and `session.stop`. The
+gateway sends `chat.services.inbound_stored` after storing inbound messages; the receiver here hands
+them to the registry's event loop with `call_soon_threadsafe` (whatever thread or loop the signal is
+sent from), which starts the session's runtime or wakes the live one through the channel layer.
+
+A runtime's planner loop (a task beside Channels' dispatch loop, so wakes are still dispatched while a
+cycle thinks) waits for news, lets a burst settle (`chat.debounce_seconds`, at most 5× that for a
+never-ending stream), observes the inbound messages stored since its last cycle (by primary key, so
+nothing is missed when wakes coalesce), decides whether this is worth a cycle (the planner has the
+rule) and runs it; then waits again.
 
 The registry holds at most `chat.max_runtimes` runtimes: making room stops the least recently active
 idle one (or, if all are busy, the least recently active). A runtime idle for
-`chat.idle_evict_seconds` stops itself; the next message starts a fresh one, which first observes
-the messages of that signal. Shutdown cancels every runtime and waits for it (a cycle cut short is
-still recorded, marked cancelled): under daphne this is hooked to the reactor's "before shutdown"
-trigger; elsewhere call `await registry.shutdown()`.
+`chat.idle_evict_seconds` stops itself; the next message starts a fresh one, which first observes the
+messages of that signal. Shutdown stops every runtime and waits for it (a cycle cut short is still
+recorded, marked cancelled): under daphne this is hooked to the reactor's "before shutdown" trigger
+(`maibot.process.call_before_server_shutdown`); elsewhere call `await registry.shutdown()`.
 """
 
 from __future__ import annotations
@@ -20,19 +38,95 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import sys
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
-from asgiref.sync import SyncToAsync, sync_to_async
+from asgiref.sync import SyncToAsync, async_to_sync, sync_to_async
+from channels.consumer import AsyncConsumer
+from channels.exceptions import StopConsumer
+from channels.layers import BaseChannelLayer, get_channel_layer
 from django.db import close_old_connections, connections
 
 from chat import planner
 from chat.models import ChatSession, Direction, Message
 from chat.services import inbound_stored
 from maibot.config import get_config
+from maibot.process import call_before_server_shutdown
 
 logger = logging.getLogger(__name__)
+
+WAKE = "session.wake"
+START = "session.start"
+STOP = "session.stop"
+# Group memberships expire (both layers default to a day): a long-lived runtime joins again hourly.
+REJOIN_SECONDS = 3600.0
+
+
+def session_group(session_pk: int) -> str:
+    """The channel-layer group a session's live runtime listens on."""
+    return f"chat.session.{session_pk}"
+
+
+def wake_message(reason: str = "message") -> dict[str, str]:
+    return {"type": WAKE, "reason": reason}
+
+
+# --- waking a runtime, from anywhere -----------------------------------------------------------------
+
+
+async def wake_session(session_pk: int, reason: str = "message", *, layer: BaseChannelLayer | None = None) -> bool:
+    """Wake the live runtime of a session wherever it runs: a group message on the channel layer (Redis:
+    from every process; in-memory: within this process). The runtime then observes what was stored
+    since its last cycle; a session with no live runtime ignores it. False if no layer is configured."""
+    layer = layer if layer is not None else get_channel_layer()
+    if layer is None:
+        return False
+    await layer.group_send(session_group(session_pk), wake_message(reason))
+    return True
+
+
+def wake_session_soon(session_pk: int, reason: str = "message") -> bool:
+    """Sync: wake a session's runtime from any thread of the process whose event loop runs the
+    runtimes (the loop itself, asgiref's worker threads, any thread once the registry is bound). The
+    group_send is scheduled on that loop (`call_soon_threadsafe`); nothing waits for it, no async code
+    is wrapped. False when this process has no such loop (use `wake_session_from_sync_process`)."""
+    loop = registry._caller_loop()
+    if loop is None:
+        return False
+    loop.call_soon_threadsafe(registry._send_wake, session_pk, reason, None, context=contextvars.Context())
+    return True
+
+
+def wake_session_from_sync_process(session_pk: int, reason: str = "message") -> bool:
+    """Wake a session's runtime from a process that runs no event loop (the task cluster, a management
+    command), through the channel layer (it reaches the ASGI process only with REDIS_URL set).
+
+    This is the one place the runtime code wraps async code with `async_to_sync`, deliberately: a
+    channel layer is async-only (every `BaseChannelLayer` method is a coroutine, and Channels documents
+    `async_to_sync(channel_layer.group_send)` for sync callers), and such a process has no loop of its
+    own to hand the call to, so it runs on a private one. Code in the ASGI process must not use it:
+    it raises there (a running loop, or one of asgiref's worker threads); use `wake_session` or
+    `wake_session_soon`."""
+    if _has_event_loop():
+        raise RuntimeError("this thread belongs to an event loop: use wake_session() or wake_session_soon()")
+    return async_to_sync(wake_session, force_new_loop=True)(session_pk, reason)
+
+
+def _has_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        pass
+    if getattr(SyncToAsync.threadlocal, "main_event_loop_pid", None) != os.getpid():
+        return False
+    loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
+    return loop is not None and not loop.is_closed()
+
+
+# --- observing ---------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -60,41 +154,104 @@ def observe(*, session_pk: int, after_pk: int) -> _Observed:
 _observe = sync_to_async(observe)
 
 
-class SessionRuntime:
-    """The loop of one session. All its state is touched only on the registry's event loop."""
+# --- the runtime consumer ----------------------------------------------------------------------------
 
-    def __init__(self, registry: RuntimeRegistry, session_pk: int, last_seen_pk: int) -> None:
+
+class SessionRuntime(AsyncConsumer):
+    """The runtime of one session: a consumer whose handlers only record news (`session.wake`), join
+    its group and start the planner loop (`session.start`), or stop it (`session.stop`). All its state
+    is touched only on the registry's event loop."""
+
+    handled = frozenset({START, WAKE, STOP})
+
+    def __init__(self, registry: RuntimeRegistry, session_pk: int) -> None:
         self.registry = registry
         self.session_pk = session_pk
+        self.group = session_group(session_pk)
         self.session: ChatSession | None = None
-        self.last_seen_pk = last_seen_pk
+        self.last_seen_pk = 0
         self.loop = asyncio.get_running_loop()
         self.last_activity = self.loop.time()
         self.busy = False
         self.closed = False
         self.cycles = 0
         self.relook_at: float | None = None
-        # Group-chat restraint (see chat/planner.py): unaddressed messages since the last cycle, and
+        # Group-chat restraint (see the planner): unaddressed messages since the last cycle, and
         # consecutive unaddressed cycles that ended silent.
         self.backlog = 0
         self.silent_streak = 0
         self.history = planner.HistoryCache()
+        self.channel_name: str | None = None
+        self.joined_at: float | None = None
+        self.task: asyncio.Task | None = None  # the consumer itself (set by the registry)
+        self.planner_task: asyncio.Task | None = None
         self._news = False
         self._event = asyncio.Event()
-        self.task: asyncio.Task | None = None
 
     def __repr__(self) -> str:
         return f"<SessionRuntime session={self.session_pk} busy={self.busy} closed={self.closed}>"
 
+    async def __call__(self, scope, receive, send) -> None:
+        if scope.get("type") != "chat.session" or scope.get("session_pk") != self.session_pk:
+            raise ValueError(f"a session runtime needs a chat.session scope for session {self.session_pk}")
+        self.last_seen_pk = scope.get("last_seen_pk", 0)
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # However the consumer ends (session.stop, cancelled, or its channel receive failing, e.g.
+            # Redis gone), its planner loop ends with it: never a loop the registry no longer knows.
+            self.closed = True
+            if self.planner_task is not None and not self.planner_task.done():
+                self.planner_task.cancel()
+                # asyncio.wait, not await: the loop's cancellation must not cut this cleanup short.
+                await asyncio.wait([self.planner_task])
+            if self.joined_at is not None and self.channel_layer is not None:
+                try:
+                    await self.channel_layer.group_discard(self.group, self.channel_name)
+                except Exception:
+                    logger.warning("planner runtime for session %s could not leave its group", self.session_pk)
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Like AsyncConsumer.dispatch, minus its `close_old_connections` before each handler: these
+        handlers touch no database, and it would close, between two queries of a running cycle, the
+        connection the planner loop uses in asgiref's shared thread. A message of another type (any
+        process can send to the group) is logged and dropped rather than killing the runtime."""
+        kind = message.get("type") if isinstance(message, dict) else None
+        if not isinstance(kind, str) or kind not in self.handled:
+            logger.warning("planner runtime for session %s: ignored message %r", self.session_pk, kind)
+            return
+        await getattr(self, kind.replace(".", "_"))(message)
+
+    # --- handlers ------------------------------------------------------------------------------------
+    async def session_start(self, message: dict[str, Any]) -> None:
+        if self.planner_task is not None:
+            return
+        await self._join()
+        self.planner_task = asyncio.ensure_future(self.run())
+
+    async def session_wake(self, message: dict[str, Any]) -> None:
+        if not self.closed:
+            self.notify()
+
+    async def session_stop(self, message: dict[str, Any]) -> None:
+        self.closed = True
+        raise StopConsumer  # __call__ then stops the planner loop and leaves the group
+
+    async def _join(self) -> None:
+        if self.channel_layer is None:
+            return
+        try:
+            await self.channel_layer.group_add(self.group, self.channel_name)
+            self.joined_at = self.loop.time()
+        except Exception:
+            # The runtime still runs; wakes come through the registry's fallback (see _send_wake).
+            logger.exception("planner runtime for session %s could not join its group", self.session_pk)
+
+    # --- the planner loop ------------------------------------------------------------------------------
     def notify(self) -> None:
         self._news = True
         self.last_activity = self.loop.time()
         self._event.set()
-
-    def stop(self) -> None:
-        self.closed = True
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
 
     async def run(self) -> None:
         try:
@@ -119,9 +276,13 @@ class SessionRuntime:
                 finally:
                     self.busy = False
                     self.last_activity = self.loop.time()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("planner runtime for session %s crashed", self.session_pk)
         finally:
             self.closed = True
-            self.registry._forget(self)
+            self.registry._finished(self)
 
     async def _wait(self) -> str | None:
         """Until news ("message"), the one look after no_reply ("no_reply_timeout"), or idleness (None)."""
@@ -135,10 +296,16 @@ class SessionRuntime:
                 return "no_reply_timeout"
             idle_at = self.last_activity + idle_after
             if now >= idle_at:
-                # No await between this check and the runtime closing: a notify cannot slip in.
+                # No await between this check and the runtime closing: a wake cannot slip in.
                 self.closed = True
                 return None
             deadline = min(idle_at, self.relook_at) if self.relook_at is not None else idle_at
+            if self.joined_at is not None:
+                rejoin_at = self.joined_at + REJOIN_SECONDS
+                if now >= rejoin_at:
+                    await self._join()
+                    continue
+                deadline = min(deadline, rejoin_at)
             self._event.clear()
             try:
                 await asyncio.wait_for(self._event.wait(), timeout=max(0.0, deadline - now))
@@ -220,6 +387,14 @@ class SessionRuntime:
             self.relook_at = None
 
 
+async def _nothing_to_send(message: dict[str, Any]) -> None:
+    """A runtime has no client: its `send` goes nowhere (it speaks through the send service)."""
+    logger.debug("planner runtime sent %r to nobody", message.get("type"))
+
+
+# --- the registry -------------------------------------------------------------------------------------
+
+
 class RuntimeRegistry:
     """The live runtimes of this process, bound to one event loop (the ASGI server's)."""
 
@@ -227,21 +402,26 @@ class RuntimeRegistry:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.runtimes: dict[int, SessionRuntime] = {}
         self.stopping = False
+        self._inboxes: dict[SessionRuntime, asyncio.Queue] = {}  # each runtime's receive
+        self._tasks: set[asyncio.Task] = set()  # consumers still running, evicted ones included
+        self._sends: set[asyncio.Task] = set()  # wakes on their way through the channel layer
 
-    # --- waking, from any thread ------------------------------------------------------------------
+    # --- from any thread ---------------------------------------------------------------------------------
     def notify(self, session_pk: int, message_pks: Iterable[int]) -> bool:
-        """Wake (or start) the runtime of a session. Safe from any thread; False if no loop to run on."""
-        loop = self._loop_for_caller()
+        """Start or wake the runtime of a session. Safe from any thread; False if no loop to run on."""
+        loop = self._caller_loop()
         if loop is None:
             logger.warning("inbound messages for session %s but no event loop to run a planner on", session_pk)
             return False
+        if loop is not self.loop:
+            self._bind(loop)
         first = min((pk for pk in message_pks if pk is not None), default=None)
         # A fresh context: the sender's (e.g. asgiref's single-thread executor marker, or a consumer's
         # thread-sensitive context) must not leak into the runtime, or its ORM calls would deadlock.
         loop.call_soon_threadsafe(self._notify, session_pk, first, context=contextvars.Context())
         return True
 
-    def _loop_for_caller(self) -> asyncio.AbstractEventLoop | None:
+    def _caller_loop(self) -> asyncio.AbstractEventLoop | None:
         if self.loop is not None and not self.loop.is_closed():
             return self.loop
         try:
@@ -251,38 +431,60 @@ class RuntimeRegistry:
             loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
         if loop is None or loop.is_closed():
             return None
-        self._bind(loop)
         return loop
 
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.runtimes = {}
+        self._inboxes = {}
+        self._tasks = set()
+        self._sends = set()
         self.stopping = False
-        reactor = sys.modules.get("twisted.internet.reactor")
-        if reactor is not None and getattr(reactor, "_asyncioEventloop", None) is loop:
-            from twisted.internet import defer
+        # daphne: stop the runtimes before the reactor (and its asyncio loop) stops.
+        call_before_server_shutdown(loop, self.shutdown)
 
-            # daphne: stop the runtimes before the reactor (and its asyncio loop) stops.
-            def _stop():
-                return defer.Deferred.fromFuture(asyncio.ensure_future(self.shutdown(), loop=loop))
-
-            reactor.addSystemEventTrigger("before", "shutdown", _stop)
-
-    # --- on the loop ----------------------------------------------------------------------------------
+    # --- on the loop --------------------------------------------------------------------------------------
     def _notify(self, session_pk: int, first_pk: int | None) -> None:
         if self.stopping:
             return
         runtime = self.runtimes.get(session_pk)
         if runtime is None or runtime.closed:
-            self._make_room()
-            last_seen = (first_pk - 1) if first_pk is not None else 0
-            runtime = SessionRuntime(self, session_pk, last_seen)
-            self.runtimes[session_pk] = runtime
-            runtime.task = asyncio.get_running_loop().create_task(
-                runtime.run(), name=f"planner-session-{session_pk}", context=contextvars.Context()
-            )
-            runtime.task.add_done_callback(_log_crash)
-        runtime.notify()
+            self._start(session_pk, (first_pk - 1) if first_pk is not None else 0)
+        else:
+            self._send_wake(session_pk, "message", runtime)
+
+    def _start(self, session_pk: int, last_seen_pk: int) -> SessionRuntime:
+        self._make_room()
+        runtime = SessionRuntime(self, session_pk)
+        inbox: asyncio.Queue = asyncio.Queue()
+        inbox.put_nowait({"type": START})
+        inbox.put_nowait(wake_message("message"))
+        self._inboxes[runtime] = inbox
+        self.runtimes[session_pk] = runtime
+        scope = {"type": "chat.session", "session_pk": session_pk, "last_seen_pk": last_seen_pk}
+        task = asyncio.get_running_loop().create_task(
+            runtime(scope, inbox.get, _nothing_to_send),
+            name=f"planner-session-{session_pk}",
+            context=contextvars.Context(),
+        )
+        runtime.task = task
+        self._tasks.add(task)
+        task.add_done_callback(lambda t: self._reap(runtime, t))
+        return runtime
+
+    def _send_wake(self, session_pk: int, reason: str, runtime: SessionRuntime | None) -> None:
+        task = asyncio.ensure_future(self._wake_through_layer(session_pk, reason, runtime))
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
+
+    async def _wake_through_layer(self, session_pk: int, reason: str, runtime: SessionRuntime | None) -> None:
+        try:
+            sent = await wake_session(session_pk, reason)
+        except Exception:
+            logger.warning("channel layer unavailable: waking session %s directly", session_pk, exc_info=True)
+            sent = False
+        if not sent and runtime is not None and runtime in self._inboxes:
+            self._inboxes[runtime].put_nowait(wake_message(reason))
 
     def _make_room(self) -> None:
         cap = get_config().chat.max_runtimes
@@ -292,11 +494,27 @@ class RuntimeRegistry:
             victim = min(idle, key=lambda r: r.last_activity)
             logger.info("planner runtime cap (%d) reached: stopping session %s", cap, victim.session_pk)
             self.runtimes.pop(victim.session_pk, None)
-            victim.stop()
+            self._stop(victim)
 
-    def _forget(self, runtime: SessionRuntime) -> None:
+    def _stop(self, runtime: SessionRuntime) -> None:
+        runtime.closed = True
+        inbox = self._inboxes.get(runtime)
+        if inbox is not None:
+            inbox.put_nowait({"type": STOP})
+
+    def _finished(self, runtime: SessionRuntime) -> None:
+        """The runtime's planner loop ended (idle, stopped or crashed): forget it and end the consumer."""
         if self.runtimes.get(runtime.session_pk) is runtime:
             del self.runtimes[runtime.session_pk]
+        self._stop(runtime)
+
+    def _reap(self, runtime: SessionRuntime, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        self._inboxes.pop(runtime, None)
+        if self.runtimes.get(runtime.session_pk) is runtime:
+            del self.runtimes[runtime.session_pk]
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("planner runtime %s crashed", task.get_name(), exc_info=task.exception())
 
     def get(self, session_pk: int) -> SessionRuntime | None:
         runtime = self.runtimes.get(session_pk)
@@ -307,31 +525,33 @@ class RuntimeRegistry:
         self.stopping = True
         runtimes = list(self.runtimes.values())
         for runtime in runtimes:
-            runtime.stop()
-        tasks = [r.task for r in runtimes if r.task is not None]
+            self._stop(runtime)
+        for send in list(self._sends):
+            send.cancel()
+        tasks = list(self._tasks)
         if tasks:
             _done, pending = await asyncio.wait(tasks, timeout=timeout)
             if pending:
                 logger.warning("%d planner runtimes did not stop within %.0fs", len(pending), timeout)
+                for task in pending:
+                    task.cancel()
         # The runtimes' ORM work ran in asgiref's shared thread: release its connection too.
         await sync_to_async(connections.close_all)()
         logger.info("planner runtimes stopped (%d)", len(runtimes))
         self.runtimes = {}
+        self._inboxes = {}
+        self._tasks = set()
+        self._sends = set()
         self.loop = None
         self.stopping = False
         return len(runtimes)
-
-
-def _log_crash(task: asyncio.Task) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        logger.error("planner runtime %s crashed", task.get_name(), exc_info=task.exception())
 
 
 registry = RuntimeRegistry()
 
 
 def on_inbound_stored(sender, messages: list[Message], **kwargs) -> None:
-    """Receiver of `inbound_stored`: wake each session's runtime."""
+    """Receiver of `inbound_stored`: start or wake each session's runtime."""
     by_session: dict[int, list[int]] = {}
     for message in messages:
         if message.direction == Direction.IN:

@@ -4,11 +4,13 @@ unless they ask for it."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 from django.db import close_old_connections
@@ -117,6 +119,22 @@ def stop_process_services() -> None:
         if _started is not None:
             _started.stop()
             _started = None
+
+
+def call_before_server_shutdown(loop: asyncio.AbstractEventLoop, hook: Callable[[], Awaitable[object]]) -> bool:
+    """Under daphne (Twisted's asyncio reactor driving `loop`), await `hook()` on the reactor's "before
+    shutdown" trigger, so the server waits for it before its event loop stops. False when `loop` is not
+    daphne's (tests, the bench, other servers): the caller then stops its work itself."""
+    reactor = sys.modules.get("twisted.internet.reactor")
+    if reactor is None or getattr(reactor, "_asyncioEventloop", None) is not loop:
+        return False
+    from twisted.internet import defer
+
+    def _trigger():
+        return defer.Deferred.fromFuture(asyncio.ensure_future(hook(), loop=loop))
+
+    reactor.addSystemEventTrigger("before", "shutdown", _trigger)
+    return True
 
 
 def start_services_on_first_call(app):
