@@ -224,6 +224,11 @@ class Deliverer:
         self._sweep = db_call(self.executor, outbox_sweep)
         self.sent_total = 0
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop the deliverer runs on (None before it starts)."""
+        return self._loop
+
     def wake(self) -> None:
         """Thread-safe: deliver now rather than at the next poll."""
         loop = self._loop
@@ -313,10 +318,11 @@ class OutboxWakePublisher:
 
     The send service's on_commit hook is sync and runs in any process (qcluster workers, management
     commands, the ASGI process's worker threads), while the channel layer is async. Rather than wrap the
-    async call (async_to_sync), the hook hands the publish to an event loop: the running one when the
-    hook runs on a loop, otherwise a daemon thread's own loop, started on first use in each process (a
-    forked worker starts its own). The channel layer keeps its Redis connections per loop, so this loop
-    is the only user of its connections.
+    async call (async_to_sync), the hook hands the publish to an event loop and returns: the running
+    one when the hook runs on a loop; in the ASGI process, the loop this process's deliverer runs on;
+    elsewhere (qcluster workers, management commands) a daemon thread's own loop, started on first use
+    in each process (a forked worker starts its own). The channel layer keeps its Redis connections per
+    loop, so each of these loops uses its own.
     """
 
     def __init__(self) -> None:
@@ -336,7 +342,11 @@ class OutboxWakePublisher:
             task.add_done_callback(self._tasks.discard)
             task.add_done_callback(self._report)
             return
-        future = asyncio.run_coroutine_threadsafe(self._send(), self._own_loop())
+        deliverer = _deliverer
+        loop = deliverer.loop if deliverer is not None else None
+        if loop is None or not loop.is_running():
+            loop = self._own_loop()
+        future = asyncio.run_coroutine_threadsafe(self._send(), loop)
         future.add_done_callback(self._report)
 
     def _own_loop(self) -> asyncio.AbstractEventLoop:

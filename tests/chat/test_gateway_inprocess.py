@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import uuid
 
 import pytest
@@ -260,3 +261,32 @@ def test_delivery_failures_are_recorded_with_their_enum_codes(make_session):
         unsendable.pk: "unsupported_segments",
     }
     assert json.dumps([DeliveryError.ADAPTER_OFFLINE]) == '["adapter_offline"]'
+
+
+# --- the cross-process wake-up, published from sync code ------------------------------------------------
+
+
+class RecordingLayer:
+    """A channel layer that records group_send calls, with the thread each ran on."""
+
+    published: list[tuple[str, str, dict]] = []
+    done = threading.Event()
+
+    def __init__(self, **config) -> None:
+        pass
+
+    async def group_send(self, group: str, message: dict) -> None:
+        RecordingLayer.published.append((threading.current_thread().name, group, message))
+        RecordingLayer.done.set()
+
+
+def test_a_send_from_sync_code_publishes_the_wake_on_a_loop_of_its_own(settings, make_session):
+    # As in a qcluster worker: no event loop in the calling thread, and none of a gateway in the process.
+    settings.REDIS_URL = "redis://wake-test.invalid"
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": f"{__name__}.RecordingLayer"}}
+    RecordingLayer.published.clear()
+    RecordingLayer.done.clear()
+    session = make_session()
+    message_send(session=session, source_kind="proactive", text="wake the servers")  # commits: the hook runs
+    assert RecordingLayer.done.wait(10)
+    assert RecordingLayer.published == [("outbox-wake", "maibot.outbox", {"type": "outbox.wake"})]
