@@ -45,6 +45,8 @@ logger = logging.getLogger(__name__)
 
 WEB_PLATFORM = "web"
 OUTBOX_GROUP = "maibot.outbox"
+# Rows per claim: the size of one claim's statements, tuned with bench/ingest.py, not an operator's
+# choice (a round that fills it claims again at once).
 BATCH_SIZE = 500
 
 

@@ -22,6 +22,8 @@ from chat.wire.outbound import browser_frame
 
 logger = logging.getLogger(__name__)
 
+# Frames per transaction at most: bounds one write under a flood (tuned with bench/ingest.py; the
+# operator's limit is gateway.max_backlog).
 INGEST_BATCH = 2000
 
 
