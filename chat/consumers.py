@@ -9,15 +9,14 @@ from typing import Any
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from chat.envelope import InboundMessage, MessageInfo, UserInfo
 from chat.gateway import BrowserConnection, get_gateway
 from chat.ingest import InboundItem
 from chat.outbox import WEB_PLATFORM
+from chat.wire.inbound import InboundMessage, MessageInfo, UserInfo
 from maibot.config import get_config
 
 logger = logging.getLogger(__name__)
 
-MAX_TEXT = 4000
 CLOSE_UNAUTHORISED = 4403
 
 
@@ -52,10 +51,13 @@ class ChatPageConsumer(AsyncJsonWebsocketConsumer):
         if not isinstance(text, str) or not text.strip():
             await self.send_json({"type": "error", "error": "the message is empty"})
             return
-        if len(text) > MAX_TEXT:
-            await self.send_json({"type": "error", "error": f"the message is longer than {MAX_TEXT} characters"})
+        config = get_config().gateway
+        if len(text) > config.browser_max_text_length:
+            await self.send_json(
+                {"type": "error", "error": f"the message is longer than {config.browser_max_text_length} characters"}
+            )
             return
-        if self.conn.backlog >= get_config().gateway.max_backlog:
+        if self.conn.backlog >= config.max_backlog:
             await self.send_json({"type": "error", "error": "too many messages at once; try again in a moment"})
             return
         info = MessageInfo(

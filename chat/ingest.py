@@ -16,10 +16,10 @@ from typing import Any
 from django.db import InterfaceError, OperationalError, connections, models, transaction
 from django.utils import timezone
 
-from chat.envelope import MEDIA_SEGMENT_TYPES, InboundMessage
 from chat.media import MediaError, decode_base64, media_store
 from chat.models import AdapterConnection, ChatSession, ChatType, CommandResponse, Direction, Message, SourceKind
 from chat.services import plain_text, session_get_or_create
+from chat.wire.inbound import MEDIA_SEGMENT_TYPES, InboundMessage
 
 logger = logging.getLogger(__name__)
 

@@ -1,61 +1,53 @@
-"""The outbox: delivering pending outbound Message rows to the connected adapter (or browser) of their platform.
+"""The outbox: claiming pending outbound Message rows, handing their frames to the connected adapter (or
+browser) of their platform, and marking the outcome. Frames are built by chat.wire.outbound.
 
-Rows are claimed with a conditional UPDATE (pending → sending, with a claim token and a lease), so
-several ASGI processes never send one row twice; each process claims only rows it can deliver (the
-platforms, and the browser users, connected to it). A row is marked sent once its frame has been
-handed to the socket. Delivery is at most once: a row whose claimer died mid-send (lease run out)
-fails with `delivery_interrupted` rather than risk a second copy on the platform. Rows waiting for
-an offline adapter longer than `gateway.offline_expiry_seconds` fail with `adapter_offline`.
+Rows are claimed with a conditional UPDATE (pending → sending, with a claim token and a lease of
+`gateway.delivery_lease_seconds`), so several ASGI processes never send one row twice; each process
+claims only rows it can deliver (the platforms, and the browser users, connected to it). A row is
+marked sent once its frame has been handed to the socket. Delivery is at most once: a row whose
+claimer died mid-send (lease run out) fails with `delivery_interrupted` rather than risk a second copy
+on the platform. Rows waiting for an offline adapter longer than `gateway.offline_expiry_seconds` fail
+with `adapter_offline`.
 
 Wake-ups: the send service's `outbound_created` signal wakes this process's deliverer at once; with
-REDIS_URL it also reaches every ASGI process through the channel layer group `maibot.outbox`; without
-Redis the deliverer polls every `POLL_SECONDS`.
+REDIS_URL it also reaches every ASGI process through the channel layer group `maibot.outbox` (published
+from a loop of its own, see OutboxWakePublisher); without Redis the deliverer polls every
+`gateway.outbox_poll_seconds`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
+import os
 import threading
 import uuid
 from collections.abc import Callable, Collection
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, connection
 from django.db.models import F, Q
 from django.dispatch import receiver
 from django.utils import timezone
 
-from chat.envelope import MEDIA_SEGMENT_TYPES, wire_id
-from chat.models import ChatSession, DeliveryStatus, Direction, Media, Message
+from chat.delivery_errors import DeliveryError
+from chat.models import ChatSession, DeliveryStatus, Direction, Message
 from chat.services import outbound_created
+from chat.wire.outbound import adapter_envelope, browser_frame
 from maibot.config import get_config
 
 logger = logging.getLogger(__name__)
 
 WEB_PLATFORM = "web"
 OUTBOX_GROUP = "maibot.outbox"
-# Without Redis the ASGI side finds rows written by other processes only by polling; with Redis every
-# send wakes it through the channel layer and the poll is a slow safety net.
-POLL_SECONDS = 0.2
-POLL_SECONDS_WITH_REDIS = 5.0
-LEASE_SECONDS = 60.0
+# Rows per claim: the size of one claim's statements, tuned with bench/ingest.py, not an operator's
+# choice (a round that fills it claims again at once).
 BATCH_SIZE = 500
-SWEEP_SECONDS = 1.0
-
-
-class DeliveryError:
-    ADAPTER_OFFLINE = "adapter_offline"
-    INTERRUPTED = "delivery_interrupted"
-    UNSUPPORTED = "unsupported_segments"
-    MEDIA_MISSING = "media_missing"
-    BAD_MESSAGE = "bad_message"
 
 
 @dataclass
@@ -67,45 +59,7 @@ class Delivery:
     session_id: str
     user_id: str  # the browser user for platform `web`
     frame: dict[str, Any] | None
-    error: str = ""
-
-
-# --- building frames -----------------------------------------------------------------------------
-
-
-def _media_base64(sha: str, kind: str) -> str | None:
-    media = Media.objects.filter(sha256=sha, kind=kind).first() or Media.objects.filter(sha256=sha).first()
-    if media is None:
-        return None
-    try:
-        with media.file.open("rb") as fh:
-            return base64.b64encode(fh.read()).decode("ascii")
-    except OSError as exc:
-        logger.error("media %s (%s) cannot be read: %s", sha[:12], kind, exc)
-        return None
-
-
-def _adapter_segments(segments: list[dict[str, Any]], accept: set[str] | None) -> tuple[list[dict[str, Any]], str]:
-    out: list[dict[str, Any]] = []
-    for seg in segments:
-        kind, data = seg.get("type"), seg.get("data")
-        if kind == "seglist" and isinstance(data, list):
-            inner, error = _adapter_segments(data, accept)
-            if error:
-                return [], error
-            if inner:
-                out.append({"type": "seglist", "data": inner})
-            continue
-        if accept is not None and kind not in accept:
-            logger.info("segment type %r dropped: not in the adapter's accept_format", kind)
-            continue
-        if kind in MEDIA_SEGMENT_TYPES and isinstance(data, dict) and data.get("media"):
-            encoded = _media_base64(str(data["media"]), kind)
-            if encoded is None:
-                return [], DeliveryError.MEDIA_MISSING
-            data = encoded
-        out.append({"type": kind, "data": data})
-    return out, ""
+    error: DeliveryError | None = None
 
 
 class OutboundRow(NamedTuple):
@@ -121,60 +75,6 @@ class OutboundRow(NamedTuple):
     time: datetime
 
 
-def adapter_envelope(
-    message: OutboundRow | Message, session: ChatSession, accept_format: list[str] | None
-) -> tuple[dict, str]:
-    """The maim_message envelope for one outbound message, or ("", error) when nothing sendable is left.
-
-    A private message names the recipient in user_info (the adapter sends to user_info.user_id); a
-    group message names the group. Only segment types the adapter declared in accept_format are sent.
-    """
-    accept = set(accept_format) if accept_format else None
-    segments, error = _adapter_segments(list(message.segments), accept)
-    if error:
-        return {}, error
-    if not segments:
-        return {}, DeliveryError.UNSUPPORTED
-    info: dict[str, Any] = {
-        "platform": session.platform,
-        "message_id": str(message.uid),
-        "time": message.time.timestamp(),
-    }
-    if session.is_private:
-        info["user_info"] = {
-            "platform": session.platform,
-            "user_id": wire_id(session.user_id),
-            "user_nickname": session.user_nickname,
-            "user_cardname": session.user_cardname,
-        }
-    else:
-        info["group_info"] = {
-            "platform": session.platform,
-            "group_id": wire_id(session.group_id),
-            "group_name": session.group_name,
-        }
-    info["additional_config"] = {}
-    # A lone command goes out as the top-level segment, as adapters expect it.
-    if len(segments) == 1 and segments[0]["type"] == "command":
-        top = segments[0]
-    else:
-        top = {"type": "seglist", "data": segments}
-    return {"message_info": info, "message_segment": top, "raw_message": message.text}, ""
-
-
-def browser_frame(message: OutboundRow | Message) -> dict[str, Any]:
-    """What the browser chat page receives for a message of its session."""
-    return {
-        "type": "message",
-        "uid": str(message.uid),
-        "direction": message.direction,
-        "source_kind": message.source_kind,
-        "text": message.text,
-        "segments": message.segments,
-        "time": timezone.localtime(message.time, get_config().tzinfo).isoformat(),
-    }
-
-
 # --- the outbox service (sync; the deliverer calls it with sync_to_async) -------------------------
 
 
@@ -184,15 +84,18 @@ def outbox_claim(
     web_users: Collection[str],
     accept_formats: dict[str, list[str]],
     limit: int = BATCH_SIZE,
-    lease_seconds: float = LEASE_SECONDS,
+    lease_seconds: float | None = None,
 ) -> tuple[str, list[Delivery]]:
     """Claim up to `limit` pending rows this process can deliver, oldest first, with their frames."""
+    config = get_config().gateway
+    if lease_seconds is None:
+        lease_seconds = config.delivery_lease_seconds
     token = uuid.uuid4().hex
     target = Q(session__platform__in=[p for p in adapter_platforms if p != WEB_PLATFORM])
     if web_users:
         target |= Q(session__platform=WEB_PLATFORM, session__user_id__in=list(web_users))
     # Rows past the offline expiry are never sent, even before the sweep has marked them failed.
-    cutoff = timezone.now() - timedelta(seconds=get_config().gateway.offline_expiry_seconds)
+    cutoff = timezone.now() - timedelta(seconds=config.offline_expiry_seconds)
     ids = list(
         Message.objects.filter(target, delivery_status=DeliveryStatus.PENDING, created_at__gte=cutoff)
         .order_by("id")
@@ -220,7 +123,7 @@ def outbox_claim(
         session = sessions[row.session_id]
         try:
             if session.platform == WEB_PLATFORM:
-                frame, error = browser_frame(row), ""
+                frame, error = browser_frame(row), None
             else:
                 frame, error = adapter_envelope(row, session, accept_formats.get(session.platform))
         except Exception:
@@ -240,7 +143,9 @@ def outbox_claim(
     return token, deliveries
 
 
-def outbox_finish(*, token: str, sent: Collection[int], released: Collection[int], failed: dict[int, str]) -> None:
+def outbox_finish(
+    *, token: str, sent: Collection[int], released: Collection[int], failed: dict[int, DeliveryError]
+) -> None:
     """Record a claimed batch's outcome: sent rows get delivered_at, released rows wait again."""
     now = timezone.now()
     held = Message.objects.filter(delivery_claim=token, delivery_status=DeliveryStatus.SENDING)
@@ -293,7 +198,9 @@ class Sink:
         ...
 
 
-def _db_call(executor: ThreadPoolExecutor, fn: Callable) -> Callable:
+def db_call(executor: ThreadPoolExecutor, fn: Callable) -> Callable:
+    """`fn` (sync, ORM) as an awaitable that runs in `executor`: one long-lived thread, one connection."""
+
     def run(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
@@ -314,10 +221,15 @@ class Deliverer:
         self._loop: asyncio.AbstractEventLoop | None = None
         # One thread keeps one database connection for the deliverer's short statements.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox")
-        self._claim = _db_call(self.executor, outbox_claim)
-        self._finish = _db_call(self.executor, outbox_finish)
-        self._sweep = _db_call(self.executor, outbox_sweep)
+        self._claim = db_call(self.executor, outbox_claim)
+        self._finish = db_call(self.executor, outbox_finish)
+        self._sweep = db_call(self.executor, outbox_sweep)
         self.sent_total = 0
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop the deliverer runs on (None before it starts)."""
+        return self._loop
 
     def wake(self) -> None:
         """Thread-safe: deliver now rather than at the next poll."""
@@ -336,15 +248,16 @@ class Deliverer:
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
         last_sweep = 0.0
-        poll = POLL_SECONDS_WITH_REDIS if settings.REDIS_URL else POLL_SECONDS
         while True:
+            config = get_config().gateway  # read each round: a reload applies without a restart
+            poll = config.outbox_poll_seconds_with_redis if settings.REDIS_URL else config.outbox_poll_seconds
             try:
                 await asyncio.wait_for(self._event.wait(), timeout=poll)
             except TimeoutError:
                 pass
             self._event.clear()
             try:
-                if self._loop.time() - last_sweep >= SWEEP_SECONDS:
+                if self._loop.time() - last_sweep >= config.outbox_sweep_seconds:
                     last_sweep = self._loop.time()
                     await self._sweep()
                 while await self._round():
@@ -367,7 +280,7 @@ class Deliverer:
             return False
         sent: list[int] = []
         released: list[int] = []
-        failed: dict[int, str] = {}
+        failed: dict[int, DeliveryError] = {}
         gone: set[tuple[str, str]] = set()
         try:
             for delivery in batch:
@@ -402,12 +315,66 @@ def set_deliverer(deliverer: Deliverer | None) -> None:
         _deliverer = deliverer
 
 
-async def _group_wake() -> None:
-    from channels.layers import get_channel_layer
+class OutboxWakePublisher:
+    """Publishes `outbox.wake` to the channel layer group from sync code, without waiting for it.
 
-    layer = get_channel_layer()
-    if layer is not None:
-        await layer.group_send(OUTBOX_GROUP, {"type": "outbox.wake"})
+    The send service's on_commit hook is sync and runs in any process (qcluster workers, management
+    commands, the ASGI process's worker threads), while the channel layer is async. Rather than wrap the
+    async call (async_to_sync), the hook hands the publish to an event loop and returns: the running
+    one when the hook runs on a loop; in the ASGI process, the loop this process's deliverer runs on;
+    elsewhere (qcluster workers, management commands) a daemon thread's own loop, started on first use
+    in each process (a forked worker starts its own). The channel layer keeps its Redis connections per
+    loop, so each of these loops uses its own.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pid = 0
+        self._tasks: set[asyncio.Task] = set()  # a task nobody references may be collected mid-run
+
+    def publish(self) -> None:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not None:
+            task = running.create_task(self._send())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(self._report)
+            return
+        deliverer = _deliverer
+        loop = deliverer.loop if deliverer is not None else None
+        if loop is None or not loop.is_running():
+            loop = self._own_loop()
+        future = asyncio.run_coroutine_threadsafe(self._send(), loop)
+        future.add_done_callback(self._report)
+
+    def _own_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._pid != os.getpid():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="outbox-wake", daemon=True).start()
+                self._loop, self._pid = loop, os.getpid()
+            return self._loop
+
+    @staticmethod
+    async def _send() -> None:
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        if layer is not None:
+            await layer.group_send(OUTBOX_GROUP, {"type": "outbox.wake"})
+
+    @staticmethod
+    def _report(future: asyncio.Future | Future) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            # The rows are stored; pollers and the next wake deliver them. Never fail a send over this.
+            logger.warning("could not publish the outbox wake-up: %s", future.exception())
+
+
+wake_publisher = OutboxWakePublisher()
 
 
 @receiver(outbound_created, dispatch_uid="chat.outbox.wake")
@@ -417,14 +384,6 @@ def _on_outbound_created(sender, messages, **kwargs) -> None:
     if not settings.REDIS_URL:
         return  # the embedded default: other ASGI processes poll
     try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        loop = None
-    try:
-        if loop is not None:
-            loop.create_task(_group_wake())
-        else:
-            async_to_sync(_group_wake)()
+        wake_publisher.publish()
     except Exception:
-        # The rows are stored; pollers and the next wake deliver them. Never fail a send over this.
         logger.warning("could not publish the outbox wake-up", exc_info=True)

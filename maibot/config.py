@@ -177,7 +177,7 @@ class SchedulingSection(Section):
 
 
 class GatewaySection(Section):
-    """Delivery to platform adapters."""
+    """Adapter connections, the browser chat page, and delivery of outbound messages (the outbox)."""
 
     offline_expiry_seconds: int = Field(
         3600,
@@ -191,6 +191,34 @@ class GatewaySection(Section):
         le=1_000_000,
         description="Frames from one adapter connection waiting to be stored; past this the connection is "
         "flooding and is closed (1008).",
+    )
+    delivery_lease_seconds: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="An outbound message claimed for delivery but not marked within this fails as "
+        "delivery_interrupted (its sender died mid-send; it is not resent). Not scheduling.lease_seconds.",
+    )
+    outbox_poll_seconds: float = Field(
+        0.2,
+        gt=0,
+        le=60,
+        description="Without Redis: how often the server looks for outbound messages other processes wrote.",
+    )
+    outbox_poll_seconds_with_redis: float = Field(
+        5.0,
+        gt=0,
+        le=300,
+        description="With Redis: the safety-net poll for outbound messages (every send wakes the server at once).",
+    )
+    outbox_sweep_seconds: float = Field(
+        1.0,
+        gt=0,
+        le=600,
+        description="How often outbound messages past the offline expiry or their delivery lease are failed.",
+    )
+    browser_max_text_length: int = Field(
+        4000, ge=1, le=100_000, description="Longest message the operator chat page (/chat/) accepts."
     )
 
 

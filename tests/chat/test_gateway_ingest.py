@@ -61,9 +61,9 @@ async def test_stored_messages_are_announced_to_the_planner_hook_in_batches(sett
 
 
 def test_a_session_deleted_while_known_to_the_ingest_is_created_again(db):
-    from chat.envelope import parse_envelope
     from chat.ingest import InboundItem, inbound_messages_store
     from chat.models import ChatSession
+    from chat.wire.inbound import parse_envelope
 
     def item(text: str) -> InboundItem:
         return InboundItem(platform="qq", message=parse_envelope(envelope(user_id=4242, text=text)))

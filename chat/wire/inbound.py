@@ -1,4 +1,5 @@
-"""The maim_message wire format: parsing adapter frames (envelopes, receipts) and building outbound envelopes."""
+"""Inbound maim_message frames: parsing an adapter's chat message envelopes and custom messages (receipts,
+command results) into validated objects. Outbound frames are built in chat.wire.outbound."""
 
 from __future__ import annotations
 
@@ -150,13 +151,3 @@ def parse_custom(frame: dict[str, Any]) -> CustomMessage:
         return CustomMessage.model_validate(frame)
     except ValidationError as exc:
         raise EnvelopeError(_describe(exc)) from None
-
-
-# --- outbound -------------------------------------------------------------------------------------
-
-
-def wire_id(value: str) -> str | int:
-    """Ids go back the way NapCat-style adapters send them: canonical decimal strings as integers."""
-    if value.isdigit() and str(int(value)) == value:
-        return int(value)
-    return value

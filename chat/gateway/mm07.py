@@ -1,0 +1,70 @@
+"""maim_message ≥ 0.7.x at /ws: the Socket.IO server (Engine.IO v4, long-polling and websocket), its
+connect / disconnect / `message` handlers, and its ASGI app."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import socketio
+
+from chat.gateway.auth import adapter_auth_problem
+from chat.gateway.connections import SocketIOAdapterConnection
+from chat.gateway.registry import get_gateway
+
+logger = logging.getLogger(__name__)
+
+# The largest frame an adapter may send (base64 media): the wire protocol's figure, as the reference
+# server allows. A constant, not a bot-config field: daphne takes its websocket size limit on its command
+# line when it starts (maibot/management/commands/serve.py passes this same figure) and this server is
+# built at import, so a config reload could change neither.
+MAX_FRAME_BYTES = 100 * 1024 * 1024
+
+sio = socketio.AsyncServer(
+    async_mode="asgi",
+    # Adapters are not browsers; no Origin header to check.
+    cors_allowed_origins=[],
+    max_http_buffer_size=MAX_FRAME_BYTES,
+    # Handlers run one at a time per server so a connection's frames are stored in order.
+    async_handlers=False,
+    logger=False,
+    engineio_logger=False,
+)
+_sio_conns: dict[str, SocketIOAdapterConnection] = {}
+
+
+@sio.event
+async def connect(sid: str, environ: dict, auth: Any = None) -> None:
+    gateway = get_gateway()
+    scope = environ.get("asgi.scope") or {}
+    client = scope.get("client") or ("", 0)
+    platform = (environ.get("HTTP_PLATFORM") or "").strip()
+    problem = adapter_auth_problem(platform=platform, token=environ.get("HTTP_AUTHORIZATION"), client_host=client[0])
+    if problem:
+        logger.warning("Socket.IO adapter from %s (platform %r) refused: %s", client[0], platform, problem)
+        raise socketio.exceptions.ConnectionRefusedError(problem)
+    conn = SocketIOAdapterConnection(platform=platform, remote=f"{client[0]}:{client[1]}", sid=sid, server=sio)
+    _sio_conns[sid] = conn
+    await gateway.adapter_connected(conn)
+
+
+@sio.event
+async def disconnect(sid: str, reason: Any = None) -> None:
+    conn = _sio_conns.pop(sid, None)
+    if conn is not None:
+        await get_gateway().adapter_disconnected(conn, None)
+
+
+@sio.on("message")
+async def message(sid: str, data: Any) -> None:
+    conn = _sio_conns.get(sid)
+    if conn is None:
+        return
+    gateway = get_gateway()
+    if isinstance(data, str | bytes):
+        await gateway.frame_text(conn, data.decode("utf-8", "replace") if isinstance(data, bytes) else data)
+    else:
+        await gateway.frame_data(conn, data)
+
+
+socketio_app = socketio.ASGIApp(sio, socketio_path="ws")

@@ -1,0 +1,275 @@
+"""The gateway of one ASGI process: the registry of live connections (adapters by platform, browser
+pages by user), what a frame from one of them becomes (parsed, checked, queued for the ingest writer),
+the outbox's Sink, and, with Redis, the messages other processes send it (outbox wake-ups, `close`
+for a connection replaced elsewhere).
+
+One `Gateway` per event loop, started on the first ASGI call (daphne has no lifespan events).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Collection
+from typing import Any
+
+from django.conf import settings
+
+from chat import outbox
+from chat.gateway.connections import CLOSE_NORMAL, CLOSE_POLICY, BrowserConnection, Connection
+from chat.gateway.writer import FrameKind, IngestWriter, close_old_connection
+from chat.ingest import (
+    InboundItem,
+    adapter_connection_close,
+    adapter_connection_open,
+    adapter_connection_set_accept_format,
+)
+from chat.outbox import WEB_PLATFORM, Deliverer, Delivery, db_call
+from chat.wire.inbound import EnvelopeError, is_custom_message, parse_custom, parse_envelope
+from maibot.config import get_config
+
+logger = logging.getLogger(__name__)
+
+THREAD_PARSE_BYTES = 256 * 1024  # bigger frames are parsed off the event loop
+# Group membership expires in channels_redis (group_expiry); the gateway joins again well before.
+GROUP_REJOIN_SECONDS = 600
+
+
+class Gateway(outbox.Sink):
+    def __init__(self) -> None:
+        self.adapters: dict[str, Connection] = {}
+        self.browsers: dict[str, set[BrowserConnection]] = {}
+        self.accept: dict[str, list[str]] = {}
+        self.started = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.channel_name = ""
+        self._channel_ready: asyncio.Event | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._background: set[asyncio.Task] = set()
+        self.writer = IngestWriter()
+        # Connection records are written on the writer's thread (one thread, one database connection).
+        self._open = db_call(self.writer.executor, adapter_connection_open)
+        self._close = db_call(self.writer.executor, adapter_connection_close)
+        self._set_accept = db_call(self.writer.executor, adapter_connection_set_accept_format)
+        self.deliverer = Deliverer(self)
+
+    @property
+    def stored_total(self) -> int:
+        return self.writer.stored_total
+
+    # --- lifecycle
+    def ensure_started(self) -> None:
+        if self.started:
+            return
+        self.started = True
+        self.loop = asyncio.get_running_loop()
+        self._tasks.append(asyncio.ensure_future(self.writer.run()))
+        self._tasks.append(asyncio.ensure_future(self.deliverer.run()))
+        if settings.REDIS_URL:
+            self._channel_ready = asyncio.Event()
+            self._tasks.append(asyncio.ensure_future(self._listen()))
+        outbox.set_deliverer(self.deliverer)
+        logger.info("gateway started (outbox %s)", "woken via Redis" if settings.REDIS_URL else "polled")
+
+    async def aclose(self) -> None:
+        """Stop the tasks and release the database connections of the gateway's threads."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        outbox.set_deliverer(None)
+        for executor in (self.writer.executor, self.deliverer.executor):
+            await asyncio.wrap_future(executor.submit(close_old_connection))
+            executor.shutdown(wait=False)
+
+    async def _listen(self) -> None:
+        """With Redis: outbox wake-ups from other processes, and `close` for replaced connections."""
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        self.channel_name = await layer.new_channel("gateway.")
+        last_join = 0.0
+        while True:
+            try:
+                if time.monotonic() - last_join > GROUP_REJOIN_SECONDS:
+                    await layer.group_add(outbox.OUTBOX_GROUP, self.channel_name)
+                    last_join = time.monotonic()
+                    self._channel_ready.set()
+                message = await layer.receive(self.channel_name)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("channel layer receive failed; retrying")
+                await asyncio.sleep(1)
+                continue
+            if message.get("type") == "outbox.wake":
+                self.deliverer.wake()
+            elif message.get("type") == "gateway.close":
+                for conn in list(self.adapters.values()):
+                    if conn.record_id == message.get("record_id"):
+                        logger.info("closing %r: replaced by a connection in another process", conn)
+                        await conn.close(CLOSE_NORMAL)
+
+    # --- adapters
+    async def adapter_connected(self, conn: Connection) -> None:
+        if self._channel_ready is not None and not self._channel_ready.is_set():
+            # The record must name this process's channel, or a later replacement elsewhere cannot
+            # reach this socket; the first connection can arrive before the channel exists.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._channel_ready.wait(), 5)
+        old = self.adapters.get(conn.platform)
+        self.adapters[conn.platform] = conn
+        if old is not None and old is not conn:
+            logger.warning("%r replaces the previous connection of platform %s (closed 1000)", conn, conn.platform)
+            await old.close(CLOSE_NORMAL)
+        record_id, accept, elsewhere = await self._open(
+            platform=conn.platform, protocol=conn.protocol, remote=conn.remote, channel_name=self.channel_name
+        )
+        conn.record_id = record_id
+        if conn.closed:  # gone while it was being recorded: its disconnect found no record to close
+            await self._close(record_id=record_id, close_code=conn.close_code)
+            return
+        if accept and conn.platform not in self.accept:
+            self.accept[conn.platform] = accept
+        if elsewhere and settings.REDIS_URL:
+            from channels.layers import get_channel_layer
+
+            layer = get_channel_layer()
+            for other_id, channel in elsewhere:
+                await layer.send(channel, {"type": "gateway.close", "record_id": other_id})
+        logger.info("adapter %r connected", conn)
+        self.deliverer.wake()
+
+    async def adapter_disconnected(self, conn: Connection, code: int | None) -> None:
+        conn.closed = True
+        code = conn.close_code if conn.close_code is not None else code
+        if self.adapters.get(conn.platform) is conn:
+            del self.adapters[conn.platform]
+        logger.info("adapter %r disconnected (code %s)", conn, code)
+        if conn.record_id is not None:
+            try:
+                await self._close(record_id=conn.record_id, close_code=code)
+            except Exception:
+                logger.exception("could not record the disconnect of %r", conn)
+
+    # --- browsers
+    def browser_connected(self, conn: BrowserConnection) -> None:
+        self.browsers.setdefault(conn.user_id, set()).add(conn)
+        self.deliverer.wake()
+
+    def browser_disconnected(self, conn: BrowserConnection) -> None:
+        conn.closed = True
+        conns = self.browsers.get(conn.user_id)
+        if conns is not None:
+            conns.discard(conn)
+            if not conns:
+                del self.browsers[conn.user_id]
+
+    # --- inbound frames
+    async def frame_text(self, conn: Connection, text: str) -> None:
+        """A text frame from a 0.6.x adapter: JSON, then as frame_data."""
+        try:
+            if len(text) > THREAD_PARSE_BYTES:
+                data = await asyncio.to_thread(json.loads, text)
+            else:
+                data = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            logger.warning("frame from %r dropped: not JSON (%s; %d bytes)", conn, str(exc)[:120], len(text))
+            return
+        await self.frame_data(conn, data)
+
+    async def frame_data(self, conn: Connection, data: Any) -> None:
+        """A decoded frame: a chat message envelope or a custom message (receipt, command result)."""
+        if conn.closed:
+            return
+        if not isinstance(data, dict):
+            logger.warning("frame from %r dropped: expected a JSON object, got %s", conn, type(data).__name__)
+            return
+        limit = get_config().gateway.max_backlog
+        if conn.backlog >= limit:
+            logger.error(
+                "flood from %r: %d frames waiting to be stored (limit %d); closing with %d",
+                conn,
+                conn.backlog,
+                limit,
+                CLOSE_POLICY,
+            )
+            await conn.close(CLOSE_POLICY)
+            return
+        try:
+            if is_custom_message(data):
+                custom = parse_custom(data)
+                if custom.message_type_name == "message_id_echo":
+                    self.writer.enqueue(conn, FrameKind.RECEIPT, custom.content)
+                elif custom.message_type_name == "command_response":
+                    self.writer.enqueue(conn, FrameKind.COMMAND_RESPONSE, custom.content)
+                else:
+                    logger.info("custom message %r from %r ignored", custom.message_type_name, conn)
+                return
+            message = parse_envelope(data)
+        except EnvelopeError as exc:
+            logger.warning("frame from %r dropped: %s", conn, exc)
+            return
+        fmt = message.info.format_info
+        if fmt is not None and fmt.accept_format and self.accept.get(conn.platform) != fmt.accept_format:
+            self.accept[conn.platform] = list(fmt.accept_format)
+            if conn.record_id is not None:
+                task = asyncio.ensure_future(self._remember_accept(conn.record_id, list(fmt.accept_format)))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+        self.writer.enqueue_message(conn, InboundItem(platform=conn.platform, message=message, received_at=time.time()))
+
+    def enqueue_message(self, conn: Connection, item: InboundItem) -> None:
+        """For the browser chat: a message already parsed."""
+        self.writer.enqueue_message(conn, item)
+
+    async def _remember_accept(self, record_id: int, accept: list[str]) -> None:
+        try:
+            await self._set_accept(record_id=record_id, accept_format=accept)
+        except Exception:
+            logger.exception("could not record accept_format")
+
+    # --- outbox.Sink
+    def adapter_platforms(self) -> Collection[str]:
+        return list(self.adapters)
+
+    def web_users(self) -> Collection[str]:
+        return list(self.browsers)
+
+    def accept_formats(self) -> dict[str, list[str]]:
+        return self.accept
+
+    async def deliver(self, delivery: Delivery) -> bool:
+        if delivery.platform == WEB_PLATFORM:
+            ok = False
+            for conn in list(self.browsers.get(delivery.user_id, ())):
+                try:
+                    ok = await conn.send(delivery.frame) or ok
+                except Exception:
+                    logger.debug("browser socket failed", exc_info=True)
+            return ok
+        conn = self.adapters.get(delivery.platform)
+        if conn is None:
+            return False
+        try:
+            return await conn.send(delivery.frame)
+        except Exception as exc:
+            logger.warning("writing to %r failed: %s", conn, exc)
+            return False
+
+
+_gateway: Gateway | None = None
+
+
+def get_gateway() -> Gateway:
+    """This process's gateway, created and started in the running event loop on first use (a new
+    loop, as each in-process test has, gets a new gateway: tasks cannot outlive their loop)."""
+    global _gateway
+    loop = asyncio.get_running_loop()
+    if _gateway is None or _gateway.loop is not loop:
+        _gateway = Gateway()
+    _gateway.ensure_started()
+    return _gateway

@@ -1,0 +1,43 @@
+"""The project's front ASGI app: /ws to the adapter gateway (Socket.IO or the plain websocket), everything
+else to Django."""
+
+from __future__ import annotations
+
+import logging
+from urllib.parse import parse_qs
+
+from django.conf import settings
+
+from chat.gateway.daphne_patch import allow_protocol_close_codes
+from chat.gateway.mm06 import plain_adapter_app
+from chat.gateway.mm07 import socketio_app
+from chat.gateway.registry import get_gateway
+
+logger = logging.getLogger(__name__)
+
+ADAPTER_PATHS = ("/ws", "/ws/")
+
+
+class GatewayRouter:
+    """Front ASGI app: /ws goes to the adapter gateway (Socket.IO when the query carries EIO=, including
+    its HTTP long-polling requests; the plain websocket otherwise); everything else to Django."""
+
+    def __init__(self, *, http, websocket) -> None:
+        self.http, self.websocket = http, websocket
+        allow_protocol_close_codes()
+        if not settings.MAIBOT_ADAPTER_TOKENS:
+            logger.warning("MAIBOT_ADAPTER_TOKENS is not set: adapters are accepted from loopback addresses only")
+
+    async def __call__(self, scope, receive, send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            return
+        get_gateway()
+        if scope.get("path") in ADAPTER_PATHS:
+            if "EIO" in parse_qs(scope.get("query_string", b"").decode("latin-1")):
+                return await socketio_app(scope, receive, send)
+            if kind == "websocket":
+                return await plain_adapter_app(scope, receive, send)
+        if kind == "http":
+            return await self.http(scope, receive, send)
+        return await self.websocket(scope, receive, send)

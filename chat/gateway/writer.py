@@ -1,0 +1,108 @@
+"""The ingest writer: one task per ASGI process that stores the adapter frames queued on the event loop,
+whatever accumulated since its last write in one transaction (a lone message is written at once, a
+burst in batches), then announces the stored messages (`inbound_stored`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from django.db import connection
+
+from chat.gateway.connections import BrowserConnection, Connection
+from chat.ingest import AdapterFrames, InboundItem, adapter_frames_store
+from chat.models import Message
+from chat.outbox import db_call
+from chat.services import inbound_stored
+from chat.wire.outbound import browser_frame
+
+logger = logging.getLogger(__name__)
+
+# Frames per transaction at most: bounds one write under a flood (tuned with bench/ingest.py; the
+# operator's limit is gateway.max_backlog).
+INGEST_BATCH = 2000
+
+
+def close_old_connection() -> None:
+    """Release the calling thread's database connection (run in a thread that is about to be dropped)."""
+    connection.close()
+
+
+class FrameKind(StrEnum):
+    MESSAGE = "message"
+    RECEIPT = "receipt"
+    COMMAND_RESPONSE = "command_response"
+
+
+@dataclass
+class _Queued:
+    conn: Connection
+    kind: FrameKind
+    payload: Any
+
+
+class IngestWriter:
+    """The queue of parsed frames and the task that stores them, in arrival order."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[_Queued] = asyncio.Queue()
+        # One thread, one database connection, for the writer's batches and the gateway's connection
+        # records (chat.gateway.registry runs those here too).
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest")
+        self._store = db_call(self.executor, adapter_frames_store)
+        self.stored_total = 0
+
+    def enqueue(self, conn: Connection, kind: FrameKind, payload: Any) -> None:
+        conn.backlog += 1
+        self._queue.put_nowait(_Queued(conn, kind, payload))
+
+    def enqueue_message(self, conn: Connection, item: InboundItem) -> None:
+        self.enqueue(conn, FrameKind.MESSAGE, item)
+
+    async def run(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            # Whatever piled up while the previous batch was being written goes in one transaction.
+            while len(batch) < INGEST_BATCH and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            frames = AdapterFrames()
+            for q in batch:
+                if q.kind is FrameKind.MESSAGE:
+                    frames.messages.append(q.payload)
+                elif q.kind is FrameKind.RECEIPT:
+                    frames.receipts.append((q.conn.platform, q.payload))
+                else:
+                    frames.command_responses.append((q.conn.platform, q.payload))
+            try:
+                # Retries through a database outage happen inside; bad rows are dropped one by one there.
+                result = await self._store(frames=frames)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("storing %d adapter frames failed", len(batch))
+                result = None
+            for q in batch:
+                q.conn.backlog -= 1
+            if result is None or not result.stored:
+                continue
+            self.stored_total += len(result.stored)
+            await self._after_store(batch, result.stored)
+
+    async def _after_store(self, batch: list[_Queued], stored: list[Message]) -> None:
+        # The browser page shows its own message as stored once it is.
+        by_uid = {id(q.payload): q for q in batch if q.kind is FrameKind.MESSAGE}
+        for message in stored:
+            origin = getattr(message, "inbound_item", None)
+            q = by_uid.get(id(origin)) if origin is not None else None
+            if q is not None and isinstance(q.conn, BrowserConnection):
+                try:
+                    await q.conn.send(browser_frame(message))
+                except Exception:
+                    logger.debug("browser went away before its message was confirmed", exc_info=True)
+        for receiver, result in await inbound_stored.asend_robust(sender=Message, messages=stored):
+            if isinstance(result, Exception):
+                logger.error("inbound_stored listener %r failed: %s", receiver, result, exc_info=result)

@@ -1,0 +1,134 @@
+"""Outbound frames: the maim_message envelope an adapter receives for one of our messages, the text frame
+of the 0.6.x plain websocket, and the frame the browser chat page receives. Inbound parsing is in
+chat.wire.inbound."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from datetime import datetime
+from typing import Any, Protocol
+
+from django.utils import timezone
+
+from chat.delivery_errors import DeliveryError
+from chat.models import ChatSession, Media
+from chat.wire.inbound import MEDIA_SEGMENT_TYPES
+from maibot.config import get_config
+
+logger = logging.getLogger(__name__)
+
+
+class OutboundMessage(Protocol):
+    """What a frame needs of a message: a Message, or the outbox's lighter claimed row."""
+
+    uid: Any
+    direction: str
+    source_kind: str
+    text: str
+    segments: list
+    time: datetime
+
+
+def wire_id(value: str) -> str | int:
+    """Ids go back the way NapCat-style adapters send them: canonical decimal strings as integers."""
+    if value.isdigit() and str(int(value)) == value:
+        return int(value)
+    return value
+
+
+def _media_base64(sha: str, kind: str) -> str | None:
+    media = Media.objects.filter(sha256=sha, kind=kind).first() or Media.objects.filter(sha256=sha).first()
+    if media is None:
+        return None
+    try:
+        with media.file.open("rb") as fh:
+            return base64.b64encode(fh.read()).decode("ascii")
+    except OSError as exc:
+        logger.error("media %s (%s) cannot be read: %s", sha[:12], kind, exc)
+        return None
+
+
+def _adapter_segments(
+    segments: list[dict[str, Any]], accept: set[str] | None
+) -> tuple[list[dict[str, Any]], DeliveryError | None]:
+    out: list[dict[str, Any]] = []
+    for seg in segments:
+        kind, data = seg.get("type"), seg.get("data")
+        if kind == "seglist" and isinstance(data, list):
+            inner, error = _adapter_segments(data, accept)
+            if error:
+                return [], error
+            if inner:
+                out.append({"type": "seglist", "data": inner})
+            continue
+        if accept is not None and kind not in accept:
+            logger.info("segment type %r dropped: not in the adapter's accept_format", kind)
+            continue
+        if kind in MEDIA_SEGMENT_TYPES and isinstance(data, dict) and data.get("media"):
+            encoded = _media_base64(str(data["media"]), kind)
+            if encoded is None:
+                return [], DeliveryError.MEDIA_MISSING
+            data = encoded
+        out.append({"type": kind, "data": data})
+    return out, None
+
+
+def adapter_envelope(
+    message: OutboundMessage, session: ChatSession, accept_format: list[str] | None
+) -> tuple[dict[str, Any], DeliveryError | None]:
+    """The maim_message envelope for one outbound message, or ({}, error) when nothing sendable is left.
+
+    A private message names the recipient in user_info (the adapter sends to user_info.user_id); a
+    group message names the group. Only segment types the adapter declared in accept_format are sent.
+    """
+    accept = set(accept_format) if accept_format else None
+    segments, error = _adapter_segments(list(message.segments), accept)
+    if error:
+        return {}, error
+    if not segments:
+        return {}, DeliveryError.UNSUPPORTED
+    info: dict[str, Any] = {
+        "platform": session.platform,
+        "message_id": str(message.uid),
+        "time": message.time.timestamp(),
+    }
+    if session.is_private:
+        info["user_info"] = {
+            "platform": session.platform,
+            "user_id": wire_id(session.user_id),
+            "user_nickname": session.user_nickname,
+            "user_cardname": session.user_cardname,
+        }
+    else:
+        info["group_info"] = {
+            "platform": session.platform,
+            "group_id": wire_id(session.group_id),
+            "group_name": session.group_name,
+        }
+    info["additional_config"] = {}
+    # A lone command goes out as the top-level segment, as adapters expect it.
+    if len(segments) == 1 and segments[0]["type"] == "command":
+        top = segments[0]
+    else:
+        top = {"type": "seglist", "data": segments}
+    return {"message_info": info, "message_segment": top, "raw_message": message.text}, None
+
+
+def plain_text_frame(frame: dict[str, Any]) -> str:
+    """A frame as the 0.6.x plain websocket carries it: one JSON text frame, non-ASCII kept as is."""
+    return json.dumps(frame, ensure_ascii=False)
+
+
+def browser_frame(message: OutboundMessage) -> dict[str, Any]:
+    """What the browser chat page receives for a message of its session."""
+    return {
+        "type": "message",
+        "uid": str(message.uid),
+        "direction": message.direction,
+        "source_kind": message.source_kind,
+        "text": message.text,
+        "segments": message.segments,
+        "time": timezone.localtime(message.time, get_config().tzinfo).isoformat(),
+    }
