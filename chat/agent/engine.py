@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from asgiref.sync import SyncToAsync
 from django.db import connections, transaction
 from django.utils import timezone
 
@@ -79,11 +80,23 @@ class ToolOutcome:
         return {"role": "tool", "tool_call_id": self.call_id, "content": self.content}
 
 
+# What asgiref's async_to_sync reads in a thread that sync_to_async runs: the event loop to run
+# coroutines on. A tool thread inherits it from its caller, so a tool behaves as in the caller's thread
+# (e.g. a send's wake-up published on the server's loop, not on a new loop per call).
+_ASGIREF_THREAD_STATE = ("main_event_loop", "main_event_loop_pid", "task_context")
+
+
 class _Loan:
-    """The caller's database connections lent to the thread running one tool call."""
+    """The caller's database connections (and asgiref thread state) lent to the thread running one
+    tool call."""
 
     def __init__(self) -> None:
         self.connections = {conn.alias: conn for conn in connections.all()}
+        self.asgiref_state = {
+            name: getattr(SyncToAsync.threadlocal, name)
+            for name in _ASGIREF_THREAD_STATE
+            if hasattr(SyncToAsync.threadlocal, name)
+        }
         self.lock = threading.Lock()
         self.finished = False
         self.abandoned = False
@@ -94,9 +107,13 @@ class _Loan:
     def run(self, func, /, *args: Any, **kwargs: Any) -> Any:
         for alias, conn in self.connections.items():
             connections[alias] = conn
+        for name, value in self.asgiref_state.items():
+            setattr(SyncToAsync.threadlocal, name, value)
         try:
             return func(*args, **kwargs)
         finally:
+            for name in self.asgiref_state:
+                delattr(SyncToAsync.threadlocal, name)
             for alias in self.connections:
                 del connections[alias]
             with self.lock:

@@ -1,14 +1,16 @@
 """The agent-turn engine: the tools of a scope, and tool calls that never raise (unknown tool, bad
 arguments, a failing tool, a timeout) but become error results the model sees, recorded as sent."""
 
+import asyncio
 import threading
 
 import pytest
+from asgiref.sync import async_to_sync, sync_to_async
 from django.db import connections
 
-from chat.agent.engine import AgentTurn
+from chat.agent.engine import AgentTurn, _invoke
 from chat.agent.llm import ToolCallRequest
-from chat.components import LIFE, Tool, ok, registry
+from chat.components import LIFE, Tool, ToolContext, ok, registry
 from chat.models import ChatSession, CycleKind, ToolCallRecord
 from maibot import config
 from tests.conftest import wait_for
@@ -159,3 +161,16 @@ def test_after_a_timeout_the_turn_goes_on_with_a_fresh_connection(make_session, 
     release.set()
     # The late tool finishes on the lent connection, then closes it.
     assert wait_for(lambda: lent.connection is None, timeout=10)
+
+
+async def test_a_tool_thread_runs_coroutines_on_the_callers_event_loop():
+    # As the send service's wake-up does with Redis: async_to_sync from a tool run by the planner goes
+    # to the server's loop, as it would from the planner's own thread, not to a new loop per call.
+    seen = []
+
+    async def where():
+        seen.append(asyncio.get_running_loop())
+
+    tool = Tool("where", "", NO_ARGS, lambda ctx: async_to_sync(where)() or ok())
+    assert await sync_to_async(_invoke)(tool, ToolContext(session=None), {}, 5) == {"ok": True}
+    assert seen == [asyncio.get_running_loop()]
