@@ -9,11 +9,10 @@ from typing import Any
 from django.db.models import F
 
 from chat.components import Tool, ToolContext, error, ok, registry
+from chat.components import ToolErrorCode as Code
 from chat.models import Media, MediaKind, Message, SourceKind
 from chat.services import message_send
-
-# A chat message longer than this is not a chat message: the model is rambling or dumping data.
-MAX_REPLY_CHARS = 2000
+from maibot.config import get_config
 
 
 def _outbound_extra(ctx: ToolContext) -> dict[str, Any]:
@@ -27,17 +26,19 @@ def _already_acted(ctx: ToolContext, what: str) -> dict[str, Any] | None:
     # One reply and one emoji per cycle: a model that calls reply twice would otherwise double-post.
     done = ctx.extra.setdefault("sent", set())
     if what in done:
-        return error("already_sent", f"you already used {what} in this turn")
+        return error(Code.ALREADY_SENT, f"you already used {what} in this turn")
     return None
 
 
 def reply(ctx: ToolContext, text: str, quote_message_id: str | int | None = None) -> dict[str, Any]:
     """Send a text message to this chat, optionally quoting a message by its id in the history."""
     if not isinstance(text, str) or not text.strip():
-        return error("invalid_argument", "text must be a non-empty string")
+        return error(Code.INVALID_ARGUMENT, "text must be a non-empty string")
     text = text.strip()
-    if len(text) > MAX_REPLY_CHARS:
-        return error("text_too_long", f"text has {len(text)} characters; keep a chat message under {MAX_REPLY_CHARS}")
+    # A chat message longer than this is not a chat message: the model is rambling or dumping data.
+    limit = get_config().chat.max_reply_length
+    if len(text) > limit:
+        return error(Code.TEXT_TOO_LONG, f"text has {len(text)} characters; keep a chat message under {limit}")
     if refusal := _already_acted(ctx, "reply"):
         return refusal
     quote = ""
@@ -93,19 +94,19 @@ def emoji_choose(description: str) -> Media | None:
 def send_emoji(ctx: ToolContext, description: str) -> dict[str, Any]:
     """Send a stored emoji (sticker) matching the description."""
     if not isinstance(description, str) or not description.strip():
-        return error("invalid_argument", "description must be a non-empty string")
+        return error(Code.INVALID_ARGUMENT, "description must be a non-empty string")
     if refusal := _already_acted(ctx, "send_emoji"):
         return refusal
     media = emoji_choose(description)
     if media is None:
         emojis = Media.objects.filter(kind=MediaKind.EMOJI).exclude(description="")
         known = list(emojis.values_list("description", flat=True)[:10])
-        return error("no_match", f"no stored emoji matches {description!r}; known emojis: {known}")
+        return error(Code.NO_MATCH, f"no stored emoji matches {description!r}; known emojis: {known}")
     try:
         with media.file.open("rb") as fh:
             data = base64.b64encode(fh.read()).decode()
     except OSError as exc:
-        return error("media_unavailable", f"the emoji file cannot be read: {exc}")
+        return error(Code.MEDIA_UNAVAILABLE, f"the emoji file cannot be read: {exc}")
     message_send(
         session=ctx.session,
         source_kind=SourceKind.REPLY,

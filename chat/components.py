@@ -3,7 +3,8 @@
 * Tools the agent turns offer to the model. A tool is a plain sync function taking a ToolContext and
   its JSON arguments and returning a JSON-able dict: {"ok": true, ...} or {"ok": false, "error":
   {"code": ..., "message": ...}}. The session is implicit: it comes from the context, never from the
-  model's arguments.
+  model's arguments. A tool belongs to one or more *scopes*: the chat planner offers the "chat" tools,
+  the life loop the "life" tools (chat.agent.engine runs them all the same way).
 * Commands: handlers that read what people type before any model does (the offline planner asks
   them; plugins' commands will join them). A command gets the turn and one typed text and says
   whether it handled it.
@@ -18,17 +19,36 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol
 
 from chat.models import ChatSession
 
 
+class ToolErrorCode(StrEnum):
+    """Failures of the engine and of chat's own tools (stable strings: the model reads them)."""
+
+    UNKNOWN_TOOL = "unknown_tool"
+    INVALID_ARGUMENTS = "invalid_arguments"  # not a JSON object, or not matching the tool's signature
+    INVALID_ARGUMENT = "invalid_argument"  # one argument's value is refused by the tool
+    TOOL_FAILED = "tool_failed"
+    TOOL_TIMEOUT = "tool_timeout"
+    ALREADY_SENT = "already_sent"
+    TEXT_TOO_LONG = "text_too_long"
+    NO_MATCH = "no_match"
+    MEDIA_UNAVAILABLE = "media_unavailable"
+
+
+CHAT = "chat"  # the chat planner's scope (the default)
+LIFE = "life"  # the life loop's scope
+
+
 @dataclass
 class ToolContext:
-    session: ChatSession
+    session: ChatSession | None
     tool_call_id: str = ""
-    cycle: Any = None  # chat.models.PlannerCycle when run by the planner
-    extra: dict[str, Any] = field(default_factory=dict)
+    cycle: Any = None  # chat.models.PlannerCycle of the turn that runs the tool
+    extra: dict[str, Any] = field(default_factory=dict)  # shared by the calls of one turn
 
 
 ToolFunc = Callable[..., dict[str, Any]]
@@ -45,6 +65,10 @@ class Tool:
     # The planner's cycle ends once such a tool succeeded (reply, no_reply, send_emoji): its result
     # is not sent back to the model, so a plain reply costs exactly one LLM call.
     ends_cycle: bool = False
+    # The agent turns that offer it (CHAT: the chat planner, LIFE: the life loop).
+    scopes: frozenset[str] = frozenset({CHAT})
+    # Seconds one call may run; None: the config's chat.tool_timeout.
+    timeout: float | None = None
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI `tools=[...]` entry."""
@@ -70,8 +94,9 @@ class ToolRegistry:
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
 
-    def available(self, ctx: ToolContext) -> list[Tool]:
-        return [t for t in self._tools.values() if t.available(ctx)]
+    def available(self, ctx: ToolContext, scope: str = CHAT) -> list[Tool]:
+        """The tools of `scope` offered in this context."""
+        return [t for t in self._tools.values() if scope in t.scopes and t.available(ctx)]
 
     def names(self) -> list[str]:
         return list(self._tools)

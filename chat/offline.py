@@ -5,8 +5,9 @@ messages is offered to the commands in chat.components (scheduling registers the
 "remind me in 10 minutes…", "提醒我10分钟后喝水", /schedule, /list, /cancel); the first that handles it
 answers. When none did, a fixed answer in the bot's language (bot.language zh or en) says no model is
 configured, with what the commands can do. In group chats it answers only commands and messages that
-mention the bot. Every answered turn is a PlannerCycle with action offline_* and no LLM call; the
-commands' tool calls are recorded on it. Messages without text (images, stickers, notices) get no answer.
+mention the bot. Every answered turn is a PlannerCycle (opened and closed by the agent-turn engine,
+chat.agent.engine) with action offline_* and no LLM call; the commands' tool calls run and are
+recorded through it. Messages without text (images, stickers, notices) get no answer.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import uuid
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.utils import timezone
 
-from chat.components import ToolContext, commands, registry
-from chat.models import ChatSession, CycleKind, Message, PlannerCycle, SourceKind, ToolCallRecord
+from chat.agent.engine import AgentTurn
+from chat.components import commands
+from chat.models import ChatSession, CycleKind, Message, PlannerCycle, SourceKind
 from chat.services import message_send
 from maibot.config import get_config
 
@@ -37,35 +38,22 @@ def _notice() -> str:
     return head + (helps[0] if helps else nothing)
 
 
-class _Turn:
-    """One offline turn: what was done, for the reply and the cycle record (a chat.components.CommandTurn)."""
+class _CommandTurn:
+    """One offline turn as the commands see it (a chat.components.CommandTurn): their tool calls go
+    through the agent-turn engine (run and recorded on the cycle); their answers are collected here."""
 
-    def __init__(self, session: ChatSession, cycle: PlannerCycle) -> None:
-        self.session = session
-        self.cycle = cycle
+    def __init__(self, turn: AgentTurn) -> None:
+        self.turn = turn
+        self.session = turn.session
         self.actions: list[str] = []
         self.replies: list[str] = []
-        self.round = 0
 
     def answer(self, text: str, action: str) -> None:
         self.replies.append(text)
         self.actions.append(action)
 
     def tool(self, name: str, **arguments: Any) -> dict[str, Any]:
-        call_id = f"offline_{uuid.uuid4().hex[:16]}"
-        ctx = ToolContext(session=self.session, tool_call_id=call_id, cycle=self.cycle)
-        result = registry.get(name)(ctx, **arguments)
-        ToolCallRecord.objects.create(
-            cycle=self.cycle,
-            round=self.round,
-            tool_call_id=call_id,
-            name=name,
-            arguments=arguments,
-            result=result,
-            ok=bool(result.get("ok")),
-        )
-        self.round += 1
-        return result
+        return self.turn.call(name, arguments, call_id=f"offline_{uuid.uuid4().hex[:16]}")
 
 
 def _typed_text(message: Message) -> str:
@@ -92,11 +80,11 @@ def offline_turn(*, session: ChatSession, new_messages: list[Message], mentioned
         return None  # stickers, images, notices: nothing to read, nothing to answer
     if not session.is_private and not (mentioned or slash):
         return None
-    now = timezone.now()
-    cycle = PlannerCycle.objects.create(
-        session=session, kind=CycleKind.CHAT, started_at=now, trigger=f"{len(new_messages)} new message(s), offline"
+    agent_turn = AgentTurn.open(
+        kind=CycleKind.CHAT, session=session, trigger=f"{len(new_messages)} new message(s), offline"
     )
-    turn = _Turn(session, cycle)
+    cycle = agent_turn.cycle
+    turn = _CommandTurn(agent_turn)
     handlers = commands()
     for text in texts:
         for command in handlers:
@@ -106,12 +94,12 @@ def offline_turn(*, session: ChatSession, new_messages: list[Message], mentioned
         turn.answer(_notice(), "offline_notice")
     for text in turn.replies:
         message_send(session=session, source_kind=SourceKind.REPLY, text=text, extra={"cycle_id": str(cycle.cycle_id)})
-    cycle.action = turn.actions[0]
-    cycle.reasoning = "offline planner (no model configured)"
-    cycle.outcome = "; ".join(f"{a}: {r}" for a, r in zip(turn.actions, turn.replies, strict=False))[:4000]
-    cycle.ended_at = timezone.now()
-    cycle.timings = {"total_ms": round((time.perf_counter() - started) * 1000, 3)}
-    cycle.save(update_fields=["action", "reasoning", "outcome", "ended_at", "timings"])
+    agent_turn.close(
+        action=turn.actions[0],
+        reasoning="offline planner (no model configured)",
+        outcome="; ".join(f"{a}: {r}" for a, r in zip(turn.actions, turn.replies, strict=False))[:4000],
+        timings={"total_ms": round((time.perf_counter() - started) * 1000, 3)},
+    )
     return cycle
 
 

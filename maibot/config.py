@@ -149,6 +149,15 @@ class ChatSection(Section):
         le=604_800,
         description="A session loop idle this long is stopped (it restarts on the next message).",
     )
+    max_reply_length: int = Field(
+        2000,
+        ge=1,
+        le=100_000,
+        description="Longest chat message the model may send (longer is rambling or a data dump: refused).",
+    )
+    tool_timeout: float = Field(
+        30.0, gt=0, le=3600, description="Seconds one tool call may run before the model is told it timed out."
+    )
 
 
 class SchedulingSection(Section):

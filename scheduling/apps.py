@@ -6,7 +6,9 @@ class SchedulingConfig(AppConfig):
     verbose_name = "Scheduling"
 
     def ready(self) -> None:
-        # Tools offered to the chat planner: scheduled messages, timers, memory and notes.
+        # Tools offered to the chat planner (scope chat): scheduled messages, timers, memory and notes;
+        # and the life loop's own (scope life): send_message, update_inner_state, do_nothing.
+        import scheduling.life.loop_tools
         import scheduling.life.memory_tools
         import scheduling.life.tools
         import scheduling.tools  # noqa: F401

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from chat.components import Tool, ToolContext, error, ok, registry
+from chat.components import Tool, ToolContext, ToolErrorCode, error, ok, registry
 from scheduling.error_codes import SchedulingError, SchedulingErrorCode
 from scheduling.models import Actor
 from scheduling.services import (
@@ -33,7 +33,7 @@ def schedule_private_message(
     if refusal := _private_only(ctx):
         return refusal
     if not isinstance(replace_existing, bool):
-        return error("invalid_argument", "replace_existing must be true or false")
+        return error(ToolErrorCode.INVALID_ARGUMENT, "replace_existing must be true or false")
     try:
         result = scheduled_message_create(
             session=ctx.session,

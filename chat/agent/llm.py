@@ -1,11 +1,16 @@
-"""The one way to call a model: `AsyncOpenAI` against any OpenAI-compatible provider, every call
-written to the LLMCall ledger (tokens, latency, cost, error)."""
+"""The one way to call a model: the openai SDK against any OpenAI-compatible provider, every call
+written to the LLMCall ledger (tokens, latency, cost, error).
+
+`complete` (AsyncOpenAI) serves async code (the chat planner); `complete_sync` (OpenAI) serves sync
+worker code (life-loop turns, summaries), so sync code never wraps async code. Both build the same
+request and record the same ledger row."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import threading
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -14,7 +19,7 @@ from typing import Any
 
 import openai
 from asgiref.sync import sync_to_async
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, OpenAI
 
 from chat.models import LLMCall
 from maibot.config import BotConfig, get_config
@@ -33,6 +38,22 @@ def get_client(cfg: BotConfig | None = None) -> AsyncOpenAI:
     if client is None:
         client = AsyncOpenAI(base_url=cfg.llm_base_url, api_key=cfg.llm_api_key, max_retries=cfg.llm.max_retries)
         per_loop[key] = client
+    return client
+
+
+# One sync client per provider settings, shared by the worker's threads (its HTTP pool is thread-safe).
+_sync_clients: dict[tuple, OpenAI] = {}
+_sync_lock = threading.Lock()
+
+
+def get_sync_client(cfg: BotConfig | None = None) -> OpenAI:
+    cfg = cfg or get_config()
+    key = (cfg.llm_base_url, cfg.llm_api_key, cfg.llm.max_retries)
+    with _sync_lock:
+        client = _sync_clients.get(key)
+        if client is None:
+            client = OpenAI(base_url=cfg.llm_base_url, api_key=cfg.llm_api_key, max_retries=cfg.llm.max_retries)
+            _sync_clients[key] = client
     return client
 
 
@@ -57,6 +78,7 @@ class LLMResult:
     cached_tokens: int = 0
     latency_ms: int = 0
     error: str = ""
+    timed_out: bool = False
     call_id: int | None = None
 
     @property
@@ -104,6 +126,59 @@ def _record(*, purpose: str, model: str, result: LLMResult, session_id: int | No
     return call.pk
 
 
+def _request(
+    cfg: BotConfig, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, timeout: float | None
+) -> dict[str, Any]:
+    """The chat-completions arguments (the same for the async and the sync client)."""
+    kwargs: dict[str, Any] = {
+        "model": cfg.llm_model,
+        "messages": messages,
+        "temperature": cfg.llm.temperature,
+        "timeout": timeout or cfg.llm.timeout,
+    }
+    if tools:
+        kwargs["tools"] = tools
+    return kwargs
+
+
+def _read(response: Any, result: LLMResult) -> None:
+    """Fill the result from the provider's answer (raises ValueError on an answer without choices)."""
+    choice = response.choices[0] if response.choices else None
+    if choice is None:
+        raise ValueError("the provider returned no choices")
+    msg = choice.message
+    result.content = msg.content or ""
+    result.tool_calls = _parse_tool_calls(msg.tool_calls)
+    result.assistant_message = msg.model_dump(exclude_none=True, exclude_unset=True)
+    result.assistant_message.setdefault("role", "assistant")
+    usage = response.usage
+    if usage is not None:
+        result.prompt_tokens = usage.prompt_tokens or 0
+        result.completion_tokens = usage.completion_tokens or 0
+        details = getattr(usage, "prompt_tokens_details", None)
+        result.cached_tokens = (getattr(details, "cached_tokens", 0) or 0) if details else 0
+
+
+# What a failed call looks like on the result (and in the ledger): provider trouble never raises.
+_CALL_ERRORS = (openai.OpenAIError, ValueError, AttributeError, TypeError)
+
+
+def _failed(exc: Exception, result: LLMResult, timeout: float) -> None:
+    if isinstance(exc, openai.APITimeoutError):
+        result.error = f"timeout after {timeout:g}s"
+        result.timed_out = True
+    elif isinstance(exc, openai.APIStatusError):
+        result.error = f"HTTP {exc.status_code}: {str(exc)[:500]}"
+    else:
+        result.error = f"{type(exc).__name__}: {str(exc)[:500]}"
+
+
+def _finish(result: LLMResult, started: float, purpose: str, model: str) -> None:
+    result.latency_ms = int((time.perf_counter() - started) * 1000)
+    if result.error:
+        logger.warning("LLM call (%s, %s) failed: %s", purpose, model, result.error)
+
+
 async def complete(
     *,
     purpose: str,
@@ -116,43 +191,46 @@ async def complete(
     """One chat-completions call. Never raises for provider trouble: the error is on the result and
     in the ledger, so callers can record it and go on."""
     cfg = get_config()
-    model = cfg.llm_model
+    kwargs = _request(cfg, messages, tools, timeout)
     result = LLMResult()
     started = time.perf_counter()
     try:
-        kwargs: dict[str, Any] = {
-            "model": model,
-            "messages": messages,
-            "temperature": cfg.llm.temperature,
-            "timeout": timeout or cfg.llm.timeout,
-        }
-        if tools:
-            kwargs["tools"] = tools
-        response = await get_client(cfg).chat.completions.create(**kwargs)
-        choice = response.choices[0] if response.choices else None
-        if choice is None:
-            raise ValueError("the provider returned no choices")
-        msg = choice.message
-        result.content = msg.content or ""
-        result.tool_calls = _parse_tool_calls(msg.tool_calls)
-        result.assistant_message = msg.model_dump(exclude_none=True, exclude_unset=True)
-        result.assistant_message.setdefault("role", "assistant")
-        usage = response.usage
-        if usage is not None:
-            result.prompt_tokens = usage.prompt_tokens or 0
-            result.completion_tokens = usage.completion_tokens or 0
-            details = getattr(usage, "prompt_tokens_details", None)
-            result.cached_tokens = (getattr(details, "cached_tokens", 0) or 0) if details else 0
-    except openai.APITimeoutError:
-        result.error = f"timeout after {timeout or cfg.llm.timeout:g}s"
-    except openai.APIStatusError as exc:
-        result.error = f"HTTP {exc.status_code}: {str(exc)[:500]}"
-    except (openai.OpenAIError, ValueError, AttributeError, TypeError) as exc:
-        result.error = f"{type(exc).__name__}: {str(exc)[:500]}"
-    result.latency_ms = int((time.perf_counter() - started) * 1000)
-    if result.error:
-        logger.warning("LLM call (%s, %s) failed: %s", purpose, model, result.error)
+        _read(await get_client(cfg).chat.completions.create(**kwargs), result)
+    except _CALL_ERRORS as exc:
+        _failed(exc, result, kwargs["timeout"])
+    _finish(result, started, purpose, cfg.llm_model)
     result.call_id = await sync_to_async(_record)(
-        purpose=purpose, model=model, result=result, session_id=session_id, cycle_id=cycle_id
+        purpose=purpose, model=cfg.llm_model, result=result, session_id=session_id, cycle_id=cycle_id
+    )
+    return result
+
+
+def complete_sync(
+    *,
+    purpose: str,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    session_id: int | None = None,
+    cycle_id: int | None = None,
+    timeout: float | None = None,
+    hard_timeout: bool = False,
+) -> LLMResult:
+    """`complete` for sync worker code (django-q2 tasks), with the SDK's sync client: the same
+    request, the same ledger row. With `hard_timeout` the SDK does not retry, so `timeout` bounds
+    the whole call (a retry would start the clock again)."""
+    cfg = get_config()
+    kwargs = _request(cfg, messages, tools, timeout)
+    result = LLMResult()
+    started = time.perf_counter()
+    try:
+        client = get_sync_client(cfg)
+        if hard_timeout:
+            client = client.with_options(max_retries=0)
+        _read(client.chat.completions.create(**kwargs), result)
+    except _CALL_ERRORS as exc:
+        _failed(exc, result, kwargs["timeout"])
+    _finish(result, started, purpose, cfg.llm_model)
+    result.call_id = _record(
+        purpose=purpose, model=cfg.llm_model, result=result, session_id=session_id, cycle_id=cycle_id
     )
     return result

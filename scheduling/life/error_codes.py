@@ -26,10 +26,9 @@ class MemoryErrorCode(StrEnum):
 
 
 class LifeToolErrorCode(StrEnum):
-    """Failures of the life loop's own tools (send_message, update_inner_state, do_nothing)."""
+    """Failures of the life loop's own tools (send_message, update_inner_state, do_nothing); the
+    engine's own (unknown_tool, invalid_arguments, tool_timeout…) are chat.components.ToolErrorCode."""
 
-    UNKNOWN_TOOL = "unknown_tool"
-    INVALID_ARGUMENTS = "invalid_arguments"
     INVALID_ARGUMENT = "invalid_argument"
     EMPTY_TEXT = "empty_text"
     TEXT_TOO_LONG = "text_too_long"

@@ -10,7 +10,7 @@ import threading
 from datetime import datetime, timedelta
 from typing import Any
 
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import sync_to_async
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -224,56 +224,43 @@ def _render_messages(messages: list[Message]) -> str:
     return "\n".join(lines)
 
 
-async def _summarize(session_pk: int) -> str:
-    from chat.agent.llm import complete
+def summary_refresh(session_pk: int) -> str:
+    """django-q2 task: fold a chat's new messages into its summary (one LLM call, purpose summary,
+    with the sync client: this runs in a worker)."""
+    from chat.agent.llm import complete_sync
 
+    if get_config().offline:
+        SessionSummary.objects.filter(session_id=session_pk).update(refresh_requested_at=None)
+        return "offline"
     cfg = get_config().life
-
-    def load() -> tuple[SessionSummary, list[Message]]:
-        summary, _ = SessionSummary.objects.get_or_create(session_id=session_pk)
-        new = list(
-            Message.objects.filter(session_id=session_pk, id__gt=summary.last_message_id).order_by("id")[
-                : cfg.summary_max_messages
-            ]
-        )
-        return summary, new
-
-    summary, new = await sync_to_async(load)()
+    summary, _ = SessionSummary.objects.get_or_create(session_id=session_pk)
+    new = list(
+        Message.objects.filter(session_id=session_pk, id__gt=summary.last_message_id).order_by("id")[
+            : cfg.summary_max_messages
+        ]
+    )
     if not new:
         return "nothing new"
     user = f"Previous summary:\n{summary.text or '(none yet)'}\n\nNew messages:\n{_render_messages(new)}"
-    result = await complete(
+    result = complete_sync(
         purpose="summary",
         messages=[{"role": "system", "content": SUMMARY_PROMPT}, {"role": "user", "content": user}],
         session_id=session_pk,
     )
-
-    def store() -> str:
-        now = timezone.now()
-        if not result.ok or not result.content.strip():
-            SessionSummary.objects.filter(pk=summary.pk).update(
-                error=result.error or "empty answer", refresh_requested_at=None
-            )
-            return f"failed: {result.error or 'empty answer'}"
-        # Only if no other refresh moved the summary meanwhile.
-        updated = SessionSummary.objects.filter(pk=summary.pk, last_message_id=summary.last_message_id).update(
-            text=result.content.strip(),
-            last_message_id=new[-1].pk,
-            refreshed_at=now,
-            refresh_requested_at=None,
-            error="",
+    if not result.ok or not result.content.strip():
+        SessionSummary.objects.filter(pk=summary.pk).update(
+            error=result.error or "empty answer", refresh_requested_at=None
         )
-        return "refreshed" if updated else "superseded"
-
-    return await sync_to_async(store)()
-
-
-def summary_refresh(session_pk: int) -> str:
-    """django-q2 task: fold a chat's new messages into its summary (one LLM call, purpose summary)."""
-    if get_config().offline:
-        SessionSummary.objects.filter(session_id=session_pk).update(refresh_requested_at=None)
-        return "offline"
-    return async_to_sync(_summarize)(session_pk)
+        return f"failed: {result.error or 'empty answer'}"
+    # Only if no other refresh moved the summary meanwhile.
+    updated = SessionSummary.objects.filter(pk=summary.pk, last_message_id=summary.last_message_id).update(
+        text=result.content.strip(),
+        last_message_id=new[-1].pk,
+        refreshed_at=timezone.now(),
+        refresh_requested_at=None,
+        error="",
+    )
+    return "refreshed" if updated else "superseded"
 
 
 _background: set[asyncio.Task] = set()

@@ -53,3 +53,27 @@ async def test_http_error_and_timeout_are_recorded_not_raised(fake_llm):
     assert "timeout" in slow.error
     errors = [c.error async for c in LLMCall.objects.order_by("id")]
     assert "HTTP 500" in errors[0] and "timeout" in errors[1]
+
+
+def test_the_sync_call_sends_the_same_request_and_records_the_same_ledger_row(fake_llm):
+    fake_llm.script(fake_llm.tool_calls(("reply", {"text": "你好"})), fake_llm.error(500))
+    tools = [{"type": "function", "function": {"name": "reply", "parameters": {"type": "object"}}}]
+    result = llm.complete_sync(purpose="summary", messages=[{"role": "user", "content": "hi"}], tools=tools)
+    assert result.ok and result.tool_calls[0].arguments == {"text": "你好"}
+    assert fake_llm.requests[0]["tools"] == tools and fake_llm.requests[0]["model"] == "fake-model"
+    call = LLMCall.objects.get(pk=result.call_id)
+    assert (call.purpose, call.model, call.prompt_tokens, call.completion_tokens) == ("summary", "fake-model", 100, 20)
+    assert float(call.cost) == pytest.approx(100 * 2 / 1e6 + 20 * 8 / 1e6)
+    failed = llm.complete_sync(purpose="summary", messages=[{"role": "user", "content": "x"}])
+    assert "HTTP 500" in failed.error and "HTTP 500" in LLMCall.objects.get(pk=failed.call_id).error
+
+
+def test_a_hard_timeout_bounds_the_whole_sync_call_and_is_ledgered(fake_llm):
+    fake_llm.script(*[fake_llm.delay(2, fake_llm.text("late"))] * 3)
+    with config.override(llm={"max_retries": 2}):
+        slow = llm.complete_sync(
+            purpose="life", messages=[{"role": "user", "content": "x"}], timeout=0.3, hard_timeout=True
+        )
+    assert slow.timed_out and slow.error == "timeout after 0.3s" and slow.latency_ms < 2000
+    assert len(fake_llm.requests) == 1  # no retry restarted the clock
+    assert LLMCall.objects.get(pk=slow.call_id).error == "timeout after 0.3s"

@@ -3,7 +3,8 @@
 import pytest
 
 from chat.agent.prompt import Prompt, PromptError, PromptManager, prompt_manager
-from chat.planner import SYSTEM_PROMPT, TURN_PROMPT, content_as_reply
+from chat.planner.prompts import SYSTEM_PROMPT, TURN_PROMPT
+from chat.planner.rules import content_as_reply
 
 
 def test_blocks_render_in_order_with_construct_functions_and_drop_empty_blocks():

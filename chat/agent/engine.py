@@ -1,0 +1,355 @@
+"""The agent-turn engine: a turn's cycle record, the tools of its scope, and its tool calls (run with a
+timeout, never raising, recorded).
+
+Every agent turn is an AgentTurn: a chat-planner cycle (chat.planner, scope "chat"), a life-loop turn
+(scheduling.life.loop, scope "life") and an offline-planner turn (chat.offline, whose commands call
+tools through it):
+
+    turn = AgentTurn.open(kind=CycleKind.LIFE, session=..., trigger=..., scope=LIFE)  # PlannerCycle row
+    turn.schemas()                              # the scope's tools offered here, as `tools=[...]`
+    outcomes = turn.execute(answer.tool_calls)  # run the model's calls in order, record them
+    turn.call("reply", {"text": ...})           # a call the code makes itself, run and recorded alike
+    turn.close(action=..., outcome=...)         # end the record
+
+A call never raises. An unknown tool (or one outside the scope), arguments that are not a JSON object
+or do not fit the tool's signature, an exception, a result that is not a dict and a timeout
+(`Tool.timeout`, else `chat.tool_timeout`) each become an error result the model sees,
+{"ok": false, "error": {"code": ToolErrorCode..., "message": ...}}, recorded exactly as sent. The
+model calls themselves go through chat.agent.llm, whose ledger rows carry the cycle.
+
+Sync code: async callers run it in a thread (sync_to_async). How a timeout can be enforced on a sync
+tool: the tool runs in a pool thread that borrows the caller's database connection (the caller only
+waits meanwhile, so the connection is never used by two threads at once, and the tool sees the
+caller's transaction). A tool still running at its deadline keeps that connection and closes it when
+it ends; the caller goes on with a fresh one.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import json
+import logging
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from asgiref.sync import SyncToAsync
+from django.db import connections, transaction
+from django.utils import timezone
+
+from chat.agent.llm import ToolCallRequest
+from chat.components import CHAT, Tool, ToolContext, registry
+from chat.components import ToolErrorCode as Code
+from chat.components import error as error_result
+from chat.models import ChatSession, CycleKind, PlannerCycle, ToolCallRecord
+from maibot.config import get_config
+
+logger = logging.getLogger(__name__)
+
+# Threads that run tool calls. A tool stuck past its timeout holds one until it returns.
+_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="maibot-tool")
+
+
+@dataclass
+class ToolOutcome:
+    """One executed call: what the model is told (`result`, `content`) and what it asked for."""
+
+    name: str
+    call_id: str
+    arguments: dict[str, Any] | None
+    result: dict[str, Any]
+    content: str  # `result` as the JSON text sent back to the model
+    tool: Tool | None = None
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.result.get("ok"))
+
+    @property
+    def code(self) -> str:
+        err = self.result.get("error")
+        return str(err.get("code", "?")) if isinstance(err, dict) else str(err or "")
+
+    def message(self) -> dict[str, Any]:
+        """The `role: tool` message that answers the call in the conversation."""
+        return {"role": "tool", "tool_call_id": self.call_id, "content": self.content}
+
+
+# What asgiref's async_to_sync reads in a thread that sync_to_async runs: the event loop to run
+# coroutines on. A tool thread inherits it from its caller, so a tool behaves as in the caller's thread
+# (e.g. a send's wake-up published on the server's loop, not on a new loop per call).
+_ASGIREF_THREAD_STATE = ("main_event_loop", "main_event_loop_pid", "task_context")
+
+
+class _Loan:
+    """The caller's database connections (and asgiref thread state) lent to the thread running one
+    tool call."""
+
+    def __init__(self) -> None:
+        self.connections = {conn.alias: conn for conn in connections.all()}
+        self.asgiref_state = {
+            name: getattr(SyncToAsync.threadlocal, name)
+            for name in _ASGIREF_THREAD_STATE
+            if hasattr(SyncToAsync.threadlocal, name)
+        }
+        self.lock = threading.Lock()
+        self.finished = False
+        self.abandoned = False
+        self.handed_over = False  # the caller took fresh connections: the tool thread closes these
+        for conn in self.connections.values():
+            conn.inc_thread_sharing()
+
+    def run(self, func, /, *args: Any, **kwargs: Any) -> Any:
+        for alias, conn in self.connections.items():
+            connections[alias] = conn
+        for name, value in self.asgiref_state.items():
+            setattr(SyncToAsync.threadlocal, name, value)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            for name in self.asgiref_state:
+                delattr(SyncToAsync.threadlocal, name)
+            for alias in self.connections:
+                del connections[alias]
+            with self.lock:
+                self.finished = True
+                abandoned = self.abandoned
+            if abandoned:
+                self._give_back(close=self.handed_over)
+
+    def returned(self) -> None:
+        self._give_back(close=False)
+
+    def abandon(self) -> bool:
+        """The caller stops waiting. False when the tool finished at that very moment."""
+        with self.lock:
+            if self.finished:
+                return False
+            self.abandoned = True
+            # Inside a transaction the caller cannot change connections; it keeps sharing (the
+            # engine is never called in one outside tests).
+            if not any(conn.in_atomic_block for conn in self.connections.values()):
+                self.handed_over = True
+                for alias in self.connections:
+                    del connections[alias]  # the caller's next query opens a fresh connection
+        return True
+
+    def _give_back(self, *, close: bool) -> None:
+        for conn in self.connections.values():
+            if close:
+                try:
+                    conn.close()
+                except Exception:
+                    logger.exception("closing the connection of a timed-out tool failed")
+            conn.dec_thread_sharing()
+
+
+def _invoke(tool: Tool, ctx: ToolContext, arguments: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Run the tool in a pool thread and wait at most `timeout` seconds (TimeoutError after that)."""
+    loan = _Loan()
+    future = _pool.submit(contextvars.copy_context().run, loan.run, tool, ctx, **arguments)
+    try:
+        result = future.result(timeout=timeout)
+    except FutureTimeout:
+        if future.cancel():
+            loan.returned()
+            raise TimeoutError from None
+        if loan.abandon():
+            raise TimeoutError from None
+        result = future.result()  # it just finished
+    except BaseException:
+        loan.returned()
+        raise
+    loan.returned()
+    return result
+
+
+def _misfit(tool: Tool, ctx: ToolContext, arguments: dict[str, Any]) -> str:
+    """Why the arguments do not fit the tool's signature ("" when they do)."""
+    try:
+        inspect.signature(tool.func).bind(ctx, **arguments)
+    except TypeError as exc:
+        return str(exc)
+    return ""
+
+
+class AgentTurn:
+    """One agent turn: its PlannerCycle, the tools of its scope, its recorded tool calls (sync)."""
+
+    def __init__(
+        self,
+        cycle: PlannerCycle,
+        *,
+        session: ChatSession | None,
+        scope: str = CHAT,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        self.cycle = cycle
+        self.session = session
+        self.scope = scope
+        # Shared by the turn's calls (ToolContext.extra): e.g. what was already sent this turn.
+        self.extra: dict[str, Any] = extra if extra is not None else {}
+        self._next_round = 0
+
+    @classmethod
+    def open(
+        cls,
+        *,
+        kind: CycleKind,
+        session: ChatSession | None,
+        trigger: str,
+        started_at: datetime | None = None,
+        cycle_id: uuid.UUID | None = None,
+        prompt: list[dict[str, Any]] | None = None,
+        scope: str = CHAT,
+        extra: dict[str, Any] | None = None,
+    ) -> AgentTurn:
+        """Write the cycle's record (open: no ended_at yet) and start the turn."""
+        cycle = PlannerCycle.objects.create(
+            cycle_id=cycle_id or uuid.uuid4(),
+            session=session,
+            kind=kind,
+            started_at=started_at or timezone.now(),
+            trigger=trigger[:255],
+            prompt=prompt or [],
+        )
+        return cls(cycle, session=session, scope=scope, extra=extra)
+
+    # --- tools ----------------------------------------------------------------------------------------
+
+    def context(self, tool_call_id: str = "") -> ToolContext:
+        return ToolContext(session=self.session, tool_call_id=tool_call_id, cycle=self.cycle, extra=self.extra)
+
+    def tools(self) -> list[Tool]:
+        """The tools of this turn's scope that are offered in its context."""
+        return registry.available(ToolContext(session=self.session, cycle=self.cycle), self.scope)
+
+    def schemas(self, tools: list[Tool] | None = None) -> list[dict[str, Any]]:
+        return [tool.schema() for tool in (self.tools() if tools is None else tools)]
+
+    def run(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None,
+        *,
+        call_id: str = "",
+        offered: dict[str, Tool] | None = None,
+        argument_error: str = "",
+    ) -> ToolOutcome:
+        """Run one call (not recorded). `offered`: the tools the model was shown (default: the scope's)."""
+        if offered is None:
+            tool = registry.get(name)
+            tool = tool if tool is not None and self.scope in tool.scopes else None
+            names = ", ".join(t.name for t in self.tools()) if tool is None else ""
+        else:
+            tool = offered.get(name)
+            names = ", ".join(offered)
+        ctx = self.context(call_id)
+        if tool is None:
+            res = error_result(Code.UNKNOWN_TOOL, f"there is no tool {name!r}; use one of: {names}")
+        elif arguments is None:
+            res = error_result(Code.INVALID_ARGUMENTS, f"the arguments are not a JSON object: {argument_error}")
+        elif problem := _misfit(tool, ctx, arguments):
+            res = error_result(Code.INVALID_ARGUMENTS, problem)
+        else:
+            timeout = tool.timeout or get_config().chat.tool_timeout
+            try:
+                res = _invoke(tool, ctx, arguments, timeout)
+                if not isinstance(res, dict):
+                    raise TypeError(f"tool returned {type(res).__name__}, not a dict")
+            except TimeoutError:
+                logger.warning("tool %s timed out after %gs in cycle %s", name, timeout, self.cycle.cycle_id)
+                res = error_result(Code.TOOL_TIMEOUT, f"{name} did not finish within {timeout:g}s")
+            except Exception as exc:
+                logger.exception("tool %s failed in cycle %s", name, self.cycle.cycle_id)
+                res = error_result(Code.TOOL_FAILED, f"{type(exc).__name__}: {exc}"[:500])
+        # What is recorded is exactly what the model is told (and anything odd becomes text).
+        content = json.dumps(res, ensure_ascii=False, default=str)
+        return ToolOutcome(
+            name=name, call_id=call_id, arguments=arguments, result=json.loads(content), content=content, tool=tool
+        )
+
+    def _record(
+        self, outcome: ToolOutcome, round_no: int, *, raw_arguments: str = "", recorded_arguments=None
+    ) -> ToolCallRecord:
+        arguments = recorded_arguments if recorded_arguments is not None else outcome.arguments
+        return ToolCallRecord(
+            cycle=self.cycle,
+            round=round_no,
+            tool_call_id=outcome.call_id,
+            name=outcome.name[:128],
+            arguments=arguments if arguments is not None else {},
+            raw_arguments=raw_arguments,
+            result=outcome.result,
+            ok=outcome.ok,
+        )
+
+    def execute(
+        self,
+        calls: list[ToolCallRequest],
+        *,
+        round_no: int = 0,
+        tools: list[Tool] | None = None,
+        close: Any = None,
+    ) -> list[ToolOutcome]:
+        """Run the model's calls in order and record them. `tools`: what the model was offered (default:
+        the scope's tools now). `close(outcomes) -> fields | None`: when it returns fields, the cycle's
+        record is closed with them in the same transaction as the calls' records."""
+        offered = {t.name: t for t in (self.tools() if tools is None else tools)}
+        outcomes = [
+            self.run(c.name, c.arguments, call_id=c.id, offered=offered, argument_error=c.argument_error) for c in calls
+        ]
+        records = [
+            self._record(o, round_no, raw_arguments=c.raw_arguments) for o, c in zip(outcomes, calls, strict=True)
+        ]
+        # The tools ran outside this transaction, so a slow tool never holds the database's write lock.
+        with transaction.atomic():
+            ToolCallRecord.objects.bulk_create(records)
+            fields = close(outcomes) if close is not None else None
+            if fields is not None:
+                self.close(**fields)
+        self._next_round = max(self._next_round, round_no + 1)
+        return outcomes
+
+    def call(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        call_id: str = "",
+        round_no: int | None = None,
+        recorded_arguments: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A call the code makes itself (a command, a plain-text answer sent as the reply): run and
+        recorded like the model's; each such call is its own round unless `round_no` is given."""
+        if round_no is None:
+            round_no = self._next_round
+            self._next_round += 1
+        outcome = self.run(name, arguments, call_id=call_id)
+        self._record(outcome, round_no, recorded_arguments=recorded_arguments).save()
+        return outcome.result
+
+    # --- the record -----------------------------------------------------------------------------------
+
+    def close(self, **fields: Any) -> None:
+        """End the cycle's record with these fields (action, reasoning, outcome, error, timings, ...)."""
+        close_cycle(cycle=self.cycle, fields=fields)
+
+
+def close_cycle(*, cycle: PlannerCycle, fields: dict[str, Any]) -> None:
+    for name, value in fields.items():
+        setattr(cycle, name, value)
+    cycle.ended_at = timezone.now()
+    cycle.save(update_fields=[*fields, "ended_at"])
+
+
+def abandon_cycle(*, cycle_id: uuid.UUID) -> None:
+    """Close a cycle whose turn was stopped (e.g. cancelled while its record was being opened)."""
+    PlannerCycle.objects.filter(cycle_id=cycle_id, ended_at__isnull=True).update(
+        action="cancelled", error="the runtime was stopped during the cycle", ended_at=timezone.now()
+    )
