@@ -13,6 +13,7 @@ from chat.components import ToolErrorCode as Code
 from chat.models import Media, MediaKind, Message, SourceKind
 from chat.services import message_send
 from maibot.config import get_config
+from maibot.text import is_blank, text_problem
 
 
 def _outbound_extra(ctx: ToolContext) -> dict[str, Any]:
@@ -32,8 +33,10 @@ def _already_acted(ctx: ToolContext, what: str) -> dict[str, Any] | None:
 
 def reply(ctx: ToolContext, text: str, quote_message_id: str | int | None = None) -> dict[str, Any]:
     """Send a text message to this chat, optionally quoting a message by its id in the history."""
-    if not isinstance(text, str) or not text.strip():
+    if not isinstance(text, str) or is_blank(text):
         return error(Code.INVALID_ARGUMENT, "text must be a non-empty string")
+    if problem := text_problem(text):
+        return error(Code.INVALID_ARGUMENT, f"text {problem}")
     text = text.strip()
     # A chat message longer than this is not a chat message: the model is rambling or dumping data.
     limit = get_config().chat.max_reply_length

@@ -7,20 +7,20 @@ import time
 import uuid
 from typing import Any
 
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
-
 from chat.gateway import BrowserConnection, get_gateway
 from chat.ingest import InboundItem
 from chat.outbox import WEB_PLATFORM
 from chat.wire.inbound import InboundMessage, MessageInfo, UserInfo
 from maibot.config import get_config
+from maibot.text import is_blank, text_problem
+from maibot.websocket import JsonFrameConsumer
 
 logger = logging.getLogger(__name__)
 
 CLOSE_UNAUTHORISED = 4403
 
 
-class ChatPageConsumer(AsyncJsonWebsocketConsumer):
+class ChatPageConsumer(JsonFrameConsumer):
     """Inbound: {"type": "send", "text": ...}. Outbound: the bot's messages and errors, as JSON."""
 
     # The gateway writes to this socket directly (chat.outbox delivers platform `web`), so the
@@ -45,20 +45,22 @@ class ChatPageConsumer(AsyncJsonWebsocketConsumer):
 
     async def receive_json(self, content: Any, **kwargs) -> None:
         if not isinstance(content, dict) or content.get("type") != "send":
-            await self.send_json({"type": "error", "error": 'expected {"type": "send", "text": ...}'})
+            await self.send_error('expected {"type": "send", "text": ...}')
             return
         text = content.get("text")
-        if not isinstance(text, str) or not text.strip():
-            await self.send_json({"type": "error", "error": "the message is empty"})
+        if not isinstance(text, str) or is_blank(text):
+            await self.send_error("the message is empty")
+            return
+        if problem := text_problem(text):
+            logger.warning("chat page message from user %s dropped: it %s", self.user.pk, problem)
+            await self.send_error(f"the message {problem}")
             return
         config = get_config().gateway
         if len(text) > config.browser_max_text_length:
-            await self.send_json(
-                {"type": "error", "error": f"the message is longer than {config.browser_max_text_length} characters"}
-            )
+            await self.send_error(f"the message is longer than {config.browser_max_text_length} characters")
             return
         if self.conn.backlog >= config.max_backlog:
-            await self.send_json({"type": "error", "error": "too many messages at once; try again in a moment"})
+            await self.send_error("too many messages at once; try again in a moment")
             return
         info = MessageInfo(
             platform=WEB_PLATFORM,
@@ -76,8 +78,10 @@ class ChatPageConsumer(AsyncJsonWebsocketConsumer):
         )
         get_gateway().enqueue_message(self.conn, item)
 
-    async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
-        try:
-            await super().receive(text_data=text_data, bytes_data=bytes_data, **kwargs)
-        except ValueError:
-            await self.send_json({"type": "error", "error": "not JSON"})
+    @property
+    def max_frame_chars(self) -> int:
+        # Room for the longest allowed message even if every character arrives \u-escaped.
+        return 6 * get_config().gateway.browser_max_text_length + 1024
+
+    async def send_error(self, message: str) -> None:
+        await self.send_json({"type": "error", "error": message})

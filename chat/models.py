@@ -78,6 +78,24 @@ class DeliveryStatus(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
+class ReadableJSONField(models.JSONField):
+    """A JSONField that always reads back. A document too deep for the json module (stored before
+    ingest bounded nesting) reads as `placeholder`, so no page that shows it fails."""
+
+    def __init__(self, *args, placeholder=None, **kwargs) -> None:
+        self.placeholder = placeholder
+        super().__init__(*args, **kwargs)
+
+    def from_db_value(self, value, expression, connection):
+        try:
+            return super().from_db_value(value, expression, connection)
+        except RecursionError:
+            return self.placeholder
+
+
+UNREADABLE_SEGMENTS = [{"type": "text", "data": "[stored content nested too deeply to show]"}]
+
+
 class Message(models.Model):
     """One chat message. Outbound rows double as the outbox the ASGI side delivers from."""
 
@@ -92,7 +110,7 @@ class Message(models.Model):
     sender_nickname = models.CharField(max_length=255, blank=True)
     sender_cardname = models.CharField(max_length=255, blank=True)
     receiver_id = models.CharField(max_length=128, blank=True)
-    segments = models.JSONField(default=list)
+    segments = ReadableJSONField(default=list, placeholder=UNREADABLE_SEGMENTS)
     text = models.TextField(blank=True)
     # The platform id of the quoted message, when this message quotes one.
     reply_to_platform_id = models.CharField(max_length=128, blank=True)
@@ -165,7 +183,7 @@ class CommandResponse(models.Model):
     platform = models.CharField(max_length=64)
     command_name = models.CharField(max_length=128, blank=True)
     success = models.BooleanField(default=False)
-    payload = models.JSONField(default=dict)
+    payload = ReadableJSONField(default=dict, placeholder={"unreadable": "nested too deeply to show"})
     received_at = models.DateTimeField(auto_now_add=True)
 
 

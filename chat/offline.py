@@ -12,6 +12,7 @@ recorded through it. Messages without text (images, stickers, notices) get no an
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from typing import Any
@@ -24,10 +25,20 @@ from chat.models import ChatSession, CycleKind, Message, PlannerCycle, SourceKin
 from chat.services import message_send
 from maibot.config import get_config
 
+logger = logging.getLogger(__name__)
+
 NOTICE = {
     "zh": ("（离线模式：还没有配置模型，", "我什么也做不了。）"),
     "en": ("(Offline mode: no model is configured, ", "so I cannot answer.)"),
 }
+
+
+SORRY = {"zh": "抱歉，这条消息我没处理好。", "en": "Sorry, I could not handle that message."}
+
+
+def _sorry() -> str:
+    lang = get_config().bot.language.split("-")[0]
+    return SORRY.get(lang, SORRY["en"])
 
 
 def _notice() -> str:
@@ -88,7 +99,14 @@ def offline_turn(*, session: ChatSession, new_messages: list[Message], mentioned
     handlers = commands()
     for text in texts:
         for command in handlers:
-            if command.handle(turn, text):
+            try:
+                handled = command.handle(turn, text)
+            except Exception:
+                # Our bug, not the person's: they still get an answer, and the turn is recorded.
+                logger.exception("offline command %s failed on a message of session %s", command.name, session.pk)
+                turn.answer(_sorry(), "offline_error")
+                handled = True
+            if handled:
                 break
     if not turn.replies:
         turn.answer(_notice(), "offline_notice")

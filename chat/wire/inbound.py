@@ -10,9 +10,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 # pydantic needs typing_extensions' TypedDict before Python 3.12.
 from typing_extensions import TypedDict
 
+from maibot.text import text_problem
+
 # Media segment types adapters send as bare base64; we store the bytes once and reference them.
 MEDIA_SEGMENT_TYPES = ("image", "emoji", "voice")
 MAX_SEGMENT_DEPTH = 16
+# How deep the data of one segment (a notify, a card, a type we do not know) may nest: beyond it the
+# frame is refused, so nothing stored is too deep to read back (json's recursion limit).
+MAX_DATA_DEPTH = 32
 
 
 class _Lenient(BaseModel):
@@ -89,7 +94,29 @@ def _segments(seg: Any, depth: int = 0, where: tuple = ()) -> dict[str, Any]:
         if not isinstance(data, list):
             raise EnvelopeError(f"{_path(where)}: a seglist's data must be a list of segments")
         return {"type": "seglist", "data": [_segments(c, depth + 1, (*where, i)) for i, c in enumerate(data)]}
+    if problem := _unstorable(data):
+        raise EnvelopeError(f"{_path(where)}.data: {problem}")
     return {"type": kind, "data": data}
+
+
+def _unstorable(value: Any) -> str | None:
+    """Why a value cannot be stored and read back (too deep, unencodable text), or None."""
+    if isinstance(value, str):  # text and base64 media: the hot path
+        return text_problem(value)
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if problem := text_problem(item):
+                return problem
+        elif isinstance(item, dict | list):
+            if depth >= MAX_DATA_DEPTH:
+                return f"nested deeper than {MAX_DATA_DEPTH} levels"
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+            if isinstance(item, dict):
+                stack.extend((key, depth + 1) for key in item)
+    return None
 
 
 def _path(where: tuple) -> str:
@@ -127,6 +154,8 @@ def parse_envelope(frame: dict[str, Any]) -> InboundMessage:
     top = _segments(envelope.message_segment)
     segments = top["data"] if top["type"] == "seglist" else [top]
     info = envelope.message_info
+    if problem := _unstorable(frame.get("message_info")):
+        raise EnvelopeError(f"message_info: {problem}")
     if not (info.group_info and info.group_info.group_id) and not (info.user_info and info.user_info.user_id):
         raise EnvelopeError("message_info: a private message needs user_info.user_id")
     # Everything is validated above; constructing without a second validation pass halves the cost.
@@ -148,6 +177,9 @@ def is_custom_message(frame: dict[str, Any]) -> bool:
 
 def parse_custom(frame: dict[str, Any]) -> CustomMessage:
     try:
-        return CustomMessage.model_validate(frame)
+        custom = CustomMessage.model_validate(frame)
     except ValidationError as exc:
         raise EnvelopeError(_describe(exc)) from None
+    if problem := _unstorable(custom.content):
+        raise EnvelopeError(f"content: {problem}")
+    return custom

@@ -11,6 +11,7 @@ from chat.components import LIFE, Tool, ToolContext, error, ok, registry
 from chat.models import ChatSession, SourceKind
 from chat.services import message_send
 from maibot.config import get_config
+from maibot.text import is_blank, text_problem
 from scheduling.life.error_codes import LifeError
 from scheduling.life.error_codes import LifeToolErrorCode as Code
 from scheduling.life.memory import inner_state_update
@@ -21,8 +22,10 @@ from scheduling.life.memory import inner_state_update
 def send_message(ctx: ToolContext, text: Any = None, session: Any = None) -> dict[str, Any]:
     """Send a message to the timer's chat, or to the chat whose session_id is `session`."""
     timer, firing = ctx.extra["timer"], ctx.extra["firing"]
-    if not isinstance(text, str) or not text.strip():
+    if not isinstance(text, str) or is_blank(text):
         return error(Code.EMPTY_TEXT, "text is empty")
+    if problem := text_problem(text):
+        return error(Code.INVALID_ARGUMENT, f"text {problem}")
     limit = get_config().scheduling.max_text_length
     if len(text) > limit:
         return error(Code.TEXT_TOO_LONG, f"text has {len(text)} characters; the limit is {limit}")
