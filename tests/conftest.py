@@ -182,6 +182,7 @@ class Proc:
     def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
         self.log_path = log
         self._fh = log.open("wb")
+        self._signalled = False
         self.popen = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self._fh, stderr=subprocess.STDOUT)
 
     def output(self) -> str:
@@ -200,9 +201,14 @@ class Proc:
         if not wait_for(seen, timeout=timeout):
             raise TimeoutError(f"{needle!r} not seen in {timeout}s:\n{self.output()}")
 
+    def terminate(self, sig: int = signal.SIGTERM) -> None:
+        if self.popen.poll() is None and not self._signalled:
+            self._signalled = True
+            self.popen.send_signal(sig)
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
         if self.popen.poll() is None:
-            self.popen.send_signal(sig)
+            self.terminate(sig)
             try:
                 self.popen.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -210,6 +216,14 @@ class Proc:
                 self.popen.wait()
         self._fh.close()
         return self.popen.returncode
+
+
+def stop_all(procs: list[Proc]) -> None:
+    """Stop processes together: every one is told first, so their shutdowns overlap."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.stop()
 
 
 def launch_qcluster(data_dir: Path, log: Path, **env: str) -> Proc:
@@ -261,8 +275,7 @@ def start_qcluster(tmp_path, transactional_db) -> Iterator[Callable[..., Proc]]:
         return proc
 
     yield start
-    for p in procs:
-        p.stop()
+    stop_all(procs)
 
 
 @pytest.fixture
@@ -280,8 +293,7 @@ def start_server(tmp_path, transactional_db) -> Iterator[Callable[..., tuple[Pro
         return proc, base
 
     yield start
-    for p in procs:
-        p.stop()
+    stop_all(procs)
 
 
 # The shared processes run without the console services (config watcher, log writer, heartbeat): they
