@@ -8,7 +8,7 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/maibot
 REDIS_TEST_URL ?= redis://127.0.0.1:6379/1
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: run test test-sqlite test-postgres lint bench venv venv-dev venv-mm07 clean
+.PHONY: run test test-fast test-live test-postgres lint bench venv venv-dev venv-mm07 clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,12 +37,20 @@ run: venv
 	$(BIN)/python manage.py bootstrap
 	HOST=$(HOST) PORT=$(PORT) $(BIN)/python manage.py serve
 
+# Both tiers. The fast tier alone (in-process, no servers, clusters or browser): `make test-fast`;
+# the live tier alone: `make test-live`. PYTEST_ARGS adds pytest options (e.g. PYTEST_ARGS=-x).
 test: venv-dev venv-mm07
-	MAIBOT_DATA_DIR=$(CURDIR)/.test-data $(BIN)/python -m pytest
+	MAIBOT_DATA_DIR=$(CURDIR)/.test-data $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: venv-dev
+	MAIBOT_DATA_DIR=$(CURDIR)/.test-data $(BIN)/python -m pytest -m "not live" $(PYTEST_ARGS)
+
+test-live: venv-dev venv-mm07
+	MAIBOT_DATA_DIR=$(CURDIR)/.test-data $(BIN)/python -m pytest -m live $(PYTEST_ARGS)
 
 # The same suite on PostgreSQL (and Redis for the channel layer and the task broker).
 test-postgres: venv-dev venv-mm07
-	MAIBOT_DATA_DIR=$(CURDIR)/.test-data-pg DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS_TEST_URL) $(BIN)/python -m pytest
+	MAIBOT_DATA_DIR=$(CURDIR)/.test-data-pg DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS_TEST_URL) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: venv-dev
 	$(BIN)/ruff check .

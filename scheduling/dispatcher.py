@@ -6,6 +6,9 @@ It sleeps until the next due instant (re-checking every `poll_interval` for new 
 with a conditional UPDATE (… WHERE status='pending'), and finishes each claimed batch in one
 transaction that is valid only while its claim holds. Several clusters may run it at once: every row
 is sent exactly once, and a row whose claimer died is taken back when its lease runs out.
+
+Every instant the dispatcher reads (claim, lease, expiry, backoff, the sent time) comes from a `clock`
+(a `now` callable, `timezone.now` by default), so tests drive it in-process with an injected clock.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from maibot.config import get_config
 from scheduling.models import Actor, ScheduledMessage, ScheduledStatus
 
 logger = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
 
 
 @dataclass
@@ -123,7 +128,7 @@ def _outbound(task: ScheduledMessage) -> Outbound:
     )
 
 
-def _finish_batch(token: str, tasks: list[ScheduledMessage]) -> list[ScheduledMessage]:
+def _finish_batch(token: str, tasks: list[ScheduledMessage], clock: Clock = timezone.now) -> list[ScheduledMessage]:
     """Write the outbound messages and mark the tasks sent, in one transaction, for the rows the
     claim still holds. Returns the tasks sent."""
     with transaction.atomic():
@@ -136,7 +141,7 @@ def _finish_batch(token: str, tasks: list[ScheduledMessage]) -> list[ScheduledMe
         if not live:
             return []
         messages = messages_send([_outbound(t) for t in live])
-        now = timezone.now()  # after the outbound rows are written: lateness includes the write
+        now = clock()  # after the outbound rows are written: lateness includes the write
         # One parameterised UPDATE per row, sent as a batch: Django's bulk_update builds a CASE
         # expression per row and field, which costs seconds for a 10,000-message burst.
         table = ScheduledMessage._meta.db_table
@@ -158,10 +163,10 @@ def _finish_batch(token: str, tasks: list[ScheduledMessage]) -> list[ScheduledMe
     return live
 
 
-def _fail_or_retry(token: str, task: ScheduledMessage, error: str) -> str:
+def _fail_or_retry(token: str, task: ScheduledMessage, error: str, clock: Clock = timezone.now) -> str:
     """After a failed attempt: retry later with exponential backoff, or fail for good."""
     cfg = get_config().scheduling
-    now = timezone.now()
+    now = clock()
     error = error[:2000] or "send failed"
     history = [*task.history, {"at": now.isoformat(), "event": "attempt_failed", "by": "dispatcher", "error": error}]
     held = ScheduledMessage.objects.filter(pk=task.pk, claim_token=token, status=ScheduledStatus.SENDING)
@@ -190,34 +195,37 @@ def _fail_or_retry(token: str, task: ScheduledMessage, error: str) -> str:
     return "retried"
 
 
-def deliver_claimed(token: str, tasks: list[ScheduledMessage], report: RoundReport) -> None:
+def deliver_claimed(
+    token: str, tasks: list[ScheduledMessage], report: RoundReport, clock: Clock = timezone.now
+) -> None:
     try:
-        sent = _finish_batch(token, tasks)
+        sent = _finish_batch(token, tasks, clock)
     except Exception:
         # One bad row must not hold back the rest: fall back to one transaction per row.
         logger.exception("batch delivery failed; delivering %d messages one by one", len(tasks))
         sent = []
         for task in tasks:
             try:
-                sent.extend(_finish_batch(token, [task]))
+                sent.extend(_finish_batch(token, [task], clock))
             except Exception as exc:
-                outcome = _fail_or_retry(token, task, f"{type(exc).__name__}: {exc}")
+                outcome = _fail_or_retry(token, task, f"{type(exc).__name__}: {exc}", clock)
                 setattr(report, outcome, getattr(report, outcome) + 1)
     report.sent += len(sent)
     report.lateness.extend(t.lateness_seconds for t in sent)
 
 
-def deliver_due(now: datetime | None = None) -> RoundReport:
-    """One dispatcher round for scheduled messages: expire, recover leases, claim, deliver."""
+def deliver_due(now: datetime | None = None, *, clock: Clock = timezone.now) -> RoundReport:
+    """One dispatcher round for scheduled messages: expire, recover leases, claim, deliver. `now` (the
+    round's instant) defaults to `clock()`; the sent time and retry times are read from `clock`."""
     cfg = get_config().scheduling
-    now = now or timezone.now()
+    now = now or clock()
     report = RoundReport()
     report.expired = expire_overdue(now)
     report.recovered = recover_expired_leases(now)
     token, tasks = claim_due(now, limit=cfg.batch_size, lease_seconds=cfg.lease_seconds)
     report.claimed = len(tasks)
     if tasks:
-        deliver_claimed(token, tasks, report)
+        deliver_claimed(token, tasks, report, clock)
     if report.expired:
         logger.warning("%d overdue scheduled messages expired", report.expired)
     if report.recovered:
@@ -225,22 +233,25 @@ def deliver_due(now: datetime | None = None) -> RoundReport:
     return report
 
 
-def deliver_one(task_id: str, *, now: datetime | None = None) -> RoundReport:
+def deliver_one(task_id: str, *, now: datetime | None = None, clock: Clock = timezone.now) -> RoundReport:
     """Claim one pending row and deliver it in this process: the API's "send now", which answers
     only once the message is in the outbox. Same claim and finish as the loop, so it is sent once
     even if a dispatcher sees the row at the same moment."""
     cfg = get_config().scheduling
-    now = now or timezone.now()
+    now = now or clock()
     report = RoundReport()
     token, tasks = _claim([task_id], now=now, lease_seconds=cfg.lease_seconds)
     report.claimed = len(tasks)
     if tasks:
-        deliver_claimed(token, tasks, report)
+        deliver_claimed(token, tasks, report, clock)
     return report
 
 
 class ScheduledMessageSource:
     name = "scheduled_messages"
+
+    def __init__(self, clock: Clock = timezone.now) -> None:
+        self.clock = clock
 
     def next_due(self) -> datetime | None:
         agg = ScheduledMessage.objects.filter(status=ScheduledStatus.PENDING).aggregate(due=Min("due_at"))
@@ -249,7 +260,7 @@ class ScheduledMessageSource:
         return min(candidates) if candidates else None
 
     def run_due(self, now: datetime) -> bool:
-        report = deliver_due(now)
+        report = deliver_due(now, clock=self.clock)
         return report.claimed >= get_config().scheduling.batch_size or report.recovered > 0
 
 
@@ -269,7 +280,7 @@ class Dispatcher:
         self,
         sources: list[DueSource] | None = None,
         stop_event: threading.Event | None = None,
-        clock: Callable[[], datetime] = timezone.now,
+        clock: Clock = timezone.now,
     ) -> None:
         self.sources = sources if sources is not None else SOURCES
         self.stop_event = stop_event or threading.Event()

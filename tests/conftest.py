@@ -1,5 +1,13 @@
-"""Shared fixtures: known bot config, chat sessions, and real subprocesses (qcluster, daphne) that run
-against the test database."""
+"""Shared fixtures: known bot config, chat sessions, an injected clock, the one polling helper, and real
+subprocesses (qcluster, daphne) that run against the test database.
+
+Two tiers: a test that starts a real server or cluster process, a real maim_message client or Chromium
+is marked `live`; the rest (`-m "not live"`, `make test-fast`) run in-process. Live tests that only need
+"a live server" share one daphne (`shared_server`) and one qcluster (`shared_qcluster`) for the whole
+session; tests that kill or restart processes or need their own settings or data dir start their own
+(`start_server`, `start_qcluster`). Live tests run after the fast tier, and the tests that use the shared
+cluster run last, so a running shared cluster never claims work a test expects to handle itself.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -19,6 +28,28 @@ from maibot import config as bot_config
 from maibot.management.commands.serve import ASGI_APPLICATION, DAPHNE_OPTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Fixtures that start real processes: a test using one must be marked `live`.
+LIVE_FIXTURES = {"start_server", "start_qcluster", "shared_server", "shared_qcluster"}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Check the `live` marks, then order: the fast tier, the live tier, and last the tests that use the
+    shared cluster (it keeps running until the session ends)."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if LIVE_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("live") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError("tests that start real processes must be marked live:\n  " + "\n  ".join(unmarked))
+
+    def tier(item) -> int:
+        if item.get_closest_marker("live") is None:
+            return 0
+        return 2 if "shared_qcluster" in getattr(item, "fixturenames", ()) else 1
+
+    items.sort(key=tier)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -49,6 +80,19 @@ def empty_task_queue(django_test_environment) -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
+def fast_password_hashing(request) -> Iterator[None]:
+    """In-process tests hash passwords with a cheap hasher (users are made in many setups). Live tests
+    keep the real one: the servers they start must verify the passwords they log in with."""
+    if request.node.get_closest_marker("live") is not None:
+        yield
+        return
+    from django.test import override_settings
+
+    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]):
+        yield
+
+
+@pytest.fixture(autouse=True)
 def default_bot_config() -> Iterator[bot_config.BotConfig]:
     """Every test starts from the documented defaults, whatever the data dir's file says."""
     old = bot_config._current
@@ -75,6 +119,29 @@ def make_session(db) -> Callable[..., object]:
         return session_get_or_create(platform=platform, chat_type=chat_type, **kw)
 
     return make
+
+
+class FakeClock:
+    """An injected `now` callable: time stands still until the test advances it."""
+
+    def __init__(self, start: datetime) -> None:
+        self.now = start
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> datetime:
+        self.now += timedelta(seconds=seconds)
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A clock starting at a fixed instant in the middle of a minute (never near a boundary)."""
+    from django.utils import timezone
+
+    start = timezone.now().replace(second=30, microsecond=0)
+    return FakeClock(start)
 
 
 def free_port() -> int:
@@ -115,6 +182,7 @@ class Proc:
     def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
         self.log_path = log
         self._fh = log.open("wb")
+        self._signalled = False
         self.popen = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self._fh, stderr=subprocess.STDOUT)
 
     def output(self) -> str:
@@ -123,18 +191,24 @@ class Proc:
         return self.log_path.read_text(errors="replace")
 
     def wait_for_output(self, needle: str, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def seen() -> bool:
             if needle in self.output():
-                return
+                return True
             if self.popen.poll() is not None:
                 raise RuntimeError(f"process exited ({self.popen.returncode}):\n{self.output()}")
-            time.sleep(0.05)
-        raise TimeoutError(f"{needle!r} not seen in {timeout}s:\n{self.output()}")
+            return False
+
+        if not wait_for(seen, timeout=timeout):
+            raise TimeoutError(f"{needle!r} not seen in {timeout}s:\n{self.output()}")
+
+    def terminate(self, sig: int = signal.SIGTERM) -> None:
+        if self.popen.poll() is None and not self._signalled:
+            self._signalled = True
+            self.popen.send_signal(sig)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
         if self.popen.poll() is None:
-            self.popen.send_signal(sig)
+            self.terminate(sig)
             try:
                 self.popen.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -144,62 +218,123 @@ class Proc:
         return self.popen.returncode
 
 
+def stop_all(procs: list[Proc]) -> None:
+    """Stop processes together: every one is told first, so their shutdowns overlap."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.stop()
+
+
+def launch_qcluster(data_dir: Path, log: Path, **env: str) -> Proc:
+    """A real `manage.py qcluster` against the test database, once its dispatcher runs."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    proc = Proc(
+        [sys.executable, "manage.py", "qcluster"],
+        subprocess_env(MAIBOT_DATA_DIR=str(data_dir), MAIBOT_Q_NAME=f"test-{os.getpid()}", **env),
+        log,
+    )
+    proc.wait_for_output("dispatcher started", timeout=60)
+    return proc
+
+
+def launch_daphne(data_dir: Path, log: Path, **env: str) -> tuple[Proc, str]:
+    """A real ASGI server (daphne, as in production) on 127.0.0.1 against the test database, once it
+    listens. Returns (process, "http://127.0.0.1:PORT")."""
+    port = free_port()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    proc = Proc(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), *DAPHNE_OPTIONS, ASGI_APPLICATION],
+        subprocess_env(MAIBOT_DATA_DIR=str(data_dir), **env),
+        log,
+    )
+
+    def listening() -> bool:
+        if proc.popen.poll() is not None:
+            raise RuntimeError(f"daphne exited:\n{proc.output()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return True
+        except OSError:
+            return False
+
+    if not wait_for(listening, timeout=60):
+        proc.stop()
+        raise TimeoutError(f"daphne did not listen on {port}:\n{proc.output()}")
+    return proc, f"http://127.0.0.1:{port}"
+
+
 @pytest.fixture
 def start_qcluster(tmp_path, transactional_db) -> Iterator[Callable[..., Proc]]:
-    """Start real `manage.py qcluster` processes against the test database."""
+    """Start real `manage.py qcluster` processes of this test's own against the test database."""
     procs: list[Proc] = []
 
     def start(name: str = "q1", **env: str) -> Proc:
-        data_dir = tmp_path / f"data-{name}"
-        data_dir.mkdir(exist_ok=True)
-        proc = Proc(
-            [sys.executable, "manage.py", "qcluster"],
-            subprocess_env(MAIBOT_DATA_DIR=str(data_dir), MAIBOT_Q_NAME=f"test-{os.getpid()}", **env),
-            tmp_path / f"{name}.log",
-        )
+        proc = launch_qcluster(tmp_path / f"data-{name}", tmp_path / f"{name}.log", **env)
         procs.append(proc)
-        proc.wait_for_output("dispatcher started", timeout=60)
         return proc
 
     yield start
-    for p in procs:
-        p.stop()
+    stop_all(procs)
 
 
 @pytest.fixture
 def start_server(tmp_path, transactional_db) -> Iterator[Callable[..., tuple[Proc, str]]]:
-    """Start a real ASGI server (daphne, as in production) on 127.0.0.1 against the test database.
+    """Start a real ASGI server of this test's own (daphne) against the test database.
 
-    Returns (process, "http://127.0.0.1:PORT"). Extra keyword arguments become environment variables.
+    Returns (process, "http://127.0.0.1:PORT"). Extra keyword arguments become environment variables;
+    its data dir (with its bot_config.toml) is tmp_path / f"data-{name}".
     """
     procs: list[Proc] = []
 
     def start(name: str = "web", **env: str) -> tuple[Proc, str]:
-        port = free_port()
-        data_dir = tmp_path / f"data-{name}"
-        data_dir.mkdir(exist_ok=True)
-        proc = Proc(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), *DAPHNE_OPTIONS, ASGI_APPLICATION],
-            subprocess_env(MAIBOT_DATA_DIR=str(data_dir), **env),
-            tmp_path / f"{name}.log",
-        )
+        proc, base = launch_daphne(tmp_path / f"data-{name}", tmp_path / f"{name}.log", **env)
         procs.append(proc)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if proc.popen.poll() is not None:
-                raise RuntimeError(f"daphne exited:\n{proc.output()}")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                time.sleep(0.05)
-        else:
-            raise TimeoutError(f"daphne did not listen on {port}:\n{proc.output()}")
-        return proc, f"http://127.0.0.1:{port}"
+        return proc, base
 
     yield start
-    for p in procs:
-        p.stop()
+    stop_all(procs)
+
+
+# The shared processes run without the console services (config watcher, log writer, heartbeat): they
+# would write log lines and heartbeats into the database other tests look at.
+SHARED_ENV = {"MAIBOT_CONSOLE_SERVICES": "0"}
+
+
+@pytest.fixture(scope="session")
+def _shared_daphne(django_db_setup, tmp_path_factory) -> Iterator[tuple[Proc, str]]:
+    root = tmp_path_factory.mktemp("shared-server")
+    proc, base = launch_daphne(root / "data", root / "daphne.log", **SHARED_ENV)
+    yield proc, base
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def _shared_cluster(django_db_setup, tmp_path_factory) -> Iterator[Proc]:
+    root = tmp_path_factory.mktemp("shared-cluster")
+    proc = launch_qcluster(root / "data", root / "qcluster.log", **SHARED_ENV)
+    yield proc
+    proc.stop()
+
+
+def _still_running(proc: Proc) -> None:
+    if proc.popen.poll() is not None:
+        pytest.fail(f"the shared process exited ({proc.popen.returncode}):\n{proc.output()}")
+
+
+@pytest.fixture
+def shared_server(_shared_daphne, transactional_db) -> tuple[Proc, str]:
+    """(process, base URL) of the session's daphne with the default settings. The test's data must be
+    committed (transactional_db) for the server to see it; the test must not stop or reconfigure it."""
+    _still_running(_shared_daphne[0])
+    return _shared_daphne
+
+
+@pytest.fixture
+def shared_qcluster(_shared_cluster, transactional_db) -> Proc:
+    """The session's qcluster (dispatcher and workers) with the default settings; see shared_server."""
+    _still_running(_shared_cluster)
+    return _shared_cluster
 
 
 # --- headless Chromium (Debian's package; .ci/run installs it) -------------------------------------

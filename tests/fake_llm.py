@@ -71,7 +71,8 @@ class FakeLLM:
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self.base_url = f"http://{host}:{self.port}/v1"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # A short poll interval: stop() (server.shutdown) waits for the serving loop's next poll.
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> FakeLLM:

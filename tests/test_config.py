@@ -38,6 +38,7 @@ def test_chinese_values_round_trip():
     assert cfg.bot.nickname == "小麦"
 
 
+@pytest.mark.live  # a real manage.py process
 def test_an_invalid_file_stops_start_up_with_the_message(tmp_path):
     (tmp_path / "bot_config.toml").write_text('[bot]\ntime_zone = "Nowhere/Land"\n')
     result = subprocess.run(

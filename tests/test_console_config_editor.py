@@ -3,7 +3,6 @@ raw TOML view, comments kept on save, errors per field with nothing changed, and
 
 from __future__ import annotations
 
-import time
 from html.parser import HTMLParser
 
 import pytest
@@ -13,6 +12,7 @@ from django.test import Client
 from maibot import reload
 from maibot.config import TEMPLATE_PATH, get_config, render_template
 from maibot.models import ConfigChange
+from tests.conftest import wait_for
 
 NOTE = "# 运营备注 operator note: keep the persona short\n"
 
@@ -212,20 +212,30 @@ def test_posts_need_the_csrf_token(db, config_file):
     assert config_file.read_text(encoding="utf-8") == before
 
 
-def test_a_save_runs_the_callbacks_once_with_the_watcher_running(operator, config_file):
+def test_a_save_runs_the_callbacks_once_with_the_watcher_running(operator, config_file, monkeypatch):
     calls = []
     saved = list(reload._registrations)
     reload.register_reload_callback(lambda new, old: calls.append(new.bot.nickname))
     watcher = reload.ConfigWatcher(config_file, debounce_ms=150).start()
+    reads = []  # what the watcher's re-reads of the file returned
+    real_reload_from_file = reload.reload_from_file
+
+    def spy(path=None):
+        reads.append(real_reload_from_file(path))
+        return reads[-1]
+
+    monkeypatch.setattr(reload, "reload_from_file", spy)
     try:
         data = form_data(operator)
         data["bot__nickname"] = "一次 once"
         assert operator.post("/admin/config/", data).status_code == 302
-        time.sleep(1.0)
+        assert wait_for(lambda: reads, timeout=15)  # the watcher saw the save's write and read the file
     finally:
         watcher.stop()
         reload._registrations[:] = saved
+    assert all(r is None for r in reads), reads  # nothing new: the save already applied it
     assert calls == ["一次 once"]
+    assert watcher.reloads == 0
 
 
 def test_a_form_save_keeps_an_edit_made_to_the_file_meanwhile(operator, config_file):

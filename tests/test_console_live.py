@@ -17,8 +17,9 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from maibot.config import get_config
+from tests.conftest import wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
 
 def operator_cookie() -> str:
@@ -76,8 +77,8 @@ def test_a_line_logged_in_the_cluster_reaches_the_live_log_websocket(start_serve
         assert "chat.max_rounds" in line["message"]
 
 
-def test_the_log_websocket_refuses_visitors_and_other_sites(start_server):
-    _, base = start_server()
+def test_the_log_websocket_refuses_visitors_and_other_sites(shared_server):
+    _, base = shared_server
     ws_url = base.replace("http://", "ws://") + "/ws/admin/logs/"
     with pytest.raises(InvalidStatus) as refused:
         connect(ws_url, origin=base)
@@ -92,19 +93,16 @@ def test_healthz_follows_the_cluster_heartbeat(start_server, start_qcluster):
     assert status == 503 and body["checks"]["cluster"]["ok"] is False
 
     cluster = start_qcluster("q1")
-    deadline = time.monotonic() + 20
-    while (status := healthz(base)[0]) != 200 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert status == 200
+    assert wait_for(lambda: healthz(base)[0] == 200, interval=0.2)
 
     assert cluster.stop() == 0
     status, body = healthz(base)
     assert status == 503 and body["checks"]["cluster"]["last_heartbeat"] is None
 
 
-def test_the_server_serves_the_admin_and_console_assets_itself(start_server):
+def test_the_server_serves_the_admin_and_console_assets_itself(shared_server):
     # No separate web server and no CDN: the admin's CSS comes from daphne.
-    _, base = start_server()
+    _, base = shared_server
     with urllib.request.urlopen(f"{base}/static/admin/css/base.css", timeout=10) as resp:
         assert resp.status == 200
         assert b"body" in resp.read()
@@ -115,20 +113,16 @@ def test_the_server_follows_edits_of_its_own_config_file(start_server, tmp_path)
 
     _, base = start_server()
     healthz(base)  # the first request starts the server's console services
-    deadline = time.monotonic() + 20
-    while not ProcessHeartbeat.objects.filter(role="web").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert ProcessHeartbeat.objects.filter(role="web").exists()
-    while not LogEntry.objects.filter(process="web", message__startswith="watching").exists():
-        assert time.monotonic() < deadline, "the server's config watcher did not start"
-        time.sleep(0.1)
+    assert wait_for(lambda: ProcessHeartbeat.objects.filter(role="web").exists())
+    assert wait_for(lambda: LogEntry.objects.filter(process="web", message__startswith="watching").exists()), (
+        "the server's config watcher did not start"
+    )
 
     path = tmp_path / "data-web" / "bot_config.toml"
     path.write_text(path.read_text(encoding="utf-8").replace('nickname = "麦麦"', 'nickname = "服务器 server"'))
-    deadline = time.monotonic() + 20
-    while not LogEntry.objects.filter(process="web", message__contains="changed: bot.nickname").exists():
-        assert time.monotonic() < deadline, "the server did not reload its config"
-        time.sleep(0.1)
+    assert wait_for(
+        lambda: LogEntry.objects.filter(process="web", message__contains="changed: bot.nickname").exists()
+    ), "the server did not reload its config"
     request = urllib.request.Request(f"{base}/admin/config/", headers={"Cookie": operator_cookie()})
     with urllib.request.urlopen(request, timeout=10) as resp:
         assert 'value="服务器 server"' in resp.read().decode()
@@ -144,9 +138,9 @@ def test_a_line_logged_in_a_cluster_worker_task_is_stored(start_qcluster, monkey
     # To the test cluster's own queue, signed with its name as the salt (start_qcluster: test-<pid>).
     monkeypatch.setattr(Conf, "PREFIX", f"test-{os.getpid()}")
     async_task("tests.console_tasks.log_line", "来自工作进程 from a worker", cluster=f"test-{os.getpid()}")
-    deadline = time.monotonic() + 30
-    while not (entry := LogEntry.objects.filter(message="来自工作进程 from a worker").first()):
-        assert time.monotonic() < deadline, cluster.output()
-        time.sleep(0.1)
+    assert wait_for(lambda: LogEntry.objects.filter(message="来自工作进程 from a worker").exists(), timeout=30), (
+        cluster.output()
+    )
+    entry = LogEntry.objects.get(message="来自工作进程 from a worker")
     assert entry.process == "cluster" and entry.level_name == "WARNING"
     assert entry.pid != cluster.popen.pid  # written by the worker process itself

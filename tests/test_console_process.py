@@ -3,12 +3,11 @@ removed on a clean stop."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from maibot.models import ProcessHeartbeat
 from maibot.process import Heartbeat
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -32,10 +31,7 @@ def test_heartbeat_is_withheld_while_a_vital_part_is_down():
 def test_a_clean_stop_removes_the_heartbeat():
     heartbeat = Heartbeat("cluster").start()
     try:
-        deadline = time.monotonic() + 10
-        while not ProcessHeartbeat.objects.filter(name=heartbeat.name).exists():
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        assert wait_for(lambda: ProcessHeartbeat.objects.filter(name=heartbeat.name).exists(), timeout=10)
     finally:
         heartbeat.stop()
     assert not ProcessHeartbeat.objects.filter(name=heartbeat.name).exists()

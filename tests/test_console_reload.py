@@ -130,9 +130,12 @@ def test_a_burst_of_writes_is_one_reload(config_file, watcher):
         time.sleep(0.02)
 
     assert wait_for(lambda: get_config().bot.nickname == "burst 5")
-    time.sleep(1.0)  # several debounce windows: nothing more may arrive
-    assert calls == ["burst 5"]
-    assert watcher.reloads == 1
+    # One more edit after the burst: the watcher handles changes in order, so once this one is applied
+    # every event of the burst has been handled, and no second reload of the burst can still come.
+    edit(config_file, 'nickname = "burst 5"', 'nickname = "after the burst"')
+    assert wait_for(lambda: get_config().bot.nickname == "after the burst")
+    assert calls == ["burst 5", "after the burst"]
+    assert watcher.reloads == 2
 
 
 def test_rewriting_the_same_config_runs_no_callbacks(config_file, watcher):
@@ -145,16 +148,27 @@ def test_rewriting_the_same_config_runs_no_callbacks(config_file, watcher):
     assert calls == []
 
 
-def test_saving_from_the_console_applies_once_even_though_the_watcher_sees_the_write(config_file, watcher, db):
+def test_saving_from_the_console_applies_once_even_though_the_watcher_sees_the_write(
+    config_file, watcher, monkeypatch, db
+):
     calls = []
     reload.register_reload_callback(lambda new, old: calls.append(new.chat.history_window))
     text = config_file.read_text(encoding="utf-8").replace("history_window = 30", "history_window = 12")
+    reads = []  # what the watcher's re-reads of the file returned
+    real_reload_from_file = reload.reload_from_file
+
+    def spy(path=None):
+        reads.append(real_reload_from_file(path))
+        return reads[-1]
+
+    monkeypatch.setattr(reload, "reload_from_file", spy)
 
     result = reload.config_save_text(text=text, path=config_file)
 
     assert result.changed_keys == ["chat.history_window"]
     assert get_config().chat.history_window == 12
-    time.sleep(1.0)  # the watcher sees the replace; it must find nothing new
+    assert wait_for(lambda: reads)  # the watcher saw the replace and read the file: nothing new
+    assert all(r is None for r in reads), reads
     assert calls == [12]
     assert watcher.reloads == 0
     assert config_file.read_text(encoding="utf-8") == text

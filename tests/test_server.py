@@ -4,11 +4,11 @@ import urllib.request
 
 import pytest
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
 
-def test_daphne_serves_the_admin_login(start_server):
-    _, base = start_server()
+def test_daphne_serves_the_admin_login(shared_server):
+    _, base = shared_server
     with urllib.request.urlopen(f"{base}/admin/login/", timeout=10) as resp:
         body = resp.read().decode()
     assert resp.status == 200

@@ -15,8 +15,9 @@ from scheduling.proactive.access import api_token_create
 from tests.chat.api_support import png_base64, png_bytes
 from tests.chat.gateway_helpers import Adapter06, db, wait_for
 from tests.chat.test_api_live import http
+from tests.conftest import wait_for as poll
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
 ADAPTER_TOKEN = "adapter-secret-api"
 
@@ -25,9 +26,8 @@ async def api_call(method: str, url: str, body=None, headers=None):
     return await asyncio.to_thread(http, method, url, body, headers)
 
 
-async def test_adapter_receives_immediate_and_scheduled_api_messages(start_server, start_qcluster):
+async def test_adapter_receives_immediate_and_scheduled_api_messages(start_server, shared_qcluster):
     _, base = start_server(MAIBOT_ADAPTER_TOKENS=ADAPTER_TOKEN)
-    start_qcluster()
     _, raw = await db(api_token_create, name="adapter-test")
     auth = {"Authorization": f"Bearer {raw}"}
     adapter = await Adapter06(base, token=ADAPTER_TOKEN).start()
@@ -47,12 +47,15 @@ async def test_adapter_receives_immediate_and_scheduled_api_messages(start_serve
         await adapter.echo(now_msg["delivery"]["message_id"], 987654321)
 
         async def delivered(msg_id: str, platform_id: str) -> dict:
-            for _ in range(200):
-                _, _, detail = await api_call("GET", f"{base}/api/v1/messages/{msg_id}", headers=auth)
-                if detail["delivery"] and detail["delivery"]["platform_message_id"] == platform_id:
-                    return detail
-                await asyncio.sleep(0.1)
-            raise AssertionError(f"no receipt for {msg_id}: {detail}")
+            seen: dict = {}
+
+            def receipt() -> bool:
+                seen.update(http("GET", f"{base}/api/v1/messages/{msg_id}", headers=auth)[2])
+                return bool(seen["delivery"]) and seen["delivery"]["platform_message_id"] == platform_id
+
+            if not await asyncio.to_thread(poll, receipt):
+                raise AssertionError(f"no receipt for {msg_id}: {seen}")
+            return seen
 
         detail = await delivered(now_msg["id"], "987654321")
         assert detail["delivery"]["status"] == "sent" and detail["delivery"]["delivered_at"]

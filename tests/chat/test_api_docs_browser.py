@@ -8,14 +8,14 @@ import pytest
 from scheduling.proactive.access import api_token_create
 from tests.conftest import CHROMIUM_ARGS, require_chromium
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.live]
 
 
-def test_swagger_ui_works_offline_and_calls_the_api(start_server, make_session):
+def test_swagger_ui_works_offline_and_calls_the_api(shared_server, make_session):
     require_chromium()
     from playwright.sync_api import sync_playwright
 
-    _, base = start_server()
+    _, base = shared_server
     # ORM work before playwright: its event loop in this thread makes Django refuse sync ORM calls.
     _, raw = api_token_create(name="docs")
     session = make_session(chat_type="private", platform="qq", user_id="10001")

@@ -16,7 +16,7 @@ from django.utils import timezone
 from scheduling.proactive.access import api_token_create
 from scheduling.proactive.routing import proactive_message_create
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
 ST = Path(sys.executable).with_name("st")
 

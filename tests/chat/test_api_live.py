@@ -3,9 +3,9 @@ the rate limit across processes, immediate and scheduled delivery, the docs."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
-import time
 import urllib.error
 import urllib.request
 from datetime import timedelta
@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from chat.models import Message
+from chat.models import ApiRateWindow, Message
 from scheduling.models import ScheduledMessage
 from scheduling.proactive.access import api_token_create
 from tests.conftest import wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
 
 def http(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None):
@@ -75,29 +75,36 @@ def test_rate_limit_holds_across_two_server_processes(start_server, tmp_path):
         server_config(tmp_path, name, "[api]\nrate_limit_per_minute = 5\n")
     _, base_a = start_server("a")
     _, base_b = start_server("b")
-    _, raw = api_token_create(name="limited")
+    token, raw = api_token_create(name="limited")
     _, other = api_token_create(name="unlimited")
-    # The window is a wall-clock minute: do not start the burst right before it turns.
-    if timezone.now().second >= 50:
-        time.sleep(61 - timezone.now().second)
-    statuses, retry_after = [], []
+    # The servers count per wall-clock minute, which may turn during the burst: after each request the
+    # test reads which window it was counted in (the newest row) and at which count, so it knows the
+    # answer each request must get, whatever the minute.
+    statuses, expected, counts, retry_after = [], [], [], []
     for i in range(8):
         base = base_a if i % 2 else base_b
         status, headers, body = http("GET", f"{base}/api/v1/conversations", headers={"Authorization": f"Bearer {raw}"})
         statuses.append(status)
+        window = ApiRateWindow.objects.filter(token=token).latest("window_start")
+        counts.append((window.window_start, window.count))
+        expected.append(200 if window.count <= 5 else 429)
         if status == 429:
             assert body["code"] == "rate_limited"
             retry_after.append(int(headers["Retry-After"]))
-    assert statuses == [200] * 5 + [429] * 3, statuses
+    assert statuses == expected, (statuses, counts)
+    # One count shared by both servers: within a window the requests count 1, 2, 3… whichever server.
+    for (w1, c1), (w2, c2) in itertools.pairwise(counts):
+        assert c2 == (c1 + 1 if w2 == w1 else 1), counts
+    if len({w for w, _ in counts}) == 1:  # the usual case: the whole burst in one minute
+        assert statuses == [200] * 5 + [429] * 3, statuses
     assert all(1 <= r <= 60 for r in retry_after), retry_after
     # Another token has its own budget.
     status, _, _ = http("GET", f"{base_a}/api/v1/conversations", headers={"Authorization": f"Bearer {other}"})
     assert status == 200
 
 
-def test_send_now_and_scheduled_through_a_live_server_and_qcluster(start_server, start_qcluster, make_session):
-    _, base = start_server()
-    start_qcluster()
+def test_send_now_and_scheduled_through_a_live_server_and_qcluster(shared_server, shared_qcluster, make_session):
+    _, base = shared_server
     _, raw = api_token_create(name="live")
     auth = {"Authorization": f"Bearer {raw}"}
     session = make_session(chat_type="group")
@@ -146,8 +153,8 @@ def test_send_now_and_scheduled_through_a_live_server_and_qcluster(start_server,
     assert ScheduledMessage.objects.filter(status="sent").count() == 14
 
 
-def test_openapi_and_docs_are_served_without_a_cdn(start_server):
-    _, base = start_server()
+def test_openapi_and_docs_are_served_without_a_cdn(shared_server):
+    _, base = shared_server
     with urllib.request.urlopen(f"{base}/api/v1/openapi.json", timeout=10) as resp:
         schema = json.loads(resp.read())
     assert set(schema["paths"]) == {

@@ -3,13 +3,13 @@ server processes sharing it)."""
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from chat.models import ApiRateWindow, Message
 from maibot import config as bot_config
+from scheduling.proactive import api as api_module
 from scheduling.proactive.access import api_token_create, rate_limit_hit
 from tests.chat.api_support import ApiClient
 
@@ -28,13 +28,13 @@ def test_limit_per_minute_then_retry_after_until_the_next_minute(token_pair):
     assert ApiRateWindow.objects.filter(token=token).count() == 1
 
 
-def test_429_with_retry_after_and_nothing_sent(api, make_session, token_pair):
+def test_429_with_retry_after_and_nothing_sent(api, make_session, token_pair, clock, monkeypatch):
     session = make_session()
     body = {"conversation_id": session.session_id, "text": "x"}
     other = api_token_create(name="other")[1]
-    # The window is a wall-clock minute: do not start right before it turns.
-    if datetime.now(UTC).second >= 55:
-        time.sleep(61 - datetime.now(UTC).second)
+    # The window is a wall-clock minute: the throttle counts at the injected clock's instant (second 30
+    # of its minute), so no minute turns during the test.
+    monkeypatch.setattr(api_module, "rate_limit_hit", lambda *, token: rate_limit_hit(token=token, now=clock()))
     with bot_config.override(api={"rate_limit_per_minute": 2}):
         assert [api.post("/messages", body).status_code for _ in range(2)] == [201, 201]
         resp = api.post("/messages", body)

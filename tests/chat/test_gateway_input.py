@@ -16,7 +16,7 @@ from chat.models import ChatSession, DeliveryStatus, Media, Message
 from chat.services import message_send
 from tests.chat.gateway_helpers import Adapter06, RawSocket, db, envelope, wait_for, write_bot_config
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
 TOKEN = "input-token"
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00\x01\x02fake image payload" * 20

@@ -14,7 +14,7 @@ from chat.models import AdapterConnection, ChatSession, CommandResponse, Deliver
 from chat.services import Outbound, message_send, messages_send
 from tests.chat.gateway_helpers import Adapter06, RawSocket, db, envelope, wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
 TOKEN = "adapter-secret-1"
 

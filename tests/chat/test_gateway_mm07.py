@@ -10,7 +10,7 @@ from chat.models import AdapterConnection, ChatSession, DeliveryStatus, Message
 from chat.services import message_send
 from tests.chat.gateway_helpers import MM07_PYTHON, Adapter07, RawSocket, db, envelope, wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
 TOKEN = "adapter-secret-07"
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 from chat.models import LLMCall, PlannerCycle, ToolCallRecord
 from tests.conftest import CHROMIUM_ARGS, require_chromium
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.live]
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from django.db import connection
 from chat.models import LLMCall, PlannerCycle
 from tests.fake_llm import FakeLLM
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
 TOKEN = "e2e-token"
 

@@ -145,3 +145,116 @@ def test_one_bad_row_does_not_hold_back_the_batch(make_session, monkeypatch):
     report = dispatcher.deliver_due()
     assert (report.sent, report.retried) == (1, 1)
     assert Message.objects.get().text == "good"
+
+
+# --- with an injected clock: leases, backoff, expiry and the loop, to the exact instant --------------
+
+
+def due_at(task, when):
+    ScheduledMessage.objects.filter(pk=task.pk).update(send_at=when, due_at=when)
+
+
+def test_a_lease_is_taken_back_only_once_it_has_run_out(make_session, clock):
+    task = schedule(make_session())
+    due_at(task, clock.now)
+    token, [claimed] = dispatcher.claim_due(clock(), limit=10, lease_seconds=30)
+    assert claimed.lease_until == clock.now + timedelta(seconds=30)
+    clock.advance(30)  # the lease ends now: still held
+    report = dispatcher.deliver_due(clock=clock)
+    assert (report.recovered, report.claimed) == (0, 0)
+    clock.advance(0.001)
+    report = dispatcher.deliver_due(clock=clock)
+    assert (report.recovered, report.claimed, report.sent) == (1, 1, 1)
+    task.refresh_from_db()
+    assert task.status == ScheduledStatus.SENT and task.attempts == 2 and task.sent_at == clock.now
+    assert dispatcher._finish_batch(token, [claimed], clock) == []  # the first claimer lost it
+
+
+def test_retries_back_off_exactly_doubling_then_fail(make_session, clock, monkeypatch):
+    task = schedule(make_session())
+    due_at(task, clock.now)
+
+    def broken(items, now=None):
+        raise RuntimeError("adapter exploded")
+
+    monkeypatch.setattr(dispatcher, "messages_send", broken)
+    with config.override(scheduling={"max_attempts": 3, "retry_backoff_seconds": 10}):
+        assert dispatcher.deliver_due(clock=clock).retried == 1
+        task.refresh_from_db()
+        assert task.due_at == clock.now + timedelta(seconds=10) and task.attempts == 1
+        clock.advance(9.999)
+        assert dispatcher.deliver_due(clock=clock).claimed == 0  # not yet
+        clock.advance(0.001)
+        assert dispatcher.deliver_due(clock=clock).retried == 1
+        task.refresh_from_db()
+        assert task.due_at == clock.now + timedelta(seconds=20) and task.attempts == 2
+        clock.advance(20)
+        assert dispatcher.deliver_due(clock=clock).failed == 1
+    task.refresh_from_db()
+    assert (task.status, task.attempts, task.updated_at) == (ScheduledStatus.FAILED, 3, clock.now)
+    assert [e["at"] for e in task.history if e["event"] == "attempt_failed"] == [
+        (clock.now - timedelta(seconds=s)).isoformat() for s in (30, 20, 0)
+    ]
+
+
+def test_expiry_starts_just_past_the_configured_age(make_session, clock):
+    task = schedule(make_session())
+    due_at(task, clock.now)
+    with config.override(scheduling={"expire_after_seconds": 300}):
+        clock.advance(300)
+        # Exactly at the expiry age it is still sent (late): check the cut-off without sending.
+        assert dispatcher.expire_overdue(clock()) == 0
+        clock.advance(0.001)
+        report = dispatcher.deliver_due(clock=clock)
+    assert (report.expired, report.claimed) == (1, 0)
+    task.refresh_from_db()
+    assert (task.status, task.last_error, task.updated_at) == (ScheduledStatus.FAILED, "expired", clock.now)
+
+
+def test_the_loop_sleeps_until_the_next_due_instant_and_sends_it_then(make_session, clock):
+    loop = dispatcher.Dispatcher(sources=[dispatcher.ScheduledMessageSource(clock)], clock=clock)
+    poll = config.get_config().scheduling.poll_interval
+    assert loop.seconds_to_sleep() == poll  # nothing scheduled
+    task = schedule(make_session())
+    due_at(task, clock.now + timedelta(seconds=poll / 5))
+    assert loop.seconds_to_sleep() == pytest.approx(poll / 5)
+    assert loop.tick() is False
+    assert not Message.objects.exists()
+    clock.advance(poll / 5 + 1.5)  # woken late: the lateness is recorded from the clock
+    loop.tick()
+    task.refresh_from_db()
+    assert task.status == ScheduledStatus.SENT and task.lateness_seconds == pytest.approx(1.5)
+    assert loop.seconds_to_sleep() == poll
+
+
+# --- the claim hot path: a fixed number of queries, whatever the batch size -----------------------
+
+
+def _claim_and_finish_queries(make_session, n: int) -> int:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    tasks = [schedule(make_session(), text=f"m{i}") for i in range(n)]
+    when = timezone.now() - timedelta(seconds=1)
+    ScheduledMessage.objects.filter(pk__in=[t.pk for t in tasks]).update(send_at=when, due_at=when)
+    with CaptureQueriesContext(connection) as ctx:
+        report = dispatcher.deliver_due()
+    assert report.sent == n
+    return len(ctx.captured_queries)
+
+
+def test_claiming_and_finishing_a_batch_costs_the_same_queries_for_1_or_many_messages(make_session):
+    from django.db import connection
+
+    from chat.models import Message as MessageModel
+
+    # As many messages as one INSERT holds on this database (SQLite caps a statement at 999 parameters,
+    # so Django splits bulk inserts there; PostgreSQL takes 50 in one).
+    many = min(50, connection.ops.bulk_batch_size(MessageModel._meta.concrete_fields, [None] * 50))
+    assert many >= 20
+    one = _claim_and_finish_queries(make_session, 1)
+    batch = _claim_and_finish_queries(make_session, many)
+    # expire, recover, select due, claim, read claimed; then in one transaction: lock the held rows,
+    # insert the messages, touch the sessions, mark sent (one batched UPDATE), and the savepoints.
+    assert one == batch, (one, batch)
+    assert batch <= 13, batch

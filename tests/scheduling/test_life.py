@@ -201,6 +201,7 @@ def test_a_say_payload_is_sent_as_written_without_asking_the_model(fake_llm, mak
     assert not fake_llm.requests and not LLMCall.objects.exists()
 
 
+@pytest.mark.live
 @pytest.mark.django_db(transaction=True)
 def test_a_cluster_worker_runs_the_turn_against_the_model(make_session, start_qcluster):
     import time

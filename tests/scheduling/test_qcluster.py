@@ -10,14 +10,13 @@ from scheduling.models import ScheduledMessage, ScheduledStatus
 from scheduling.services import SYSTEM, scheduled_message_create
 from tests.conftest import wait_for as shared_wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
 
 wait_for = partial(shared_wait_for, timeout=15.0)
 
 
-def test_qcluster_delivers_a_task_due_in_two_seconds_on_time(make_session, start_qcluster):
-    start_qcluster()
+def test_qcluster_delivers_a_task_due_in_two_seconds_on_time(make_session, shared_qcluster):
     session = make_session()
     task = scheduled_message_create(
         session=session, send_at=timezone.now() + timedelta(seconds=2), message_text="准时 on time", acted_by=SYSTEM
