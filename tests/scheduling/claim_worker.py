@@ -19,7 +19,6 @@ from django.utils import timezone  # noqa: E402
 
 from maibot import config  # noqa: E402
 from scheduling import dispatcher  # noqa: E402
-from scheduling.models import ScheduledMessage, ScheduledStatus  # noqa: E402
 
 LEASE_SECONDS = 60.0
 
@@ -32,17 +31,15 @@ def main() -> None:
         os._exit(17)  # no cleanup, no commit of a finish: a crash between claim and completion
     batch = int(sys.argv[2])
     sent = 0
-    # Start together: the test says "go" once every worker is ready, so they really race.
+    # Lockstep rounds: the test says "go" to every worker at once, each tries one claim-and-deliver
+    # round and reports; "stop" ends it. Every worker claims in every round while work is left, so the
+    # race is real whatever the machine's load.
     print("ready", flush=True)
-    assert sys.stdin.readline().strip() == "go"
-    unfinished = ScheduledMessage.objects.filter(status__in=[ScheduledStatus.PENDING, ScheduledStatus.SENDING])
     with config.override(scheduling={"batch_size": batch}):
-        # Every row is due before the workers start: once none is pending or being sent, all are sent.
-        while True:
+        while sys.stdin.readline().strip() == "go":
             report = dispatcher.deliver_due()
             sent += report.sent
-            if not report.claimed and not unfinished.exists():
-                break
+            print(f"round {report.claimed} {report.sent}", flush=True)
     print(f"sent {sent}", flush=True)
 
 

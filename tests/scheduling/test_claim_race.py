@@ -30,10 +30,8 @@ def make_due_tasks(make_session, n: int) -> list[str]:
     return ids
 
 
-def run_workers(
-    args: list[str], n: int, tmp_path: Path, *, together: bool = False
-) -> list[subprocess.CompletedProcess]:
-    procs = [
+def _start(args: list[str], n: int, tmp_path: Path) -> list[subprocess.Popen]:
+    return [
         subprocess.Popen(
             [sys.executable, str(WORKER), *args],
             env=subprocess_env(MAIBOT_DATA_DIR=str(tmp_path / f"w{i}")),
@@ -44,13 +42,10 @@ def run_workers(
         )
         for i in range(n)
     ]
-    if together:
-        # A start barrier: every worker says "ready" (Django set up), then all are told "go" at once.
-        for p in procs:
-            assert p.stdout.readline().strip() == "ready", p.stderr.read()
-        for p in procs:
-            p.stdin.write("go\n")
-            p.stdin.flush()
+
+
+def run_workers(args: list[str], n: int, tmp_path: Path) -> list[subprocess.CompletedProcess]:
+    procs = _start(args, n, tmp_path)
     results = []
     for p in procs:
         out, err = p.communicate(timeout=120)
@@ -58,14 +53,46 @@ def run_workers(
     return results
 
 
+def race_in_rounds(n: int, batch: int, tmp_path: Path, *, rounds: int = 1000) -> list[list[int]]:
+    """Run `n` delivering workers in lockstep until no work is left; each worker's claims per round."""
+    procs = _start(["deliver", str(batch)], n, tmp_path)
+    claims: list[list[int]] = [[] for _ in procs]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready", p.stderr.read()
+        unfinished = ScheduledMessage.objects.filter(status__in=[ScheduledStatus.PENDING, ScheduledStatus.SENDING])
+        for round_no in range(rounds):
+            # Who hears "go" first changes every round, so no worker is favoured by the order.
+            for p in procs[round_no % n :] + procs[: round_no % n]:
+                p.stdin.write("go\n")
+                p.stdin.flush()
+            for i, p in enumerate(procs):
+                line = p.stdout.readline().split()
+                assert line and line[0] == "round", p.stderr.read()
+                claims[i].append(int(line[1]))
+            if not unfinished.exists():
+                break
+        for p in procs:
+            p.stdin.write("stop\n")
+            p.stdin.flush()
+        for p in procs:
+            _, err = p.communicate(timeout=60)
+            assert p.returncode == 0, err
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return claims
+
+
 def test_four_processes_racing_send_every_message_exactly_once(make_session, tmp_path):
     ids = make_due_tasks(make_session, 400)
-    results = run_workers(["deliver", "7"], 4, tmp_path, together=True)  # small batches: many interleaved claims
-    for r in results:
-        assert r.returncode == 0, r.stderr
-    per_worker = [int(r.stdout.split()[-1]) for r in results]
-    assert sum(per_worker) == 400
-    assert sum(1 for n in per_worker if n) >= 2, per_worker  # they really raced
+    claims = race_in_rounds(4, 7, tmp_path)  # small batches: many interleaved claims
+    assert sum(map(sum, claims)) == 400
+    # Every worker tried to claim in every round while work was left (lockstep), and the work was
+    # really shared: more than one of them won claims.
+    assert len({len(worker) for worker in claims}) == 1
+    assert sum(1 for worker in claims if sum(worker)) >= 2, claims
     assert ScheduledMessage.objects.filter(pk__in=ids, status=ScheduledStatus.SENT).count() == 400
     sent_for = list(
         Message.objects.filter(source_kind=SourceKind.SCHEDULED_SEND).values_list(
