@@ -121,7 +121,11 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 5000},
+            # redis-py 8 reads with a 5 s socket timeout by default, the same 5 s channels_redis blocks
+            # in BZPOPMIN while a channel is idle: an idle receive then raised TimeoutError and ended
+            # the consumer waiting on it. Reads may take longer than the block; a dead server is still
+            # noticed within the timeout.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 5000},
         }
     }
 else:

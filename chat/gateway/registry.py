@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import time
+import uuid
 from collections.abc import Collection
 from typing import Any
 
@@ -90,7 +91,11 @@ class Gateway(outbox.Sink):
         from channels.layers import get_channel_layer
 
         layer = get_channel_layer()
-        self.channel_name = await layer.new_channel("gateway.")
+        # A channel of its own, not one of channels_redis' process-specific ("!") channels: those share
+        # one receive loop and buffer per process with the session runtimes' channels, and outbox
+        # wake-ups sent to the gateway were lost there while runtimes received too (the chat page test
+        # on PostgreSQL + Redis). A plain channel is read with its own blocking pop.
+        self.channel_name = f"gateway.{uuid.uuid4().hex}"
         last_join = 0.0
         while True:
             try:
