@@ -205,3 +205,30 @@ async def test_the_chat_page_socket_answers_bad_frames_and_stays_open(frame, cap
     await communicator.disconnect()
     # Nothing of the bad frames was stored as a message.
     assert not await database_sync_to_async(Message.objects.exists)()
+
+
+@pytest.mark.live
+@pytest.mark.django_db(transaction=True)
+async def test_the_offline_planner_answers_impossible_times_to_a_real_adapter(shared_server):
+    """The red-team's four messages, each from its own person, through the real 0.6.8 client: each one
+    gets an answer saying the time cannot be read (before: no reply and an empty cycle)."""
+    _, base = shared_server
+    adapter = await Adapter06(base).start()
+    texts = [
+        "/schedule 十十分钟后 喝水",
+        "提醒我99999999999天后喝水",
+        "/schedule in 99999999999 days x",
+        "/schedule 9999-12-31T23:59:59-05:00 x",
+    ]
+    try:
+        for i, text in enumerate(texts):
+            await adapter.send(envelope(user_id=20_000 + i, text=text))
+        answers = {}
+        while len(answers) < len(texts):
+            frame = await adapter.next_message(timeout=30)
+            user = str(frame["message_info"]["user_info"]["user_id"])
+            answers[user] = "".join(s["data"] for s in frame["message_segment"]["data"] if s["type"] == "text")
+        assert sorted(answers) == [str(20_000 + i) for i in range(len(texts))]
+        assert all(answer.startswith("没看懂时间") for answer in answers.values()), answers
+    finally:
+        await adapter.stop()
