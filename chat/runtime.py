@@ -176,6 +176,9 @@ class SessionRuntime(AsyncConsumer):
         self.closed = False
         self.cycles = 0
         self.relook_at: float | None = None
+        # The newest inbound pk whose look has ended (a cycle run or skipped): what tests wait on to
+        # know the runtime has decided about a message before asserting that nothing came of it.
+        self.decided_pk = 0
         # Group-chat restraint (see the planner): unaddressed messages since the last cycle, and
         # consecutive unaddressed cycles that ended silent.
         self.backlog = 0
@@ -276,6 +279,7 @@ class SessionRuntime(AsyncConsumer):
                 finally:
                     self.busy = False
                     self.last_activity = self.loop.time()
+                    self.decided_pk = self.last_seen_pk
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -1,5 +1,6 @@
-"""Shared fixtures: known bot config, chat sessions, an injected clock, the one polling helper, and real
-subprocesses (qcluster, daphne) that run against the test database.
+"""Shared fixtures: known bot config, chat sessions, an injected clock, the one polling helper
+(`wait_for`, with its async twin `wait_for_async`) and real subprocesses (qcluster, daphne) that run
+against the test database.
 
 Two tiers: a test that starts a real server or cluster process, a real maim_message client or Chromium
 is marked `live`; the rest (`-m "not live"`, `make test-fast`) run in-process. Live tests that only need
@@ -11,6 +12,8 @@ cluster run last, so a running shared cluster never claims work a test expects t
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import signal
 import socket
@@ -20,8 +23,10 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.db import connection
 
 from maibot import config as bot_config
@@ -150,14 +155,46 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.05) -> bool:
-    """Poll `predicate` until it is true (True) or `timeout` seconds pass (False)."""
+def _polls(timeout: float, interval: float) -> Iterator[float]:
+    """The one polling rule: yield the pause before each next try until `timeout` seconds have passed."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        yield interval
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.05) -> bool:
+    """Poll `predicate` until it is true (True) or `timeout` seconds pass (False)."""
+    for pause in _polls(timeout, interval):
         if predicate():
             return True
-        time.sleep(interval)
+        time.sleep(pause)
     return False
+
+
+async def db(fn: Callable, *args, **kwargs) -> Any:
+    """Run ORM code from an async test; the thread's connection is closed so teardown can drop the DB."""
+
+    def run():
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            connection.close()
+
+    return await sync_to_async(run, thread_sensitive=False)()
+
+
+async def wait_for_async(
+    predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05, what: str = ""
+) -> Any:
+    """The async twin of `wait_for` (same polls): a coroutine function is awaited, a plain function
+    (ORM code) runs through `db`. Returns the first truthy value; AssertionError after `timeout`."""
+    check = predicate if inspect.iscoroutinefunction(predicate) else lambda: db(predicate)
+    for pause in _polls(timeout, interval):
+        value = await check()
+        if value:
+            return value
+        await asyncio.sleep(pause)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:

@@ -32,6 +32,7 @@ class FakeLLM:
         self._script: list[Answer] = []
         self._lock = threading.Lock()
         self.requests: list[dict[str, Any]] = []
+        self.answered = 0  # answers resolved (delays served), whether or not the client still listened
         self.default: Answer = lambda body: self.text("ok")
         fake = self
 
@@ -55,6 +56,8 @@ class FakeLLM:
                     answer = fake._script.pop(0) if fake._script else fake.default
                 status, payload = fake._resolve(answer, body)
                 self._send(status, payload)
+                with fake._lock:
+                    fake.answered += 1
 
             def _send(self, status: int, payload: dict[str, Any]) -> None:
                 data = json.dumps(payload).encode()
@@ -103,7 +106,7 @@ class FakeLLM:
         while callable(answer):
             answer = answer(body)
         if "_delay" in answer:
-            time.sleep(answer["_delay"])
+            time.sleep(answer["_delay"])  # kept: the scripted slow model itself, not a wait for a condition
             return self._resolve(answer["_then"], body)
         if "_status" in answer:
             return answer["_status"], {"error": {"message": answer["_message"], "type": "server_error"}}

@@ -1,4 +1,4 @@
-"""Helpers for the gateway tests: the real maim_message 0.6.8 client, a raw websocket, DB polling."""
+"""Helpers for the gateway tests: the real maim_message 0.6.8 client, a raw websocket."""
 
 from __future__ import annotations
 
@@ -6,42 +6,16 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from asgiref.sync import sync_to_async
-from django.db import connection
+from tests.conftest import wait_for_async
 
 ACCEPT = ["text", "image", "emoji", "reply", "voice", "command", "voiceurl", "music", "videourl", "file"]
 
 
 def ws_url(base: str) -> str:
     return base.replace("http://", "ws://") + "/ws"
-
-
-async def db(fn: Callable, *args, **kwargs) -> Any:
-    """Run ORM code from an async test; the thread's connection is closed so teardown can drop the DB."""
-
-    def run():
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            connection.close()
-
-    return await sync_to_async(run, thread_sensitive=False)()
-
-
-async def wait_for(fn: Callable[[], Any], timeout: float = 20.0, interval: float = 0.1, what: str = "") -> Any:
-    """Poll a sync (ORM) predicate until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await db(fn)
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or fn}")
-        await asyncio.sleep(interval)
 
 
 def envelope(
@@ -96,11 +70,11 @@ class Adapter06:
 
     async def start(self, timeout: float = 20.0) -> Adapter06:
         self._task = asyncio.create_task(self.router.run())
-        deadline = time.monotonic() + timeout
-        while not self.router.check_connection(self.platform):
-            if time.monotonic() > deadline:
-                raise AssertionError("the maim_message client did not connect")
-            await asyncio.sleep(0.05)
+
+        async def connected() -> bool:
+            return self.router.check_connection(self.platform)
+
+        await wait_for_async(connected, timeout=timeout, what="the maim_message client to connect")
         return self
 
     async def send(self, frame: dict) -> None:

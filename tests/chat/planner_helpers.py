@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import time
-from collections.abc import Awaitable, Callable
 
 import pytest
 import pytest_asyncio
@@ -15,6 +12,7 @@ from django.utils import timezone
 from chat.models import ChatSession, Direction, Message, SourceKind
 from chat.services import inbound_stored
 from maibot import config
+from tests.conftest import wait_for_async
 from tests.fake_llm import FakeLLM
 
 _platform_ids = itertools.count(900_000)
@@ -56,13 +54,16 @@ async def say(session: ChatSession, text: str, *, from_thread: bool = False, **k
     return message
 
 
-async def wait_until(check: Callable[[], Awaitable[bool]], timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+async def settled(runtimes, session: ChatSession, timeout: float = 20.0) -> None:
+    """Wait until the session's live runtime has ended its look at every inbound message stored so far
+    (a cycle run or skipped): after this, "nothing came of them" can be asserted without a sleep."""
+    newest = await Message.objects.filter(session=session, direction=Direction.IN).order_by("-pk").afirst()
+
+    async def decided() -> bool:
+        runtime = runtimes.get(session.pk)
+        return runtime is not None and runtime.decided_pk >= (newest.pk if newest else 0)
+
+    await wait_for_async(decided, timeout=timeout, what=f"the runtime of session {session.pk} to decide")
 
 
 # --- fixtures (import them into a test module) --------------------------------------------------------

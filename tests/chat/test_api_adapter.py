@@ -13,8 +13,9 @@ from django.utils import timezone
 from chat.models import Message
 from scheduling.proactive.access import api_token_create
 from tests.chat.api_support import png_base64, png_bytes
-from tests.chat.gateway_helpers import Adapter06, db, wait_for
+from tests.chat.gateway_helpers import Adapter06
 from tests.chat.test_api_live import http
+from tests.conftest import db, wait_for_async
 from tests.conftest import wait_for as poll
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
@@ -82,7 +83,7 @@ async def test_adapter_receives_immediate_and_scheduled_api_messages(start_serve
         await adapter.echo(frame["message_info"]["message_id"], 987654322)
         detail = await delivered(later["id"], "987654322")
         assert detail["status"] == "sent" and detail["delivery"]["status"] == "sent"
-        kinds = await wait_for(
+        kinds = await wait_for_async(
             lambda: list(Message.objects.filter(direction="out").values_list("source_kind", flat=True)),
             what="outbound history",
         )

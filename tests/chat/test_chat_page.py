@@ -16,8 +16,7 @@ from django.contrib.auth import get_user_model
 from chat.models import ChatSession, Message, SourceKind
 from chat.offline import _notice
 from chat.services import message_send
-from tests.chat.gateway_helpers import db, wait_for
-from tests.conftest import CHROMIUM_ARGS, require_chromium
+from tests.conftest import CHROMIUM_ARGS, db, require_chromium, wait_for_async
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.live]
 
@@ -45,14 +44,16 @@ async def test_operator_chats_with_the_bot_and_sees_replies_live(shared_server, 
 
             await page.fill("#text", "你好, bot! hello")
             await page.keyboard.press("Enter")
-            stored = await wait_for(lambda: Message.objects.filter(direction="in").first(), what="the page's message")
+            stored = await wait_for_async(
+                lambda: Message.objects.filter(direction="in").first(), what="the page's message"
+            )
             assert stored.text == "你好, bot! hello" and stored.source_kind == "user"
             session = await db(lambda: ChatSession.objects.get(pk=stored.session_id))
             assert (session.platform, session.chat_type, session.user_id) == ("web", "private", str(operator.pk))
             await expect(page.locator(".msg.in .bubble")).to_have_text(["你好, bot! hello"])
 
             # The planner's own answer (offline: the notice) is stored and shown live.
-            answer = await wait_for(
+            answer = await wait_for_async(
                 lambda: Message.objects.filter(session_id=session.pk, direction="out").first(), what="the bot's answer"
             )
             assert (answer.source_kind, answer.text) == (SourceKind.REPLY, _notice())
@@ -66,7 +67,7 @@ async def test_operator_chats_with_the_bot_and_sees_replies_live(shared_server, 
                 [answer.text, "Hi operator, 我在。", "Your reminder ⏰"]
             )
             await expect(page.locator(".msg.out .meta").nth(2)).to_contain_text("scheduled send")
-            await wait_for(lambda: Message.objects.filter(pk=reply.pk, delivery_status="sent").exists())
+            await wait_for_async(lambda: Message.objects.filter(pk=reply.pk, delivery_status="sent").exists())
 
             # History survives a reload: the operator's message and the bot's three.
             await page.reload()

@@ -3,16 +3,15 @@ when frames arrive fast, and the announced rows are the stored ones."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from chat.gateway import close_old_connection, get_gateway
-from chat.models import Message
+from chat.models import AdapterConnection, Message
 from chat.services import inbound_stored
-from tests.chat.gateway_helpers import db, envelope, wait_for
+from tests.chat.gateway_helpers import envelope
+from tests.conftest import db, wait_for_async
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -38,12 +37,12 @@ async def test_stored_messages_are_announced_to_the_planner_hook_in_batches(sett
     assert connected
     try:
         await comm.send_json_to(envelope(text="lone message"))
-        await wait_for(lambda: announced, what="the lone message announced")
+        await wait_for_async(lambda: announced, what="the lone message announced")
         assert [[m.text for m in batch] for batch in announced] == [["lone message"]]
 
         for i in range(300):
             await comm.send_json_to(envelope(text=f"burst {i}", user_id=1000 + i % 7))
-        await wait_for(lambda: sum(len(b) for b in announced) == 301, what="the burst announced")
+        await wait_for_async(lambda: sum(len(b) for b in announced) == 301, what="the burst announced")
         # A burst is written in fewer transactions than it has messages, and nothing is lost or reordered.
         assert len(announced) < 301
         texts = [m.text for batch in announced[1:] for m in batch]
@@ -54,7 +53,11 @@ async def test_stored_messages_are_announced_to_the_planner_hook_in_batches(sett
         assert first.session_id == stored.session_id
     finally:
         await comm.disconnect()
-        await asyncio.sleep(0.1)
+        # The connection's close is recorded by the gateway's writer thread before aclose stops it.
+        await wait_for_async(
+            lambda: not AdapterConnection.objects.filter(disconnected_at__isnull=True).exists(),
+            what="the connection's close recorded",
+        )
         await get_gateway().aclose()
         # Sync inbound_stored receivers run in asgiref's shared thread: release its connection too.
         await sync_to_async(close_old_connection)()

@@ -26,7 +26,8 @@ from chat.outbox import outbox_claim, outbox_finish, outbox_sweep
 from chat.services import Outbound, message_send, messages_send, session_get_or_create
 from chat.wire.inbound import parse_envelope
 from maibot.config import BotConfig, set_config
-from tests.chat.gateway_helpers import db, envelope, wait_for
+from tests.chat.gateway_helpers import envelope
+from tests.conftest import db, wait_for_async
 
 # The gateway stores and delivers on threads of its own: they must see the test's rows committed.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -67,7 +68,9 @@ async def _connected(application) -> WebsocketCommunicator:
     connected, _ = await comm.connect(timeout=TIMEOUT)
     assert connected
     # Registered (and recorded) once its connection record exists.
-    await wait_for(lambda: AdapterConnection.objects.filter(disconnected_at__isnull=True).exists(), what="recorded")
+    await wait_for_async(
+        lambda: AdapterConnection.objects.filter(disconnected_at__isnull=True).exists(), what="recorded"
+    )
     return comm
 
 
@@ -75,7 +78,7 @@ async def test_an_envelope_is_stored_as_a_message_of_its_session(app):
     comm = await _connected(app)
     try:
         await comm.send_json_to(envelope(user_id=10001, nickname="Alice", text="hello 你好", message_id=1234567890))
-        stored = await wait_for(
+        stored = await wait_for_async(
             lambda: (
                 Message.objects.filter(direction="in", platform_message_id="1234567890")
                 .select_related("session")
@@ -108,7 +111,9 @@ async def test_a_reply_goes_out_as_the_exact_text_frame_adapters_expect(app):
             message_send, session=session, source_kind="reply", text="hi Alice 你好", reply_to_platform_id="1234567890"
         )
         text = await comm.receive_from(timeout=TIMEOUT)
-        sent = await wait_for(lambda: Message.objects.filter(pk=out.pk, delivery_status=DeliveryStatus.SENT).first())
+        sent = await wait_for_async(
+            lambda: Message.objects.filter(pk=out.pk, delivery_status=DeliveryStatus.SENT).first()
+        )
     finally:
         await comm.disconnect(timeout=TIMEOUT)
     # Byte for byte: key order, integer ids, non-ASCII unescaped, the quoted message first.
@@ -148,7 +153,7 @@ async def test_bad_frames_are_dropped_and_the_connection_keeps_working(app, capl
         await comm.send_json_to(nobody)
         await comm.send_json_to({"is_custom_message": True, "message_type_name": "something_new", "content": {}})
         await comm.send_json_to(envelope(text="still here 还在"))
-        await wait_for(lambda: Message.objects.filter(text="still here 还在").exists(), what="the good message")
+        await wait_for_async(lambda: Message.objects.filter(text="still here 还在").exists(), what="the good message")
         # Still open: nothing was sent back, no close in particular.
         assert await comm.receive_nothing(timeout=0.05)
     finally:

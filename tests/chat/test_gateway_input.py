@@ -3,18 +3,20 @@ line, the connection kept when it can continue, and every other connection serve
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import os
+from datetime import timedelta
 
 import pytest
 import websockets
+from django.utils import timezone
 
 from chat.gateway import adapter_auth_problem
 from chat.models import ChatSession, DeliveryStatus, Media, Message
 from chat.services import message_send
-from tests.chat.gateway_helpers import Adapter06, RawSocket, db, envelope, wait_for, write_bot_config
+from tests.chat.gateway_helpers import Adapter06, RawSocket, envelope, write_bot_config
+from tests.conftest import db, wait_for_async
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
@@ -52,7 +54,7 @@ async def test_malformed_frames_are_logged_and_dropped_and_the_connection_keeps_
         await ws.send_json({"is_custom_message": True, "message_type_name": "message_id_echo", "content": "x"})
         # The same socket still works for a good message.
         await ws.send_json(envelope(text="still here 还在"))
-        await wait_for(lambda: Message.objects.filter(text="still here 还在").exists(), what="the good message")
+        await wait_for_async(lambda: Message.objects.filter(text="still here 还在").exists(), what="the good message")
     assert await _stored_texts() == ["still here 还在"]
     log = proc.output()
     assert "not JSON" in log
@@ -87,7 +89,7 @@ async def test_lenient_envelopes_nulls_string_ids_nesting_and_unknown_segments_a
     frame["message_info"]["extra_future_field"] = {"x": 1}
     async with RawSocket(base, token=TOKEN) as ws:
         await ws.send_json(frame)
-        msg = await wait_for(lambda: Message.objects.filter(direction="in").first())
+        msg = await wait_for_async(lambda: Message.objects.filter(direction="in").first())
     assert msg.platform_message_id == "abc-1"
     assert msg.reply_to_platform_id == "4242"
     assert msg.segments[1] == {
@@ -111,7 +113,7 @@ async def test_media_is_stored_once_and_messages_reference_it(live):
         await adapter.send(
             envelope(segments=[{"type": "emoji", "data": "%%%not base64%%%"}, {"type": "text", "data": "t"}])
         )
-        await wait_for(lambda: Message.objects.filter(direction="in").count() == 3, what="three messages")
+        await wait_for_async(lambda: Message.objects.filter(direction="in").count() == 3, what="three messages")
     finally:
         await adapter.stop()
     image = await db(lambda: Media.objects.get(kind="image"))
@@ -143,8 +145,8 @@ async def test_a_20_mb_frame_is_stored_while_other_adapters_are_served(live):
             await other.send(envelope(platform="wechat", text="small one"))
             await ws.send("x" * (20 * 1024 * 1024))  # 20 MB of junk: dropped, the socket survives
             await ws.send_json(envelope(text="after the junk"))
-            await wait_for(lambda: Message.objects.filter(text="small one").exists(), what="the other adapter")
-            await wait_for(lambda: Message.objects.filter(text="after the junk").exists(), timeout=60)
+            await wait_for_async(lambda: Message.objects.filter(text="small one").exists(), what="the other adapter")
+            await wait_for_async(lambda: Message.objects.filter(text="after the junk").exists(), timeout=60)
         media = await db(lambda: Media.objects.get(kind="image"))
         assert media.size == len(big) + 8
     finally:
@@ -158,10 +160,10 @@ async def test_a_frame_over_100_mib_drops_that_connection_only(live):
         with pytest.raises(websockets.ConnectionClosed):
             await ws.send(b"x" * (100 * 1024 * 1024 + 1))
             await ws.ws.recv()
-    await wait_for(lambda: "disconnected (code" in proc.output(), what="the disconnect logged")
+    await wait_for_async(lambda: "disconnected (code" in proc.output(), what="the disconnect logged")
     async with RawSocket(base, token=TOKEN) as ws:
         await ws.send_json(envelope(text="next connection"))
-        await wait_for(lambda: Message.objects.filter(text="next connection").exists())
+        await wait_for_async(lambda: Message.objects.filter(text="next connection").exists())
 
 
 async def test_a_flood_is_closed_with_1008_and_nothing_is_half_stored(start_server, tmp_path):
@@ -182,7 +184,7 @@ async def test_a_flood_is_closed_with_1008_and_nothing_is_half_stored(start_serv
             # line below says which code it sent either way.
             assert code in (1008, None)
         await other.send(envelope(platform="wechat", text="unaffected"))
-        await wait_for(lambda: Message.objects.filter(text="unaffected").exists(), what="the other adapter")
+        await wait_for_async(lambda: Message.objects.filter(text="unaffected").exists(), what="the other adapter")
     finally:
         await other.stop()
     assert "flood from" in proc.output() and "closing with 1008" in proc.output()
@@ -198,10 +200,12 @@ async def test_offline_messages_past_the_expiry_fail_as_adapter_offline(start_se
     _, base = start_server("expiry", MAIBOT_ADAPTER_TOKENS=TOKEN)
     session = await db(make_session, user_id="40004")
     out = await db(message_send, session=session, source_kind="scheduled_send", text="too late")
-    await asyncio.sleep(1.5)
+    # Past the 1 s expiry without waiting for it: the row's creation time is set 1.5 s back.
+    backdated = timezone.now() - timedelta(seconds=1.5)
+    assert await db(lambda: Message.objects.filter(pk=out.pk).update(created_at=backdated)) == 1
     adapter = await Adapter06(base, token=TOKEN).start()
     try:
-        failed = await wait_for(
+        failed = await wait_for_async(
             lambda: Message.objects.filter(pk=out.pk, delivery_status=DeliveryStatus.FAILED).first()
         )
         assert failed.delivery_error == "adapter_offline"
@@ -216,7 +220,7 @@ async def test_without_tokens_only_loopback_adapters_are_accepted(start_server):
     adapter = await Adapter06(base, token=None).start()
     try:
         await adapter.send(envelope(text="from loopback"))
-        await wait_for(lambda: Message.objects.filter(text="from loopback").exists())
+        await wait_for_async(lambda: Message.objects.filter(text="from loopback").exists())
     finally:
         await adapter.stop()
     assert "MAIBOT_ADAPTER_TOKENS is not set" in proc.output()

@@ -12,7 +12,8 @@ from django.conf import settings
 
 from chat.models import AdapterConnection, ChatSession, CommandResponse, DeliveryStatus, Media, Message
 from chat.services import Outbound, message_send, messages_send
-from tests.chat.gateway_helpers import Adapter06, RawSocket, db, envelope, wait_for
+from tests.chat.gateway_helpers import Adapter06, RawSocket, envelope
+from tests.conftest import db, wait_for_async
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
@@ -29,7 +30,7 @@ async def test_private_text_is_stored_and_reply_goes_out_with_receipt(server):
     adapter = await Adapter06(server, token=TOKEN).start()
     try:
         await adapter.send(envelope(user_id=10001, nickname="Alice", text="hello 你好", message_id=1234567890))
-        stored = await wait_for(
+        stored = await wait_for_async(
             lambda: Message.objects.filter(direction="in", platform_message_id="1234567890").first(),
             what="the inbound message stored",
         )
@@ -56,27 +57,29 @@ async def test_private_text_is_stored_and_reply_goes_out_with_receipt(server):
             "type": "seglist",
             "data": [{"type": "reply", "data": "1234567890"}, {"type": "text", "data": "hi Alice"}],
         }
-        sent = await wait_for(
+        sent = await wait_for_async(
             lambda: Message.objects.filter(pk=out.pk, delivery_status=DeliveryStatus.SENT).first(), what="sent"
         )
         assert sent.delivered_at is not None
 
         await adapter.echo(str(out.uid), 987654321)
-        await wait_for(
+        await wait_for_async(
             lambda: Message.objects.filter(pk=out.pk, platform_message_id="987654321").exists(),
             what="the echo receipt recorded",
         )
         await adapter.router.send_custom_message(
             "qq", "command_response", {"command_name": "GROUP_BAN", "success": True, "timestamp": 1.0}
         )
-        resp = await wait_for(lambda: CommandResponse.objects.filter(platform="qq").first(), what="command response")
+        resp = await wait_for_async(
+            lambda: CommandResponse.objects.filter(platform="qq").first(), what="command response"
+        )
         assert resp.command_name == "GROUP_BAN" and resp.success
         record = await db(lambda: AdapterConnection.objects.filter(platform="qq").first())
         assert record.protocol == "ws" and record.disconnected_at is None
         assert "reply" in record.accept_format
     finally:
         await adapter.stop()
-    await wait_for(
+    await wait_for_async(
         lambda: AdapterConnection.objects.filter(platform="qq", disconnected_at__isnull=False).exists(),
         what="the disconnect recorded",
     )
@@ -86,7 +89,7 @@ async def test_group_message_creates_group_session_and_reply_names_the_group(ser
     adapter = await Adapter06(server, token=TOKEN).start()
     try:
         await adapter.send(envelope(user_id="20002", nickname="Bob", group_id=555, group_name="g", text="大家好"))
-        stored = await wait_for(lambda: Message.objects.filter(direction="in").first(), what="stored")
+        stored = await wait_for_async(lambda: Message.objects.filter(direction="in").first(), what="stored")
         session = await db(lambda: ChatSession.objects.get(pk=stored.session_id))
         assert (session.chat_type, session.group_id, session.group_name, session.user_id) == (
             "group",
@@ -113,12 +116,12 @@ async def test_bad_token_is_accepted_then_closed_with_1008(server):
 
 async def test_second_connection_replaces_the_first_which_is_closed_1000(server):
     async with RawSocket(server, token=TOKEN) as first:
-        await wait_for(lambda: AdapterConnection.objects.filter(disconnected_at__isnull=True).exists())
+        await wait_for_async(lambda: AdapterConnection.objects.filter(disconnected_at__isnull=True).exists())
         async with RawSocket(server, token=TOKEN) as second:
             assert await first.closed_with() == 1000
             # The new connection is the live one: outbound messages go to it.
             await second.send_json(envelope(text="from the second"))
-            stored = await wait_for(lambda: Message.objects.filter(direction="in").first())
+            stored = await wait_for_async(lambda: Message.objects.filter(direction="in").first())
             session = await db(lambda: ChatSession.objects.get(pk=stored.session_id))
             out = await db(message_send, session=session, source_kind="reply", text="to the second")
             frame = await second.recv_json()
@@ -131,7 +134,13 @@ async def test_offline_messages_wait_and_go_out_on_reconnect_in_order(server, ma
     session = await db(make_session, user_id="30003")
     first = await db(message_send, session=session, source_kind="scheduled_send", text="one")
     second = await db(message_send, session=session, source_kind="reply", text="two")
-    await asyncio.sleep(0.5)
+    # A probe on another platform: once its message is delivered, the server's outbox has run a round
+    # after the two were stored, and they are still waiting for their (offline) adapter.
+    probe_session = await db(make_session, platform="probe", user_id="30004")
+    async with RawSocket(server, platform="probe", token=TOKEN) as probe:
+        await wait_for_async(lambda: AdapterConnection.objects.filter(platform="probe").exists())
+        marker = await db(message_send, session=probe_session, source_kind="reply", text="probe")
+        assert (await probe.recv_json())["message_info"]["message_id"] == str(marker.uid)
     assert await db(lambda: Message.objects.filter(delivery_status="pending").count()) == 2
     adapter = await Adapter06(server, token=TOKEN).start()
     try:
@@ -139,7 +148,7 @@ async def test_offline_messages_wait_and_go_out_on_reconnect_in_order(server, ma
         b = await adapter.next_message()
         assert [a["message_info"]["message_id"], b["message_info"]["message_id"]] == [str(first.uid), str(second.uid)]
         assert a["message_info"]["user_info"]["user_id"] == 30003
-        await wait_for(lambda: Message.objects.filter(delivery_status="sent").count() == 2)
+        await wait_for_async(lambda: Message.objects.filter(session=session, delivery_status="sent").count() == 2)
         # Never twice: nothing else arrives.
         with pytest.raises(TimeoutError):
             await adapter.next_message(timeout=1.0)
@@ -155,7 +164,7 @@ async def test_with_redis_a_send_from_another_process_is_delivered_at_once(serve
     try:
         session = await db(make_session, user_id="50005")
         for pause in (0.3, 1.3, 0.7):
-            await asyncio.sleep(pause)
+            await asyncio.sleep(pause)  # kept: the scenario's pacing between sends, not a wait for a condition
             out = await db(message_send, session=session, source_kind="proactive", text=f"after {pause}")
             started = time.monotonic()
             frame = await adapter.next_message(timeout=10)
@@ -173,7 +182,7 @@ async def test_outbound_follows_the_adapters_accept_format_and_inlines_media(ser
         # image is stored by the server; the bot sends it back by reference.
         image_seg = {"type": "image", "data": base64.b64encode(png).decode()}
         await adapter.send(envelope(user_id=70007, segments=[image_seg], accept_format=["text", "image"]))
-        stored = await wait_for(lambda: Message.objects.filter(direction="in").first())
+        stored = await wait_for_async(lambda: Message.objects.filter(direction="in").first())
         session = await db(lambda: ChatSession.objects.get(pk=stored.session_id))
         media = await db(lambda: Media.objects.get(kind="image"))
         out = await db(
@@ -196,7 +205,7 @@ async def test_outbound_follows_the_adapters_accept_format_and_inlines_media(ser
         only_voice = await db(
             message_send, session=session, source_kind="reply", segments=[{"type": "voice", "data": "AAAA"}]
         )
-        failed = await wait_for(
+        failed = await wait_for_async(
             lambda: Message.objects.filter(pk=only_voice.pk, delivery_status=DeliveryStatus.FAILED).first()
         )
         assert failed.delivery_error == "unsupported_segments"
@@ -222,16 +231,20 @@ async def test_two_server_processes_never_send_a_message_twice(start_server, mak
 
     session = await db(make_session, user_id="80008")
     async with RawSocket(first_base, token=TOKEN) as one:
-        await wait_for(lambda: AdapterConnection.objects.filter(disconnected_at__isnull=True).exists())
+        await wait_for_async(lambda: AdapterConnection.objects.filter(disconnected_at__isnull=True).exists())
         async with RawSocket(second_base, token=TOKEN) as two:
-            await wait_for(lambda: AdapterConnection.objects.count() == 2)
+            await wait_for_async(lambda: AdapterConnection.objects.count() == 2)
             readers = [asyncio.create_task(collect(one)), asyncio.create_task(collect(two))]
             sent = []
             for i in range(10):
                 batch = [Outbound(session=session, source_kind="proactive", text=f"m{i}-{j}") for j in range(30)]
                 sent.extend(await db(messages_send, batch))
-            await wait_for(lambda: Message.objects.filter(delivery_status="sent").count() == 300, timeout=60)
-            await asyncio.sleep(1)
+            await wait_for_async(lambda: Message.objects.filter(delivery_status="sent").count() == 300, timeout=60)
+
+            async def all_received() -> bool:
+                return len(received) >= 300
+
+            await wait_for_async(all_received, what="the 300 frames at the adapters")
             for r in readers:
                 r.cancel()
             await asyncio.gather(*readers, return_exceptions=True)
@@ -250,7 +263,7 @@ async def test_an_undeliverable_message_fails_alone_and_the_next_one_goes_out(se
     try:
         frame = await adapter.next_message()
         assert frame["message_info"]["message_id"] == str(fine.uid)
-        failed = await wait_for(lambda: Message.objects.filter(pk=broken.pk, delivery_status="failed").first())
+        failed = await wait_for_async(lambda: Message.objects.filter(pk=broken.pk, delivery_status="failed").first())
         assert failed.delivery_error == "media_missing"
     finally:
         await adapter.stop()

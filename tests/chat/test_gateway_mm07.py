@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from chat.models import AdapterConnection, ChatSession, DeliveryStatus, Message
 from chat.services import message_send
-from tests.chat.gateway_helpers import MM07_PYTHON, Adapter07, RawSocket, db, envelope, wait_for
+from tests.chat.gateway_helpers import MM07_PYTHON, Adapter07, RawSocket, envelope
+from tests.conftest import db, wait_for_async
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
@@ -29,7 +28,7 @@ async def test_socketio_client_round_trip_private_and_group(server):
     try:
         assert await adapter.start() == "connected"
         await adapter.command({"cmd": "send", "frame": envelope(user_id=10001, text="你好 from 0.7", message_id=42)})
-        stored = await wait_for(lambda: Message.objects.filter(direction="in", platform_message_id="42").first())
+        stored = await wait_for_async(lambda: Message.objects.filter(direction="in", platform_message_id="42").first())
         assert stored.text == "你好 from 0.7"
         session = await db(lambda: ChatSession.objects.get(pk=stored.session_id))
         assert (session.chat_type, session.user_id) == ("private", "10001")
@@ -41,12 +40,14 @@ async def test_socketio_client_round_trip_private_and_group(server):
         assert frame["message_info"]["message_id"] == str(out.uid)
         assert frame["message_info"]["user_info"]["user_id"] == 10001
         assert frame["message_segment"]["data"] == [{"type": "text", "data": "hi from the bot"}]
-        await wait_for(lambda: Message.objects.filter(pk=out.pk, delivery_status=DeliveryStatus.SENT).exists())
+        await wait_for_async(lambda: Message.objects.filter(pk=out.pk, delivery_status=DeliveryStatus.SENT).exists())
         await adapter.command({"cmd": "echo", "echo": str(out.uid), "actual_id": 555})
-        await wait_for(lambda: Message.objects.filter(pk=out.pk, platform_message_id="555").exists())
+        await wait_for_async(lambda: Message.objects.filter(pk=out.pk, platform_message_id="555").exists())
 
         await adapter.command({"cmd": "send", "frame": envelope(user_id=7, group_id=888, group_name="群", text="g")})
-        group_msg = await wait_for(lambda: Message.objects.filter(direction="in", session__chat_type="group").first())
+        group_msg = await wait_for_async(
+            lambda: Message.objects.filter(direction="in", session__chat_type="group").first()
+        )
         group = await db(lambda: ChatSession.objects.get(pk=group_msg.session_id))
         assert (group.group_id, group.group_name) == ("888", "群")
         await db(message_send, session=group, source_kind="reply", text="to the group")
@@ -54,7 +55,7 @@ async def test_socketio_client_round_trip_private_and_group(server):
         assert frame["message_info"]["group_info"]["group_id"] == 888
     finally:
         await adapter.stop()
-    await wait_for(lambda: AdapterConnection.objects.filter(disconnected_at__isnull=False).exists())
+    await wait_for_async(lambda: AdapterConnection.objects.filter(disconnected_at__isnull=False).exists())
 
 
 async def test_socketio_bad_token_is_refused(server):
@@ -77,10 +78,12 @@ async def test_a_new_connection_of_the_platform_replaces_the_socketio_one(server
             out = await db(message_send, session=session, source_kind="reply", text="to the newer one")
             frame = await newer.recv_json()
             assert frame["message_info"]["message_id"] == str(out.uid)
-            # The replaced Socket.IO client does not fight back for the platform.
-            await asyncio.sleep(2)
+            # The replaced Socket.IO client does not fight back for the platform (it runs with reconnection
+            # off, tests/mm07/adapter.py): the newer connection still works and is the only open one.
             await newer.send_json(envelope(text="still the live one"))
-            await wait_for(lambda: Message.objects.filter(text="still the live one").exists())
+            await wait_for_async(lambda: Message.objects.filter(text="still the live one").exists())
+            assert await db(lambda: AdapterConnection.objects.count()) == 2
+            assert await db(lambda: AdapterConnection.objects.filter(disconnected_at__isnull=True).count()) == 1
         records = await db(lambda: list(AdapterConnection.objects.order_by("id").values_list("protocol", "close_code")))
         assert records[0] == ("socketio", 1000)
     finally:

@@ -12,6 +12,7 @@ from asgiref.sync import sync_to_async
 from django.db import connection
 
 from chat.models import LLMCall, PlannerCycle
+from tests.conftest import wait_for_async
 from tests.fake_llm import FakeLLM
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
@@ -47,10 +48,11 @@ async def test_adapter_message_gets_a_planned_reply_through_a_live_server(start_
         router.register_class_handler(on_message)
         task = asyncio.create_task(router.run())
         try:
-            deadline = time.monotonic() + 20
-            while not router.check_connection("qq"):
-                assert time.monotonic() < deadline, "adapter did not connect"
-                await asyncio.sleep(0.1)
+
+            async def connected() -> bool:
+                return router.check_connection("qq")
+
+            await wait_for_async(connected, what="the adapter to connect")
             info = BaseMessageInfo(
                 platform="qq",
                 message_id=uuid.uuid4().int % 10**9,
@@ -71,10 +73,10 @@ async def test_adapter_message_gets_a_planned_reply_through_a_live_server(start_
             assert len(fake.requests) == 1 and "Alice: ping" in fake.requests[0]["messages"][1]["content"]
             # The reply reaches the adapter as soon as it is in the outbox; the cycle's record is
             # closed a moment later.
-            deadline = time.monotonic() + 15
-            while not (cycle := await db(lambda: PlannerCycle.objects.get())).ended_at:
-                assert time.monotonic() < deadline, "the cycle was never closed"
-                await asyncio.sleep(0.05)
+            cycle = await wait_for_async(
+                lambda: PlannerCycle.objects.filter(ended_at__isnull=False).first(), timeout=15, what="the cycle closed"
+            )
+            assert await db(lambda: PlannerCycle.objects.count()) == 1
             assert cycle.action == "reply" and not cycle.error
             assert await db(lambda: LLMCall.objects.filter(cycle=cycle).count()) == 1
         finally:

@@ -1,7 +1,6 @@
 """The planner loop end to end in-process: inbound signal → runtime → real openai client → FakeLLM →
 tools → outbox rows and the cycle record."""
 
-import asyncio
 import json
 from datetime import timedelta
 
@@ -13,7 +12,8 @@ from chat.models import DeliveryStatus, Direction, LLMCall, Message, PlannerCycl
 from maibot import config
 from scheduling.dispatcher import deliver_due
 from scheduling.models import ScheduledMessage, ScheduledStatus
-from tests.chat.planner_helpers import fake_llm_fixture, runtimes_fixture, say, wait_until  # noqa: F401
+from tests.chat.planner_helpers import fake_llm_fixture, runtimes_fixture, say, settled  # noqa: F401
+from tests.conftest import wait_for_async
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,7 +31,7 @@ async def finished_cycles(session, n=1):
         done = await PlannerCycle.objects.filter(session=session, ended_at__isnull=False).acount()
         return done >= n
 
-    await wait_until(check, what=f"{n} finished cycle(s)")
+    await wait_for_async(check, what=f"{n} finished cycle(s)")
     return await cycles(session)
 
 
@@ -89,10 +89,10 @@ async def test_reminder_is_scheduled_confirmed_and_later_delivered_without_the_m
         await sync_to_async(deliver_due)()
         return await ScheduledMessage.objects.filter(pk=task.pk, status=ScheduledStatus.SENT).aexists()
 
-    await wait_until(delivered, timeout=30, what="the scheduled message to be sent")
+    await wait_for_async(delivered, timeout=30, what="the scheduled message to be sent")
     sent = (await outbound(private))[-1]
     assert (sent.text, sent.source_kind) == ("drink water 喝水", SourceKind.SCHEDULED_SEND)
-    await asyncio.sleep(0.5)
+    await settled(runtimes, private)
     assert len(fake_llm.requests) == calls_before  # delivery needed no model
 
     # The next cycle shows the scheduled send in the history, marked as such.
@@ -112,7 +112,7 @@ async def test_message_during_thinking_discards_the_stale_plan_and_replans(fake_
     async def thinking():
         return len(fake_llm.requests) == 1
 
-    await wait_until(thinking, what="the model to be asked")
+    await wait_for_async(thinking, what="the model to be asked")
     await say(private, "second, while you think")
     [cycle] = await finished_cycles(private)
     assert [m.text for m in await outbound(private)] == ["fresh answer"]
@@ -120,7 +120,7 @@ async def test_message_during_thinking_discards_the_stale_plan_and_replans(fake_
     assert "discarded a stale plan (reply)" in cycle.outcome
     assert await LLMCall.objects.filter(cycle=cycle).acount() == 2
     assert "second, while you think" in fake_llm.requests[1]["messages"][1]["content"]
-    await asyncio.sleep(0.6)
+    await settled(runtimes, private)
     assert await PlannerCycle.objects.filter(session=private).acount() == 1  # nothing left to observe
 
 
@@ -130,7 +130,7 @@ async def test_a_burst_inside_the_debounce_window_is_one_cycle(fake_llm, runtime
         for text in ("one", "two", "three"):
             await say(private, text)
         await finished_cycles(private)
-        await asyncio.sleep(1.0)
+        await settled(runtimes, private)
     assert len(await cycles(private)) == 1 and len(fake_llm.requests) == 1
     prompt = fake_llm.requests[0]["messages"][1]["content"]
     assert all(f"Alice: {t}" in prompt for t in ("one", "two", "three"))
@@ -161,7 +161,12 @@ async def test_llm_timeout_is_recorded_and_nothing_is_sent(fake_llm, runtimes, p
         await say(private, "are you there")
         [cycle] = await finished_cycles(private)
     assert cycle.action == "error" and "timeout" in cycle.error
-    await asyncio.sleep(3)
+
+    async def late_answer_served() -> bool:
+        return fake_llm.answered >= 1
+
+    await wait_for_async(late_answer_served, timeout=10, what="the model's late answer")
+    await settled(runtimes, private)
     assert await outbound(private) == []
 
 
@@ -260,10 +265,17 @@ async def test_no_reply_looks_once_more_after_the_timeout(fake_llm, runtimes, pr
         fake_llm.tool_call("no_reply", {"reason": "wait"}),
         fake_llm.tool_call("reply", {"text": "still there?"}),
     )
-    with config.override(chat={"no_reply_timeout": 0.5}):
+    # Idle eviction after 1 s: a runtime checks its re-look before idleness, so once it has stopped
+    # itself idle, any further look (due 0.5 s after the second cycle) would already have happened.
+    with config.override(chat={"no_reply_timeout": 0.5, "idle_evict_seconds": 1.0}):
         await say(private, "brb")
         await finished_cycles(private, 2)
-        await asyncio.sleep(1.5)
+        runtime = runtimes.get(private.pk)
+
+        async def stopped_idle() -> bool:
+            return runtimes.get(private.pk) is None and (runtime is None or runtime.task.done())
+
+        await wait_for_async(stopped_idle, timeout=10, what="the runtime to stop idle")
     first, second = await cycles(private)
     assert (first.action, second.action, second.trigger) == ("no_reply", "reply", "no_reply_timeout")
     assert len(fake_llm.requests) == 2  # no second look without a new message

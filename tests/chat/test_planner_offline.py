@@ -15,7 +15,8 @@ from maibot.config import format_instant
 from scheduling.dispatcher import deliver_due
 from scheduling.models import ScheduledMessage, ScheduledStatus
 from scheduling.timespec import TimeSpecError, parse_spoken_time, split_spoken_time
-from tests.chat.planner_helpers import inbound_store, runtimes_fixture, say, wait_until  # noqa: F401
+from tests.chat.planner_helpers import inbound_store, runtimes_fixture, say  # noqa: F401
+from tests.conftest import wait_for_async
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 NOW = datetime(2026, 11, 22, 1, 0, tzinfo=UTC)  # 09:00 in Shanghai
@@ -171,14 +172,14 @@ async def test_offline_runtime_schedules_and_the_dispatcher_delivers(runtimes, m
         async def scheduled():
             return await ScheduledMessage.objects.filter(session=session).aexists()
 
-        await wait_until(scheduled, what="the offline planner to schedule")
+        await wait_for_async(scheduled, what="the offline planner to schedule")
         task = await ScheduledMessage.objects.aget(session=session)
 
         async def delivered():
             await sync_to_async(deliver_due)()
             return await ScheduledMessage.objects.filter(pk=task.pk, status=ScheduledStatus.SENT).aexists()
 
-        await wait_until(delivered, timeout=30, what="delivery")
+        await wait_for_async(delivered, timeout=30, what="delivery")
     texts = [m.text async for m in Message.objects.filter(session=session, direction=Direction.OUT).order_by("id")]
     assert texts[0].startswith("OK, I'll remind you") and texts[-1] == "⏰ 喝水 drink water"
     cycle = await PlannerCycle.objects.aget(session=session)

@@ -1,14 +1,13 @@
 """Runtime lifecycle and restraint: group-chat rule, the runtime cap, idle eviction, clean shutdown."""
 
-import asyncio
-
 import pytest
 from asgiref.sync import sync_to_async
 
 from chat.models import Direction, Message, PlannerCycle
 from chat.planner import group_bar, mentions_bot
 from maibot import config
-from tests.chat.planner_helpers import fake_llm_fixture, runtimes_fixture, say, wait_until  # noqa: F401
+from tests.chat.planner_helpers import fake_llm_fixture, runtimes_fixture, say, settled  # noqa: F401
+from tests.conftest import wait_for_async
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -21,7 +20,7 @@ async def wait_cycles(session, n):
     async def check():
         return await PlannerCycle.objects.filter(session=session, ended_at__isnull=False).acount() >= n
 
-    await wait_until(check, what=f"{n} finished cycles")
+    await wait_for_async(check, what=f"{n} finished cycles")
 
 
 def test_mention_rule():
@@ -49,8 +48,7 @@ async def test_group_chatter_costs_nothing_until_mentioned(fake_llm, runtimes, m
     with config.override(chat={"talk_frequency": 0.0}):
         for text in ("anyone for lunch?", "I'm in", "me too"):
             await say(group, text, sender_nickname="Bob")
-            await asyncio.sleep(0.3)
-        await asyncio.sleep(0.5)
+            await settled(runtimes, group)
         assert fake_llm.requests == [] and await PlannerCycle.objects.filter(session=group).acount() == 0
         await say(group, "麦麦 你来吗？", sender_nickname="Bob")
         await wait_cycles(group, 1)
@@ -67,7 +65,7 @@ async def test_unaddressed_group_talk_backs_off_after_each_silent_turn(fake_llm,
     with config.override(chat={"talk_frequency": 0.5, "debounce_seconds": 0.05}):
         # Bar 2: the first message alone costs nothing, the second one asks the model.
         await say(group, "chatter 1", sender_nickname="Bob")
-        await asyncio.sleep(0.4)
+        await settled(runtimes, group)
         assert fake_llm.requests == []
         await say(group, "chatter 2", sender_nickname="Bob")
         await wait_cycles(group, 1)
@@ -75,8 +73,7 @@ async def test_unaddressed_group_talk_backs_off_after_each_silent_turn(fake_llm,
         # It stayed silent: the bar doubles to 4.
         for i in (3, 4, 5):
             await say(group, f"chatter {i}", sender_nickname="Bob")
-            await asyncio.sleep(0.2)
-        await asyncio.sleep(0.3)
+            await settled(runtimes, group)
         assert len(fake_llm.requests) == 1
         await say(group, "chatter 6", sender_nickname="Bob")
         await wait_cycles(group, 2)
@@ -112,7 +109,7 @@ async def test_idle_runtime_is_evicted_and_restarts_on_the_next_message(fake_llm
             # The runtime closes at once; its consumer then leaves its group and ends.
             return runtimes.get(session.pk) is None and first.task.done()
 
-        await wait_until(gone, timeout=10, what="idle eviction")
+        await wait_for_async(gone, timeout=10, what="idle eviction")
         assert not first.task.cancelled() and first.task.exception() is None
         await say(session, "back")
         await wait_cycles(session, 2)
@@ -128,10 +125,14 @@ async def test_shutdown_mid_cycle_records_the_cut_cycle_and_sends_nothing(fake_l
     async def asked():
         return len(fake_llm.requests) == 1
 
-    await wait_until(asked, what="the model to be asked")
+    await wait_for_async(asked, what="the model to be asked")
     stopped = await runtimes.shutdown()
     assert stopped == 1 and runtimes.runtimes == {}
     cycle = await PlannerCycle.objects.aget(session=session)
     assert cycle.action == "cancelled" and "stopped" in cycle.error and cycle.ended_at is not None
-    await asyncio.sleep(3.5)
+
+    async def late_answer_served() -> bool:
+        return fake_llm.answered >= 1
+
+    await wait_for_async(late_answer_served, timeout=10, what="the model's answer to the cut cycle")
     assert await sent_texts(session) == []

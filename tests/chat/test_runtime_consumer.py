@@ -11,7 +11,8 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 
 from chat.models import PlannerCycle
 from chat.runtime import session_group, wake_session, wake_session_from_sync_process, wake_session_soon
-from tests.chat.planner_helpers import fake_llm_fixture, inbound_store, runtimes_fixture, say, wait_until  # noqa: F401
+from tests.chat.planner_helpers import fake_llm_fixture, inbound_store, runtimes_fixture, say  # noqa: F401
+from tests.conftest import wait_for_async
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -27,7 +28,7 @@ async def finished_cycles(session, n):
     async def check():
         return await PlannerCycle.objects.filter(session=session, ended_at__isnull=False).acount() >= n
 
-    await wait_until(check, what=f"{n} finished cycle(s)")
+    await wait_for_async(check, what=f"{n} finished cycle(s)")
     return [c async for c in PlannerCycle.objects.filter(session=session).order_by("started_at")]
 
 
@@ -81,7 +82,7 @@ async def test_coalescing_wakes_lose_no_message(fake_llm, runtimes, private):
     async def all_observed():
         return runtime.last_seen_pk == last and not runtime.busy
 
-    await wait_until(all_observed, what="every message observed")
+    await wait_for_async(all_observed, what="every message observed")
     cycles = await finished_cycles(private, 2)
     observed = sum(int(c.trigger.split()[0]) for c in cycles[1:])
     assert observed == len(texts)  # each message observed exactly once
@@ -106,7 +107,7 @@ async def test_a_consumer_that_ends_takes_its_planner_loop_with_it(fake_llm, run
     async def ended():
         return runtime.task.done() and runtime.planner_task.done() and runtimes.get(private.pk) is None
 
-    await wait_until(ended, what="the consumer and its loop to end")
+    await wait_for_async(ended, what="the consumer and its loop to end")
     layer = get_channel_layer()
     if isinstance(layer, InMemoryChannelLayer):  # it left its group on the way out
         assert runtime.channel_name not in layer.groups.get(session_group(private.pk), {})

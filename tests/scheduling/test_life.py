@@ -12,6 +12,7 @@ from scheduling.life.memory import inner_state_get, inner_state_update, memory_s
 from scheduling.life.models import FiringStatus, InnerStateRevision, Timer, TimerFiring
 from scheduling.life.timers import fire_due, timer_create
 from scheduling.services import SYSTEM
+from tests.conftest import wait_for
 from tests.fake_llm import FakeLLM
 
 pytestmark = pytest.mark.django_db
@@ -204,22 +205,16 @@ def test_a_say_payload_is_sent_as_written_without_asking_the_model(fake_llm, mak
 @pytest.mark.live
 @pytest.mark.django_db(transaction=True)
 def test_a_cluster_worker_runs_the_turn_against_the_model(make_session, start_qcluster):
-    import time
-
     with FakeLLM() as fake:
         fake.script(fake.tool_call("send_message", {"text": "起床啦 time to get up"}))
         start_qcluster(OPENAI_BASE_URL=fake.base_url, MAIBOT_LLM_MODEL="fake-model")
         session = make_session()
         timer = timer_create(spec="2s", label="wake up", payload="gently", session=session, acted_by=SYSTEM)
-        deadline = time.monotonic() + 30
-        while not Message.objects.filter(session=session).exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: Message.objects.filter(session=session).exists(), timeout=30)
         assert [m.text for m in Message.objects.filter(session=session)] == ["起床啦 time to get up"]
         assert fake.requests[0]["messages"][1]["content"] == "[timer] wake up: gently"
     firing = TimerFiring.objects.get(timer=timer)
-    deadline = time.monotonic() + 10
-    while firing.status == FiringStatus.RUNNING and time.monotonic() < deadline:
-        time.sleep(0.1)
-        firing.refresh_from_db()
+    wait_for(lambda: TimerFiring.objects.filter(pk=firing.pk).exclude(status=FiringStatus.RUNNING).exists(), timeout=10)
+    firing.refresh_from_db()
     assert firing.status == FiringStatus.DONE and firing.outcome == "sent"
     assert LLMCall.objects.get(cycle=firing.cycle).purpose == "life"
