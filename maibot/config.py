@@ -234,7 +234,7 @@ class GatewaySection(Section):
 class ApiSection(Section):
     """The proactive message HTTP API."""
 
-    rate_limit_per_minute: int = Field(60, ge=1, le=100_000, description="Requests per minute per API token.")
+    rate_limit_per_minute: int = Field(60, ge=1, le=1_000_000, description="Requests per minute per API token.")
     max_text_length: int = Field(1024, ge=1, le=100_000, description="Longest text a proactive message may carry.")
     max_image_bytes: int = Field(
         1_500_000,
