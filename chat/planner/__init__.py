@@ -1,7 +1,7 @@
 """The chat planner: one observe → plan → execute cycle of a session, its prompt, and its record.
 
 Modules, one job each: prompts (the registered Prompts, history and cycle-record rendering), rules
-(mentions, the group-chat bar, plain text as a reply), history (HistoryLine, HistoryCache), cycle
+(mentions, the group-chat bar, plain text as a reply), history (HistoryCache; HistoryLine lives in prompts), cycle
 (run_cycle, on the agent-turn engine chat.agent.engine). chat/runtime.py uses what this package exports.
 
 A cycle (run by the session's runtime, chat/runtime.py) gets the messages that arrived since the

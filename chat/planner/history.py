@@ -1,30 +1,13 @@
-"""The chat history a planner cycle shows: HistoryLine (the fields the prompt needs), the reads of a
-session's recent messages and cycle records, and HistoryCache, a runtime's copy of them."""
+"""The chat history a planner cycle shows: the reads of a session's recent messages (as prompts.HistoryLine)
+and cycle records, and HistoryCache, a runtime's copy of them."""
 
 from __future__ import annotations
 
 from collections import deque
-from datetime import datetime
-from typing import NamedTuple
 
 from chat.models import ChatSession, CycleKind, Message, PlannerCycle
-from chat.planner.prompts import render_history_line
+from chat.planner.prompts import HistoryLine, render_history_line
 from maibot.config import BotConfig
-
-
-class HistoryLine(NamedTuple):
-    """The fields of a message the prompt shows (a full Message costs ~4× as much to load)."""
-
-    pk: int
-    direction: str
-    source_kind: str
-    platform_message_id: str
-    sender_id: str
-    sender_nickname: str
-    sender_cardname: str
-    text: str
-    reply_to_platform_id: str
-    time: datetime
 
 
 def history_read(session: ChatSession, window: int) -> list[HistoryLine]:

@@ -4,15 +4,15 @@ history and of the previous cycles' records they show."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Protocol
+from typing import NamedTuple
 
 from chat.agent.prompt import Prompt, prompt_manager
 from chat.models import ChatSession, Direction, PlannerCycle, SourceKind
 from maibot.config import BotConfig
 
 
-class ShownMessage(Protocol):
-    """What a history line shows: a chat.planner.history.HistoryLine (or a Message) has these fields."""
+class HistoryLine(NamedTuple):
+    """The fields of a message the prompt shows (a full Message costs ~4× as much to load)."""
 
     pk: int
     direction: str
@@ -82,7 +82,7 @@ prompt_manager.add_prompt(
 )
 
 
-def _speaker(message: ShownMessage, cfg: BotConfig) -> str:
+def _speaker(message: HistoryLine, cfg: BotConfig) -> str:
     if message.direction == Direction.OUT:
         marks = {
             SourceKind.REPLY: "you",
@@ -95,14 +95,14 @@ def _speaker(message: ShownMessage, cfg: BotConfig) -> str:
     return message.sender_cardname or message.sender_nickname or message.sender_id or "someone"
 
 
-def render_history_line(m: ShownMessage, cfg: BotConfig, tz) -> str:
+def render_history_line(m: HistoryLine, cfg: BotConfig, tz) -> str:
     ref = f"#{m.platform_message_id} " if m.platform_message_id else ""
     quote = f" (quoting #{m.reply_to_platform_id})" if m.reply_to_platform_id else ""
     text = (m.text or "").replace("\n", "\n    ")
     return f"{ref}[{m.time.astimezone(tz):%m-%d %H:%M:%S}] {_speaker(m, cfg)}{quote}: {text}"
 
 
-def _render_history(history: list[ShownMessage], new_ids: set[int], cfg: BotConfig, rendered=None) -> str:
+def _render_history(history: list[HistoryLine], new_ids: set[int], cfg: BotConfig, rendered=None) -> str:
     if not history:
         return "Chat history: (empty)"
     tz = cfg.tzinfo
