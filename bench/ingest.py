@@ -168,24 +168,17 @@ def main() -> None:
     args = parser.parse_args()
 
     data_dir, env = embedded_default("maibot-bench-", MAIBOT_ADAPTER_TOKENS="bench", PYTHONUNBUFFERED="1")
-    from maibot.management.commands.serve import ASGI_APPLICATION, DAPHNE_OPTIONS
+    from maibot.config import BotConfig
+    from maibot.management.commands.serve import daphne_argv
 
     port = free_port()
     log = open(data_dir / "daphne.log", "wb")
+    argv = daphne_argv("127.0.0.1", port, keepalive_seconds=BotConfig().gateway.keepalive_seconds)
+    if os.environ.get("BENCH_PROFILE"):
+        # BENCH_PROFILE=file: profile the server's event-loop thread (for finding hot spots).
+        argv[1:1] = ["-m", "cProfile", "-o", os.environ["BENCH_PROFILE"]]
     server = subprocess.Popen(
-        [
-            sys.executable,
-            # BENCH_PROFILE=file: profile the server's event-loop thread (for finding hot spots).
-            *(["-m", "cProfile", "-o", os.environ["BENCH_PROFILE"]] if os.environ.get("BENCH_PROFILE") else []),
-            "-m",
-            "daphne",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            *DAPHNE_OPTIONS,
-            ASGI_APPLICATION,
-        ],
+        argv,
         cwd=ROOT,
         env=env,
         stdout=log,

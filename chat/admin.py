@@ -1,6 +1,8 @@
-"""Operator console for conversations: sessions and their messages read-only and in order; the
-planner's cycles with their tool calls and LLM calls; the LLM usage page (tokens and cost per day,
-model and session, with a server-drawn SVG chart). These records are read-only here: they are history.
+"""Operator console for conversations: sessions and their messages read-only and in order, with each
+outbound message's delivery (badge, filter, and a resend action for unconfirmed or failed ones); what is
+known of each platform's adapter; the planner's cycles with their tool calls and LLM calls; the LLM usage
+page (tokens and cost per day, model and session, with a server-drawn SVG chart). These records are
+read-only here: they are history.
 """
 
 from __future__ import annotations
@@ -9,9 +11,9 @@ import json
 from datetime import timedelta
 from decimal import Decimal
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -20,10 +22,40 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
-from chat.models import ChatSession, LLMCall, Message, PlannerCycle, ToolCallRecord
+from chat.fate import (
+    FATE_COLOURS,
+    NEEDS_ATTENTION,
+    RECENT_DELIVERY_HOURS,
+    RESENDABLE,
+    Fate,
+    message_fate,
+    outbound_fate_counts,
+    recent_delivery_since,
+)
+from chat.models import AdapterPlatform, ChatSession, DeliveryStatus, LLMCall, Message, PlannerCycle, ToolCallRecord
+from chat.services import messages_resend
 from maibot.config import format_instant, get_config
 
 CONVERSATION_TAIL = 200
+
+
+def badge(colour: str, label: str, title: str = "") -> SafeString:
+    """A coloured status pill; `title` (e.g. a failure's reason) shows on hover."""
+    return format_html(
+        '<span class="mb-badge" title="{}" style="background:{};color:#fff;padding:2px 8px;border-radius:10px;'
+        'font-size:11px;white-space:nowrap">{}</span>',
+        title,
+        colour,
+        label,
+    )
+
+
+def fate_badge(fate: str, *, reason: str = "") -> SafeString:
+    """A fate's badge, with the reason beside it for an unconfirmed or failed one."""
+    pill = badge(FATE_COLOURS.get(fate, "#6b7280"), Fate(fate).label, reason)
+    if reason and fate in NEEDS_ATTENTION:
+        return format_html('{} <code class="mb-reason">{}</code>', pill, reason)
+    return pill
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -97,14 +129,58 @@ class ChatSessionAdmin(ReadOnlyAdmin):
         return format_html("{}{}", style, rows)
 
 
+class DeliveryFilter(admin.SimpleListFilter):
+    """An outbound message's fate, and "needs attention" (unconfirmed or failed: nothing retries it)."""
+
+    title = "delivery"
+    parameter_name = "delivery"
+    ATTENTION = "attention"
+
+    def lookups(self, request, model_admin):
+        return [
+            (self.ATTENTION, "Needs attention (unconfirmed or failed)"),
+            *((s, Fate(s).label) for s in DeliveryStatus.values),
+        ]
+
+    def queryset(self, request, queryset):
+        if self.value() == self.ATTENTION:
+            return queryset.filter(delivery_status__in=NEEDS_ATTENTION)
+        if self.value() in DeliveryStatus.values:
+            return queryset.filter(delivery_status=self.value())
+        return queryset
+
+
 @admin.register(Message)
 class MessageAdmin(ReadOnlyAdmin):
-    list_display = ["time_local", "session", "direction", "source_kind", "who", "short_text", "delivery_status"]
-    list_filter = ["direction", "source_kind", "delivery_status", "session__platform"]
+    list_display = ["time_local", "session", "direction", "source_kind", "who", "short_text", "delivery"]
+    list_filter = ["direction", "source_kind", DeliveryFilter, "session__platform"]
     search_fields = ["text", "platform_message_id", "sender_id", "sender_nickname", "session__session_id"]
     list_select_related = ["session"]
     ordering = ["-time", "-id"]
     date_hierarchy = "time"
+    actions = ["resend_selected"]
+
+    @admin.display(description="delivery", ordering="delivery_status")
+    def delivery(self, obj: Message) -> SafeString | str:
+        fate = message_fate(obj)
+        if fate is None:
+            return "-"
+        return fate_badge(fate, reason=obj.delivery_error)
+
+    def has_resend_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("chat.resend_message")
+
+    @admin.action(description="Resend selected (unconfirmed or failed outbound only)", permissions=["resend"])
+    def resend_selected(self, request: HttpRequest, queryset: QuerySet[Message]) -> None:
+        ids = list(queryset.values_list("id", flat=True))
+        resent = messages_resend(message_ids=ids, by=f"operator:{request.user.get_username()}")
+        if resent:
+            self.message_user(request, f"Put {len(resent)} message(s) back in the outbox.", messages.SUCCESS)
+        if skipped := len(ids) - len(resent):
+            states = " or ".join(str(Fate(s).label).lower() for s in RESENDABLE)
+            self.message_user(
+                request, f"Skipped {skipped}: only outbound messages that are {states} can be resent.", messages.WARNING
+            )
 
     @admin.display(description="time", ordering="time")
     def time_local(self, obj: Message) -> str:
@@ -117,6 +193,49 @@ class MessageAdmin(ReadOnlyAdmin):
     @admin.display(description="text")
     def short_text(self, obj: Message) -> str:
         return obj.text if len(obj.text) <= 80 else obj.text[:79] + "…"
+
+
+def _platform_count(counts: dict, part: str, state: str, description: str):
+    """A list column: one platform's count of outbound messages in `state`, linked to them."""
+
+    @admin.display(description=description)
+    def column(obj: AdapterPlatform) -> SafeString:
+        found = counts.get(obj.platform)
+        n = getattr(found, part)[state] if found is not None else 0
+        url = reverse("admin:chat_message_changelist") + f"?delivery={state}&session__platform={obj.platform}"
+        return format_html('<a href="{}">{}</a>', url, n)
+
+    return column
+
+
+@admin.register(AdapterPlatform)
+class AdapterPlatformAdmin(ReadOnlyAdmin):
+    """What we know of each platform's adapter, and how its outbound messages fared."""
+
+    fields = ["platform", "echoes", "first_echo_at", "last_echo_at", "accept_format", "bot_account", "updated_at"]
+    readonly_fields = fields
+
+    @admin.display(boolean=True, description="echoes deliveries")
+    def echoes(self, obj: AdapterPlatform) -> bool:
+        return obj.echoes
+
+    @admin.display(description="last echo", ordering="last_echo_at")
+    def last_echo_local(self, obj: AdapterPlatform) -> str:
+        return format_instant(obj.last_echo_at, get_config().tzinfo) if obj.last_echo_at else "-"
+
+    def get_list_display(self, request: HttpRequest):
+        # The counts of every platform on the page come from one grouped query per request.
+        counts = outbound_fate_counts(since=recent_delivery_since())
+        return [
+            "platform",
+            "echoes",
+            "last_echo_local",
+            "accept_format",
+            "bot_account",
+            _platform_count(counts, "recent", DeliveryStatus.DELIVERED, f"delivered ({RECENT_DELIVERY_HOURS} h)"),
+            _platform_count(counts, "open", DeliveryStatus.UNCONFIRMED, "unconfirmed"),
+            _platform_count(counts, "open", DeliveryStatus.FAILED, "failed"),
+        ]
 
 
 # --- the planner's record ----------------------------------------------------------------------------

@@ -14,10 +14,24 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import InterfaceError, OperationalError, connections, models, transaction
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from chat.accounts import bot_account_learn
 from chat.media import MediaError, decode_base64, media_store
-from chat.models import AdapterConnection, ChatSession, ChatType, CommandResponse, Direction, Message, SourceKind
+from chat.models import (
+    AdapterConnection,
+    AdapterPlatform,
+    ChatSession,
+    ChatType,
+    CommandResponse,
+    DeliveryStatus,
+    Direction,
+    Message,
+    SourceKind,
+)
+from chat.outbox import outbox_platform_reconnected
 from chat.services import plain_text, session_get_or_create
 from chat.wire.inbound import MEDIA_SEGMENT_TYPES, InboundMessage
 
@@ -110,15 +124,22 @@ def _sessions_for(
         info = item.message.info
         user = info.user_info
         group = info.group_info
-        args = {
-            "platform": item.platform,
-            "chat_type": key[1],
-            "user_id": (user.user_id or "") if user else "",
-            "user_nickname": (user.user_nickname or "") if user else "",
-            "user_cardname": (user.user_cardname or "") if user else "",
-            "group_id": key[2] if key[1] == ChatType.GROUP else "",
-            "group_name": (group.group_name or "") if group and key[1] == ChatType.GROUP else "",
-        }
+        if key[1] == ChatType.GROUP:
+            # The session is the group: its speakers are on their messages (so a new speaker costs no write).
+            args = {
+                "platform": item.platform,
+                "chat_type": key[1],
+                "group_id": key[2],
+                "group_name": (group.group_name or "") if group else "",
+            }
+        else:
+            args = {
+                "platform": item.platform,
+                "chat_type": key[1],
+                "user_id": (user.user_id or "") if user else "",
+                "user_nickname": (user.user_nickname or "") if user else "",
+                "user_cardname": (user.user_cardname or "") if user else "",
+            }
         signature = tuple(args.values())
         cached = _session_cache.get(key)
         if cached is not None and cached[0] == signature:
@@ -284,7 +305,17 @@ def outbound_receipt_apply(*, platform: str, echo: Any, actual_id: Any) -> bool:
     if actual_id in (None, ""):
         logger.warning("receipt from %s for %s carries no actual_id", platform, uid)
         return False
-    updated = Message.objects.filter(uid=uid, direction=Direction.OUT).update(platform_message_id=str(actual_id)[:128])
+    now = timezone.now()
+    updated = Message.objects.filter(uid=uid, direction=Direction.OUT).update(
+        platform_message_id=str(actual_id)[:128],
+        delivery_status=DeliveryStatus.DELIVERED,
+        delivered_at=now,
+        sent_at=Coalesce(F("sent_at"), now),
+        delivery_error="",
+        delivery_claim="",
+        delivery_lease_until=None,
+        next_attempt_at=None,
+    )
     if not updated:
         logger.warning("receipt from %s for unknown message %s", platform, uid)
     return bool(updated)
@@ -312,17 +343,50 @@ class AdapterFrames:
     command_responses: list[tuple[str, Any]] = field(default_factory=list)
 
 
+def _learn_bot_accounts(stored: Sequence[Message]) -> None:
+    """An adapter that names the receiver (receiver_info) tells us the bot's own account."""
+    told = {m.inbound_item.platform: m.receiver_id for m in stored if m.receiver_id and hasattr(m, "inbound_item")}
+    for platform, account in told.items():
+        try:
+            bot_account_learn(platform, account)
+        except Exception:
+            logger.exception("the bot's %s account could not be recorded", platform)
+
+
+def adapter_platforms_echoed(*, platforms: set[str], now: datetime | None = None) -> None:
+    """Note that these platforms' adapters echoed: from their first echo on, a hand-over without one is
+    redelivered (chat.outbox). One statement per platform, whatever the number of echoes."""
+    now = now or timezone.now()
+    for platform in platforms:
+        known = AdapterPlatform.objects.filter(platform=platform).update(
+            last_echo_at=now, first_echo_at=Coalesce(F("first_echo_at"), Value(now)), updated_at=now
+        )
+        if not known:
+            AdapterPlatform.objects.get_or_create(
+                platform=platform, defaults={"first_echo_at": now, "last_echo_at": now}
+            )
+            logger.info("platform %s echoes deliveries: unconfirmed hand-overs are redelivered from now on", platform)
+
+
 def adapter_frames_store(*, frames: AdapterFrames) -> IngestResult:
     """Store one round of adapter frames: the messages in one transaction, then the receipts."""
     result = inbound_messages_store(items=frames.messages)
+    _learn_bot_accounts(result.stored)
+    echoed: set[str] = set()
     for platform, content in frames.receipts:
         if not isinstance(content, dict):
             logger.warning("message_id_echo from %s dropped: content is not an object", platform)
             continue
         try:
-            outbound_receipt_apply(platform=platform, echo=content.get("echo"), actual_id=content.get("actual_id"))
+            if outbound_receipt_apply(platform=platform, echo=content.get("echo"), actual_id=content.get("actual_id")):
+                echoed.add(platform)
         except Exception:
             logger.exception("message_id_echo from %s not applied", platform)
+    if echoed:
+        try:
+            adapter_platforms_echoed(platforms=echoed)
+        except Exception:
+            logger.exception("could not record the echoes of %s", sorted(echoed))
     for platform, content in frames.command_responses:
         try:
             command_response_store(platform=platform, content=content)
@@ -334,14 +398,23 @@ def adapter_frames_store(*, frames: AdapterFrames) -> IngestResult:
 # --- adapter connection records (the console dashboard reads them) --------------------------------
 
 
-def adapter_connection_open(
-    *, platform: str, protocol: str, remote: str, channel_name: str = ""
-) -> tuple[int, list[str], list[tuple[int, str]]]:
-    """Record a new connection; earlier open records of the platform are closed (it replaced them).
+@dataclass
+class AdapterOpened:
+    """What a new adapter connection starts with."""
 
-    Returns (record id, the platform's last known accept_format, [(id, channel) of replaced records
-    held by other processes]) so the caller can ask those processes to close their sockets.
-    """
+    record_id: int
+    # The segment types the platform's adapter last said it accepts (empty: not known yet).
+    accept_format: list[str]
+    # Its adapter has echoed before: the new connection is gated until it echoes (chat.gateway).
+    echoes: bool
+    # (id, channel) of replaced records held by other processes, whose sockets they should close.
+    elsewhere: list[tuple[int, str]]
+
+
+def adapter_connection_open(*, platform: str, protocol: str, remote: str, channel_name: str = "") -> AdapterOpened:
+    """Record a new connection; earlier open records of the platform are closed (it replaced them).
+    For a platform that echoes, rows handed to an earlier connection and still awaiting their echo
+    become due at once."""
     now = timezone.now()
     with transaction.atomic():
         previous = list(
@@ -353,12 +426,20 @@ def adapter_connection_open(
             AdapterConnection.objects.filter(id__in=[p[0] for p in previous]).update(
                 disconnected_at=now, close_code=1000
             )
-        last = AdapterConnection.objects.filter(platform=platform).exclude(accept_format=[]).order_by("-id").first()
+        known = AdapterPlatform.objects.filter(platform=platform).first()
+        accept = list(known.accept_format) if known and known.accept_format else []
+        if not accept:
+            # Learned before AdapterPlatform existed: the platform's last connection that told it.
+            last = AdapterConnection.objects.filter(platform=platform).exclude(accept_format=[]).order_by("-id").first()
+            accept = list(last.accept_format) if last else []
         record = AdapterConnection.objects.create(
-            platform=platform, protocol=protocol, remote=remote[:255], channel_name=channel_name
+            platform=platform, protocol=protocol, remote=remote[:255], channel_name=channel_name, accept_format=accept
         )
+        echoes = bool(known and known.echoes)
+        if echoes:
+            outbox_platform_reconnected(platform=platform, now=now)
     elsewhere = [(pk, channel) for pk, channel in previous if channel and channel != channel_name]
-    return record.id, list(last.accept_format) if last else [], elsewhere
+    return AdapterOpened(record_id=record.id, accept_format=accept, echoes=echoes, elsewhere=elsewhere)
 
 
 def adapter_connection_close(*, record_id: int, close_code: int | None) -> None:
@@ -367,5 +448,12 @@ def adapter_connection_close(*, record_id: int, close_code: int | None) -> None:
     )
 
 
-def adapter_connection_set_accept_format(*, record_id: int, accept_format: list[str]) -> None:
+def adapter_connection_set_accept_format(*, record_id: int, platform: str, accept_format: list[str]) -> None:
+    """The adapter said which segment types it accepts: kept on its connection record and for its
+    platform, so later connections (and restarts) start with it."""
     AdapterConnection.objects.filter(id=record_id).update(accept_format=accept_format)
+    updated = AdapterPlatform.objects.filter(platform=platform).update(
+        accept_format=accept_format, updated_at=timezone.now()
+    )
+    if not updated:
+        AdapterPlatform.objects.get_or_create(platform=platform, defaults={"accept_format": accept_format})

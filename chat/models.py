@@ -24,7 +24,7 @@ class ChatSession(models.Model):
     session_id = models.CharField(max_length=32, unique=True, editable=False)
     platform = models.CharField(max_length=64)
     chat_type = models.CharField(max_length=16, choices=ChatType.choices)
-    # Private chat: the person. Group chat: the last person seen (group_id is the target).
+    # Private chat: the person. Group chat: empty (the group is the target; speakers are on messages).
     user_id = models.CharField(max_length=128, blank=True)
     user_nickname = models.CharField(max_length=255, blank=True)
     user_cardname = models.CharField(max_length=255, blank=True)
@@ -72,10 +72,20 @@ class SourceKind(models.TextChoices):
 
 
 class DeliveryStatus(models.TextChoices):
+    """An outbound message's fate. pending → sending → sent (handed to the adapter) → delivered (the
+    platform's id came back in the adapter's `message_id_echo`) or unconfirmed (no echo after
+    gateway.max_delivery_attempts hand-overs); failed when it could not be handed over at all."""
+
     PENDING = "pending", "Pending"
     SENDING = "sending", "Sending"
     SENT = "sent", "Sent"
+    DELIVERED = "delivered", "Delivered"
+    UNCONFIRMED = "unconfirmed", "Unconfirmed"
     FAILED = "failed", "Failed"
+
+
+# The states a message no longer leaves by itself (an operator may still resend it).
+FINAL_DELIVERY_STATES = (DeliveryStatus.DELIVERED, DeliveryStatus.UNCONFIRMED, DeliveryStatus.FAILED)
 
 
 class ReadableJSONField(models.JSONField):
@@ -118,15 +128,24 @@ class Message(models.Model):
     time = models.DateTimeField(db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)
     # Outbound delivery (empty for inbound).
-    delivery_status = models.CharField(max_length=8, choices=DeliveryStatus.choices, blank=True)
+    delivery_status = models.CharField(max_length=12, choices=DeliveryStatus.choices, blank=True)
     delivery_error = models.CharField(max_length=255, blank=True)
+    # Hand-overs so far (each claim counts one).
     delivery_attempts = models.PositiveIntegerField(default=0)
     delivery_claim = models.CharField(max_length=64, blank=True)
     delivery_lease_until = models.DateTimeField(null=True, blank=True)
+    # For a platform that echoes: on a `sent` row, when it is handed over again unless its echo came
+    # first (confirm_seconds, doubling per attempt); on a `pending` row, not claimed before this.
+    # Empty once the row's fate is settled.
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    # When its frame was last handed to the adapter's socket.
+    sent_at = models.DateTimeField(null=True, blank=True)
+    # When the platform confirmed it (the adapter's message_id_echo arrived).
     delivered_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["time", "id"]
+        permissions = [("resend_message", "Can resend unconfirmed or failed outbound messages")]
         constraints = [
             models.CheckConstraint(
                 name="message_delivery_only_outbound",
@@ -134,12 +153,23 @@ class Message(models.Model):
             ),
             models.CheckConstraint(
                 name="message_sent_has_time",
-                condition=~Q(delivery_status="sent") | Q(delivered_at__isnull=False),
+                condition=~Q(delivery_status__in=["sent", "unconfirmed"]) | Q(sent_at__isnull=False),
+            ),
+            models.CheckConstraint(
+                name="message_delivered_has_time",
+                condition=~Q(delivery_status="delivered") | Q(delivered_at__isnull=False),
             ),
         ]
         indexes = [
             models.Index(fields=["session", "time"]),
             models.Index(fields=["delivery_status", "id"], name="message_outbox_idx"),
+            # Only rows waiting for an echo (or for their next hand-over) carry next_attempt_at: the
+            # redelivery scan reads this small index, not every sent row ever.
+            models.Index(
+                fields=["next_attempt_at"],
+                condition=Q(next_attempt_at__isnull=False),
+                name="message_redelivery_idx",
+            ),
             models.Index(fields=["session", "platform_message_id"]),
         ]
 
@@ -185,6 +215,31 @@ class CommandResponse(models.Model):
     success = models.BooleanField(default=False)
     payload = ReadableJSONField(default=dict, placeholder={"unreadable": "nested too deeply to show"})
     received_at = models.DateTimeField(auto_now_add=True)
+
+
+class AdapterPlatform(models.Model):
+    """What we know about a platform's adapter across its connections and our restarts."""
+
+    platform = models.CharField(max_length=64, unique=True)
+    # Set by the first message_id_echo: from then on a hand-over without an echo is redelivered.
+    first_echo_at = models.DateTimeField(null=True, blank=True)
+    last_echo_at = models.DateTimeField(null=True, blank=True)
+    # The segment types the adapter last said it accepts (format_info.accept_format), kept across
+    # reconnects until it says otherwise.
+    accept_format = models.JSONField(default=list, blank=True)
+    # The bot's own account on the platform, where the adapter tells it (bot.platform_accounts wins).
+    bot_account = models.CharField(max_length=128, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["platform"]
+
+    def __str__(self) -> str:
+        return self.platform
+
+    @property
+    def echoes(self) -> bool:
+        return self.first_echo_at is not None
 
 
 class AdapterConnection(models.Model):

@@ -4,10 +4,20 @@ browser) of their platform, and marking the outcome. Frames are built by chat.wi
 Rows are claimed with a conditional UPDATE (pending → sending, with a claim token and a lease of
 `gateway.delivery_lease_seconds`), so several ASGI processes never send one row twice; each process
 claims only rows it can deliver (the platforms, and the browser users, connected to it). A row is
-marked sent once its frame has been handed to the socket. Delivery is at most once: a row whose
-claimer died mid-send (lease run out) fails with `delivery_interrupted` rather than risk a second copy
-on the platform. Rows waiting for an offline adapter longer than `gateway.offline_expiry_seconds` fail
-with `adapter_offline`.
+marked sent once its frame has been handed to the socket, delivered when the adapter's
+`message_id_echo` names it (chat.ingest). Rows waiting for an offline adapter longer than
+`gateway.offline_expiry_seconds` fail with `adapter_offline`.
+
+Two delivery guarantees, by what the platform's adapter has shown (AdapterPlatform.first_echo_at):
+- A platform whose adapter has never echoed: at most once. A row whose claimer died mid-send (lease
+  run out) fails with `delivery_interrupted` rather than risk a second copy on the platform.
+- A platform whose adapter echoes: a sent row carries its confirm deadline in `next_attempt_at`
+  (`gateway.confirm_seconds`, doubling with each attempt); with no echo by then it is pending again and
+  handed over again, oldest first, `gateway.max_delivery_attempts` hand-overs in all, then
+  `unconfirmed` (`no_echo`). A row left `sending` by a dead claimer is treated the same way. The price:
+  a platform that delivered but whose echo was lost gets the message again (never more often than the
+  attempt limit). Which rows go to a connection that has not echoed yet (the gate) is the Sink's
+  choice: chat.gateway.registry.
 
 Wake-ups: the send service's `outbound_created` signal wakes this process's deliverer at once; with
 REDIS_URL it also reaches every ASGI process through the channel layer group `maibot.outbox` (published
@@ -31,12 +41,13 @@ from typing import Any, NamedTuple
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, connection
-from django.db.models import F, Q
+from django.db.models import Case, DateTimeField, F, Q, Value, When
+from django.db.models.functions import Coalesce
 from django.dispatch import receiver
 from django.utils import timezone
 
 from chat.delivery_errors import DeliveryError
-from chat.models import ChatSession, DeliveryStatus, Direction, Message
+from chat.models import AdapterConnection, AdapterPlatform, ChatSession, DeliveryStatus, Direction, Message
 from chat.services import outbound_created
 from chat.wire.outbound import adapter_envelope, browser_frame
 from maibot.config import get_config
@@ -60,6 +71,8 @@ class Delivery:
     user_id: str  # the browser user for platform `web`
     frame: dict[str, Any] | None
     error: DeliveryError | None = None
+    # Hand-overs including this one.
+    attempts: int = 1
 
 
 class OutboundRow(NamedTuple):
@@ -73,6 +86,24 @@ class OutboundRow(NamedTuple):
     text: str
     segments: list
     time: datetime
+    delivery_attempts: int
+
+
+class Overdue(NamedTuple):
+    """A sent row whose echo did not come in time, as outbox_confirm_overdue left it."""
+
+    id: int
+    platform: str
+    sent_at: datetime | None
+    # True: pending again (it will be handed over again); False: unconfirmed (attempts used up).
+    again: bool
+
+
+def confirm_deadline(*, attempts: int, now: datetime) -> datetime:
+    """When a row handed over for the `attempts`-th time is handed over again unless its echo came."""
+    config = get_config().gateway
+    exponent = max(0, min(attempts, config.max_delivery_attempts) - 1)
+    return now + timedelta(seconds=config.confirm_seconds * 2**exponent)
 
 
 # --- the outbox service (sync; the deliverer calls it with sync_to_async) -------------------------
@@ -83,27 +114,42 @@ def outbox_claim(
     adapter_platforms: Collection[str],
     web_users: Collection[str],
     accept_formats: dict[str, list[str]],
+    probing: Collection[str] = (),
     limit: int = BATCH_SIZE,
     lease_seconds: float | None = None,
+    now: datetime | None = None,
 ) -> tuple[str, list[Delivery]]:
-    """Claim up to `limit` pending rows this process can deliver, oldest first, with their frames."""
+    """Claim up to `limit` due pending rows this process can deliver, oldest first, with their frames.
+
+    `probing`: platforms whose connection may take one row only (the oldest due), the gate after a
+    (re)connect; `adapter_platforms` take whatever is due.
+    """
     config = get_config().gateway
     if lease_seconds is None:
         lease_seconds = config.delivery_lease_seconds
+    now = now or timezone.now()
     token = uuid.uuid4().hex
-    target = Q(session__platform__in=[p for p in adapter_platforms if p != WEB_PLATFORM])
-    if web_users:
-        target |= Q(session__platform=WEB_PLATFORM, session__user_id__in=list(web_users))
-    # Rows past the offline expiry are never sent, even before the sweep has marked them failed.
-    cutoff = timezone.now() - timedelta(seconds=config.offline_expiry_seconds)
-    ids = list(
-        Message.objects.filter(target, delivery_status=DeliveryStatus.PENDING, created_at__gte=cutoff)
-        .order_by("id")
-        .values_list("id", flat=True)[:limit]
-    )
+    # Rows past the offline expiry are never sent, even before the sweep has marked them failed; rows
+    # waiting out a redelivery backoff are not due yet.
+    cutoff = now - timedelta(seconds=config.offline_expiry_seconds)
+    due = Message.objects.filter(
+        Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now),
+        delivery_status=DeliveryStatus.PENDING,
+        created_at__gte=cutoff,
+    ).order_by("id")
+    ids: list[int] = []
+    platforms = [p for p in adapter_platforms if p != WEB_PLATFORM]
+    if platforms or web_users:
+        target = Q(session__platform__in=platforms)
+        if web_users:
+            target |= Q(session__platform=WEB_PLATFORM, session__user_id__in=list(web_users))
+        ids = list(due.filter(target).values_list("id", flat=True)[:limit])
+    for platform in probing:
+        first = due.filter(session__platform=platform).values_list("id", flat=True).first()
+        if first is not None:
+            ids.append(first)
     if not ids:
         return token, []
-    now = timezone.now()
     Message.objects.filter(id__in=ids, delivery_status=DeliveryStatus.PENDING).update(
         delivery_status=DeliveryStatus.SENDING,
         delivery_claim=token,
@@ -138,20 +184,48 @@ def outbox_claim(
                 user_id=session.user_id,
                 frame=frame or None,
                 error=error,
+                attempts=row.delivery_attempts,
             )
         )
     return token, deliveries
 
 
 def outbox_finish(
-    *, token: str, sent: Collection[int], released: Collection[int], failed: dict[int, DeliveryError]
+    *,
+    token: str,
+    sent: Collection[int],
+    released: Collection[int],
+    failed: dict[int, DeliveryError],
+    awaiting_echo: Collection[int] = (),
+    now: datetime | None = None,
 ) -> None:
-    """Record a claimed batch's outcome: sent rows get delivered_at, released rows wait again."""
-    now = timezone.now()
+    """Record a claimed batch's outcome: sent rows get sent_at (those in `awaiting_echo`, of platforms
+    that echo, also their confirm deadline), released rows wait again."""
+    now = now or timezone.now()
     held = Message.objects.filter(delivery_claim=token, delivery_status=DeliveryStatus.SENDING)
-    if sent:
-        held.filter(id__in=list(sent)).update(
-            delivery_status=DeliveryStatus.SENT, delivered_at=now, delivery_claim="", delivery_lease_until=None
+    confirmed = set(awaiting_echo) & set(sent)
+    plain = [i for i in sent if i not in confirmed]
+    if plain:
+        held.filter(id__in=plain).update(
+            delivery_status=DeliveryStatus.SENT,
+            sent_at=now,
+            delivery_claim="",
+            delivery_lease_until=None,
+            next_attempt_at=None,
+        )
+    if confirmed:
+        most = get_config().gateway.max_delivery_attempts
+        deadline = Case(
+            *[When(delivery_attempts=n, then=Value(confirm_deadline(attempts=n, now=now))) for n in range(1, most)],
+            default=Value(confirm_deadline(attempts=most, now=now)),
+            output_field=DateTimeField(),
+        )
+        held.filter(id__in=list(confirmed)).update(
+            delivery_status=DeliveryStatus.SENT,
+            sent_at=now,
+            delivery_claim="",
+            delivery_lease_until=None,
+            next_attempt_at=deadline,
         )
     if released:
         held.filter(id__in=list(released)).update(
@@ -159,28 +233,114 @@ def outbox_finish(
         )
     for message_id, error in failed.items():
         held.filter(id=message_id).update(
-            delivery_status=DeliveryStatus.FAILED, delivery_error=error, delivery_claim="", delivery_lease_until=None
+            delivery_status=DeliveryStatus.FAILED,
+            delivery_error=error,
+            delivery_claim="",
+            delivery_lease_until=None,
+            next_attempt_at=None,
         )
         logger.warning("outbound message %s failed: %s", message_id, error)
 
 
-def outbox_sweep(*, now=None) -> tuple[int, int]:
-    """Fail rows that waited past the offline expiry, and rows whose claimer died mid-send."""
+def outbox_confirm_overdue(*, platforms: Collection[str] | None, now: datetime | None = None) -> list[Overdue]:
+    """Sent rows whose confirm deadline passed with no echo: pending again (due at once), or
+    `unconfirmed` (no_echo) once they were handed over gateway.max_delivery_attempts times.
+
+    `platforms`: only rows of these (the ones whose connections this process holds, so that it learns
+    which of its connections missed a deadline); None for every platform. Each row moves with a
+    conditional UPDATE, so processes doing this at once never move a row twice.
+    """
     now = now or timezone.now()
-    cutoff = now - timedelta(seconds=get_config().gateway.offline_expiry_seconds)
+    rows = Message.objects.filter(delivery_status=DeliveryStatus.SENT, next_attempt_at__lte=now)
+    if platforms is not None:
+        if not platforms:
+            return []
+        rows = rows.filter(session__platform__in=list(platforms))
+    found = list(rows.order_by("id").values_list("id", "session__platform", "sent_at", "delivery_attempts"))
+    if not found:
+        return []
+    most = get_config().gateway.max_delivery_attempts
+    again = [row[0] for row in found if row[3] < most]
+    spent = [row[0] for row in found if row[3] >= most]
+    still = Message.objects.filter(delivery_status=DeliveryStatus.SENT, next_attempt_at__lte=now)
+    if again:
+        still.filter(id__in=again).update(delivery_status=DeliveryStatus.PENDING)
+    if spent:
+        still.filter(id__in=spent).update(
+            delivery_status=DeliveryStatus.UNCONFIRMED, delivery_error=DeliveryError.NO_ECHO, next_attempt_at=None
+        )
+        logger.warning(
+            "%d outbound messages unconfirmed: no echo after %d hand-overs (%s)", len(spent), most, spent[:20]
+        )
+    if again:
+        logger.info("%d outbound messages not confirmed in time; handing them over again", len(again))
+    return [Overdue(id=i, platform=p, sent_at=t, again=n < most) for i, p, t, n in found]
+
+
+def outbox_platform_reconnected(*, platform: str, now: datetime | None = None) -> int:
+    """A new connection of an echoing platform: rows handed to an earlier one and still awaiting their
+    echo are due at once (that connection is gone, their echo most likely with it), so they go out
+    again first, in order, rather than after the backlog."""
+    now = now or timezone.now()
+    return Message.objects.filter(
+        session__platform=platform, delivery_status=DeliveryStatus.SENT, next_attempt_at__gt=now
+    ).update(next_attempt_at=now)
+
+
+def outbox_sweep(*, now=None) -> tuple[int, int]:
+    """Fail rows that waited past the offline expiry; rows whose claimer died mid-send fail too, or, on
+    a platform that echoes, count as sent without an echo (handed over again within the attempt limit).
+    Rows whose echo is overdue on a platform with no open adapter connection are settled here too, one
+    lease after their deadline (a process holding the platform's connection settles them at once)."""
+    now = now or timezone.now()
+    config = get_config().gateway
+    cutoff = now - timedelta(seconds=config.offline_expiry_seconds)
     expired = Message.objects.filter(
         direction=Direction.OUT, delivery_status=DeliveryStatus.PENDING, created_at__lt=cutoff
-    ).update(delivery_status=DeliveryStatus.FAILED, delivery_error=DeliveryError.ADAPTER_OFFLINE)
-    interrupted = Message.objects.filter(delivery_status=DeliveryStatus.SENDING, delivery_lease_until__lt=now).update(
+    ).update(delivery_status=DeliveryStatus.FAILED, delivery_error=DeliveryError.ADAPTER_OFFLINE, next_attempt_at=None)
+    dead = Message.objects.filter(delivery_status=DeliveryStatus.SENDING, delivery_lease_until__lt=now)
+    echoing = list(AdapterPlatform.objects.filter(first_echo_at__isnull=False).values_list("platform", flat=True))
+    resent = unconfirmed = 0
+    if echoing:
+        mine = dead.filter(session__platform__in=echoing)
+        unconfirmed = mine.filter(delivery_attempts__gte=config.max_delivery_attempts).update(
+            delivery_status=DeliveryStatus.UNCONFIRMED,
+            delivery_error=DeliveryError.NO_ECHO,
+            # When it was last handed over is unknown (its claimer died): when that was noticed.
+            sent_at=Coalesce(F("sent_at"), Value(now)),
+            delivery_claim="",
+            delivery_lease_until=None,
+            next_attempt_at=None,
+        )
+        resent = mine.update(
+            delivery_status=DeliveryStatus.PENDING, delivery_claim="", delivery_lease_until=None, next_attempt_at=None
+        )
+        dead = dead.exclude(session__platform__in=echoing)
+    interrupted = dead.update(
         delivery_status=DeliveryStatus.FAILED,
         delivery_error=DeliveryError.INTERRUPTED,
         delivery_claim="",
         delivery_lease_until=None,
+        next_attempt_at=None,
     )
+    grace = now - timedelta(seconds=config.delivery_lease_seconds)
+    connected = AdapterConnection.objects.filter(disconnected_at__isnull=True).values_list("platform", flat=True)
+    orphans = Message.objects.filter(delivery_status=DeliveryStatus.SENT, next_attempt_at__lte=grace).exclude(
+        session__platform__in=list(connected)
+    )
+    if orphans.exists():
+        outbox_confirm_overdue(platforms=set(orphans.values_list("session__platform", flat=True)), now=grace)
     if expired:
         logger.warning("%d outbound messages failed: adapter offline longer than the expiry", expired)
     if interrupted:
         logger.warning("%d outbound messages failed: their sender died mid-send (not resent)", interrupted)
+    if resent or unconfirmed:
+        logger.warning(
+            "%d outbound messages left sending by a dead sender: %d to be handed over again, %d unconfirmed",
+            resent + unconfirmed,
+            resent,
+            unconfirmed,
+        )
     return expired, interrupted
 
 
@@ -190,12 +350,26 @@ def outbox_sweep(*, now=None) -> tuple[int, int]:
 class Sink:
     """Where a claimed row goes: the registry of live connections in this process (chat.gateway)."""
 
-    def adapter_platforms(self) -> Collection[str]: ...
+    def adapter_platforms(self) -> Collection[str]:
+        """Connected platforms that take whatever is due."""
+        ...
+
+    def probing_platforms(self) -> Collection[str]:
+        """Connected platforms that take one row now (a connection that has not shown it can deliver)."""
+        ...
+
+    def echoing_platforms(self) -> Collection[str]:
+        """Connected platforms whose adapter echoes: their rows await an echo once sent."""
+        ...
+
     def web_users(self) -> Collection[str]: ...
     def accept_formats(self) -> dict[str, list[str]]: ...
     async def deliver(self, delivery: Delivery) -> bool:
         """Write the frame; False when the connection is gone (the row waits again)."""
         ...
+
+    def confirm_missed(self, overdue: list[Overdue]) -> None:
+        """Rows of this process's platforms whose echo did not come in time."""
 
 
 def db_call(executor: ThreadPoolExecutor, fn: Callable) -> Callable:
@@ -224,7 +398,12 @@ class Deliverer:
         self._claim = db_call(self.executor, outbox_claim)
         self._finish = db_call(self.executor, outbox_finish)
         self._sweep = db_call(self.executor, outbox_sweep)
+        self._overdue = db_call(self.executor, outbox_confirm_overdue)
         self.sent_total = 0
+        self.rounds = 0  # claim rounds run (tests wait for rounds to prove that nothing was handed over)
+        # The loop time of the earliest confirm deadline of a row this process handed over: the
+        # deliverer looks again then, not only at its next poll.
+        self._next_deadline = float("inf")
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -251,8 +430,9 @@ class Deliverer:
         while True:
             config = get_config().gateway  # read each round: a reload applies without a restart
             poll = config.outbox_poll_seconds_with_redis if settings.REDIS_URL else config.outbox_poll_seconds
+            wait = min(poll, max(0.0, self._next_deadline - self._loop.time()))
             try:
-                await asyncio.wait_for(self._event.wait(), timeout=poll)
+                await asyncio.wait_for(self._event.wait(), timeout=wait)
             except TimeoutError:
                 pass
             self._event.clear()
@@ -269,12 +449,26 @@ class Deliverer:
                 await asyncio.sleep(1)
 
     async def _round(self) -> bool:
+        self.rounds += 1
+        echoing = set(self.sink.echoing_platforms())
+        if self._loop.time() >= self._next_deadline:
+            self._next_deadline = float("inf")
+        if echoing:
+            # Rows past their confirm deadline go back (or are unconfirmed) before anything is claimed:
+            # one indexed query, only while a platform that echoes is connected here.
+            overdue = await self._overdue(platforms=echoing)
+            if overdue:
+                self.sink.confirm_missed(overdue)
         platforms = list(self.sink.adapter_platforms())
+        probing = list(self.sink.probing_platforms())
         users = list(self.sink.web_users())
-        if not platforms and not users:
+        if not platforms and not users and not probing:
             return False
         token, batch = await self._claim(
-            adapter_platforms=platforms, web_users=users, accept_formats=dict(self.sink.accept_formats())
+            adapter_platforms=platforms,
+            web_users=users,
+            probing=probing,
+            accept_formats=dict(self.sink.accept_formats()),
         )
         if not batch:
             return False
@@ -298,7 +492,21 @@ class Deliverer:
         finally:
             done = set(sent) | set(released) | set(failed)
             released.extend(d.message_id for d in batch if d.message_id not in done)
-            await asyncio.shield(self._finish(token=token, sent=sent, released=released, failed=failed))
+            handed = set(sent)
+            awaiting = [d for d in batch if d.platform in echoing and d.message_id in handed]
+            await asyncio.shield(
+                self._finish(
+                    token=token,
+                    sent=sent,
+                    released=released,
+                    failed=failed,
+                    awaiting_echo=[d.message_id for d in awaiting],
+                )
+            )
+        if awaiting:
+            window = get_config().gateway.confirm_seconds
+            first = min(window * 2 ** max(0, d.attempts - 1) for d in awaiting)
+            self._next_deadline = min(self._next_deadline, self._loop.time() + first)
         self.sent_total += len(sent)
         return len(batch) >= BATCH_SIZE and not gone
 

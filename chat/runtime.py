@@ -50,6 +50,7 @@ from channels.layers import BaseChannelLayer, get_channel_layer
 from django.db import close_old_connections, connections
 
 from chat import planner
+from chat.accounts import bot_account
 from chat.models import ChatSession, Direction, Message
 from chat.services import inbound_stored
 from maibot.config import get_config
@@ -133,10 +134,12 @@ def _has_event_loop() -> bool:
 class _Observed:
     messages: list[Message]
     bot_message_ids: set[str]
+    bot_account: str = ""
 
 
-def observe(*, session_pk: int, after_pk: int) -> _Observed:
-    """Inbound messages of a session stored after `after_pk`, and which quoted ids are the bot's own."""
+def observe(*, session_pk: int, after_pk: int, platform: str = "") -> _Observed:
+    """Inbound messages of a session stored after `after_pk`, which quoted ids are the bot's own, and the
+    bot's account on the session's platform."""
     messages = list(
         Message.objects.filter(session_id=session_pk, direction=Direction.IN, pk__gt=after_pk).order_by("pk")
     )
@@ -148,7 +151,9 @@ def observe(*, session_pk: int, after_pk: int) -> _Observed:
                 session_id=session_pk, direction=Direction.OUT, platform_message_id__in=quoted
             ).values_list("platform_message_id", flat=True)
         )
-    return _Observed(messages=messages, bot_message_ids=own)
+    return _Observed(
+        messages=messages, bot_message_ids=own, bot_account=bot_account(platform) if messages and platform else ""
+    )
 
 
 _observe = sync_to_async(observe)
@@ -332,7 +337,11 @@ class SessionRuntime(AsyncConsumer):
 
     async def _observe(self) -> _Observed:
         self._news = False
-        seen = await _observe(session_pk=self.session_pk, after_pk=self.last_seen_pk)
+        seen = await _observe(
+            session_pk=self.session_pk,
+            after_pk=self.last_seen_pk,
+            platform=self.session.platform if self.session else "",
+        )
         if seen.messages:
             self.last_seen_pk = seen.messages[-1].pk
         return seen
@@ -350,7 +359,7 @@ class SessionRuntime(AsyncConsumer):
         if reason == "message" and not seen.messages:
             return
         session = self.session
-        mentioned = any(planner.mentions_bot(m, cfg, seen.bot_message_ids) for m in seen.messages)
+        mentioned = any(planner.mentions_bot(m, cfg, seen.bot_message_ids, seen.bot_account) for m in seen.messages)
         if cfg.offline:
             self.busy = True
             cycle = await offline.run_offline_cycle(session=session, new_messages=seen.messages, mentioned=mentioned)

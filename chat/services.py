@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -12,6 +12,7 @@ from django.db import transaction
 from django.dispatch import Signal
 from django.utils import timezone
 
+from chat.fate import RESENDABLE
 from chat.models import (
     ChatSession,
     ChatType,
@@ -24,9 +25,9 @@ from chat.models import (
 
 logger = logging.getLogger(__name__)
 
-# Sent after the transaction that wrote outbound messages commits, in the process that wrote them:
-# the gateway wakes its outbox deliverer, the planner appends them to a live runtime's history.
-# kwargs: messages (list[Message]).
+# Sent after the transaction that put outbound messages in the outbox commits, in the process that wrote
+# them: the gateway wakes its outbox deliverer, the planner appends them to a live runtime's history.
+# kwargs: messages (list[Message]), resent (bool: messages an operator put back, already in the history).
 outbound_created = Signal()
 
 # Sent by the gateway, in the ASGI process, once inbound messages are stored: the planner's runtime
@@ -50,6 +51,9 @@ def session_get_or_create(
     target = group_id if chat_type == ChatType.GROUP else user_id
     if not target:
         raise ValueError("a private chat needs a user id and a group chat a group id")
+    if chat_type == ChatType.GROUP:
+        # A group's identity is the group; who spoke is on each message, not on the session.
+        user_id = user_nickname = user_cardname = ""
     session_id = make_session_id(platform, chat_type, str(target))
     defaults = {
         "platform": platform,
@@ -173,8 +177,63 @@ def message_send(
     return messages_send([item])[0]
 
 
-def _announce(messages: list[Message]) -> None:
+def messages_resend(*, message_ids: Iterable[int], by: str, now: datetime | None = None) -> list[Message]:
+    """Put unconfirmed or failed outbound messages back in the outbox with a fresh attempt budget.
+
+    Each row moves with one conditional UPDATE that holds only while the row is still as it was read
+    (same state, same attempt count), so a resend never races the deliverer, a late echo that marks it
+    delivered, or a second operator: a row that changed meanwhile is left alone. What it had come to
+    (state, reason, attempts, last hand-over, when it was queued) is kept in `extra["resends"]`. The row
+    counts as queued now (`created_at`), so the offline expiry gives it its full wait again.
+    Returns the messages put back.
+    """
+    now = now or timezone.now()
+    resent: list[Message] = []
+    with transaction.atomic():
+        candidates = Message.objects.filter(
+            id__in=list(message_ids), direction=Direction.OUT, delivery_status__in=RESENDABLE
+        ).order_by("id")
+        for message in candidates:
+            record = {
+                "at": now.isoformat(),
+                "by": by,
+                "status": message.delivery_status,
+                "error": message.delivery_error,
+                "attempts": message.delivery_attempts,
+                "sent_at": message.sent_at.isoformat() if message.sent_at else None,
+                "queued_at": message.created_at.isoformat(),
+            }
+            extra = message.extra if isinstance(message.extra, dict) else {"extra": message.extra}
+            extra = {**extra, "resends": [*extra.get("resends", []), record]}
+            updated = Message.objects.filter(
+                id=message.id, delivery_status=message.delivery_status, delivery_attempts=message.delivery_attempts
+            ).update(
+                delivery_status=DeliveryStatus.PENDING,
+                delivery_error="",
+                delivery_attempts=0,
+                delivery_claim="",
+                delivery_lease_until=None,
+                next_attempt_at=None,
+                created_at=now,
+                extra=extra,
+            )
+            if updated:
+                message.delivery_status, message.delivery_error = DeliveryStatus.PENDING, ""
+                message.delivery_attempts, message.created_at, message.extra = 0, now, extra
+                resent.append(message)
+        if resent:
+            transaction.on_commit(lambda: _announce(resent, resent=True))
+    for message in resent:
+        record = message.extra["resends"][-1]
+        logger.info(
+            "outbound message %s resent by %s (was %s %s after %d attempt(s))",
+            message.pk, by, record["status"], record["error"] or "-", record["attempts"],
+        )  # fmt: skip
+    return resent
+
+
+def _announce(messages: list[Message], *, resent: bool = False) -> None:
     # send_robust: one listener's failure must never block the others or a committed send.
-    for receiver, result in outbound_created.send_robust(sender=Message, messages=messages):
+    for receiver, result in outbound_created.send_robust(sender=Message, messages=messages, resent=resent):
         if isinstance(result, Exception):
             logger.error("outbound_created listener %r failed: %s", receiver, result, exc_info=result)

@@ -39,6 +39,8 @@ def _kind(annotation: Any) -> str:
     origin = typing.get_origin(annotation)
     if origin in (list, typing.List):  # noqa: UP006 - both spellings may appear
         return "list"
+    if origin in (dict, typing.Dict):  # noqa: UP006 - both spellings may appear
+        return "dict"
     if origin in (typing.Union, types.UnionType):
         raise TypeError(f"config fields may not be unions: {annotation}")
     return {str: "str", int: "int", float: "float", bool: "bool"}[annotation]
@@ -55,6 +57,8 @@ def _form_field(info: FieldInfo, default: Any) -> forms.Field:
         return forms.FloatField(**common)
     if kind == "list":
         return ListField(required=False, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}), **common)
+    if kind == "dict":
+        return DictField(required=False, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}), **common)
     widget = (
         forms.Textarea(attrs={"rows": 3, "cols": 80})
         if len(str(default)) > LONG_TEXT
@@ -74,6 +78,27 @@ class ListField(forms.CharField):
     def to_python(self, value: Any) -> list[str]:
         text = super().to_python(value) or ""
         return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+class DictField(forms.CharField):
+    """dict[str, str] as a textarea, one `key = value` per line."""
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, dict):
+            return "\n".join(f"{k} = {v}" for k, v in value.items())
+        return value
+
+    def to_python(self, value: Any) -> dict[str, str]:
+        text = super().to_python(value) or ""
+        result: dict[str, str] = {}
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            key, sep, item = line.partition("=")
+            if not sep or not key.strip():
+                raise forms.ValidationError(f"line {number}: write `name = value`", code="invalid")
+            result[key.strip()] = item.strip()
+        return result
 
 
 def _sections() -> list[tuple[str, type]]:

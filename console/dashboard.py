@@ -1,5 +1,5 @@
-"""The console dashboard's reads (selectors): adapters, runtimes, scheduled work, lateness, LLM usage,
-recent errors, and the health checks /healthz reports."""
+"""The console dashboard's reads (selectors): adapters, runtimes, scheduled work, the fate of outbound
+messages (per adapter platform), lateness, LLM usage, recent errors, and the health checks /healthz reports."""
 
 from __future__ import annotations
 
@@ -17,7 +17,16 @@ from django.db.models import Count, Max, Q, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from chat.models import AdapterConnection, CycleKind, LLMCall, PlannerCycle
+from chat.fate import (
+    NEEDS_ATTENTION,
+    RECENT_DELIVERY_HOURS,
+    outbound_fate_counts,
+    recent_delivery_since,
+    sender_fate,
+    sender_fate_expression,
+    sender_fate_q,
+)
+from chat.models import AdapterConnection, CycleKind, LLMCall, Message, PlannerCycle
 from console import charts
 from maibot.config import get_config
 from maibot.models import LogEntry, ProcessHeartbeat
@@ -56,17 +65,29 @@ def active_runtimes() -> dict[str, Any]:
     return {"count": count, "source": "sessions with a planner cycle in the idle window"}
 
 
+SCHEDULED_SHOWN = ("pending", "sending", "unconfirmed", "failed")
+
+
 def scheduled_counts() -> dict[str, int]:
+    """Scheduled messages by fate: a sent one counts as what became of its outbound message."""
     rows = (
-        ScheduledMessage.objects.filter(
-            status__in=[ScheduledStatus.PENDING, ScheduledStatus.SENDING, ScheduledStatus.FAILED]
-        )
-        .values_list("status")
+        ScheduledMessage.objects.filter(sender_fate_q("sent_message", "status", SCHEDULED_SHOWN))
+        .annotate(fate=sender_fate_expression("sent_message", "status"))
+        .values_list("fate")
         .annotate(n=Count("pk"))
+        .order_by()
     )
-    counts = {s: 0 for s in ("pending", "sending", "failed")}
+    counts = dict.fromkeys(SCHEDULED_SHOWN, 0)
     counts.update(dict(rows))
     return counts
+
+
+def delivery_counts() -> dict[str, Any]:
+    """Outbound messages per delivery state, in all and per adapter platform: the last day's, and every
+    one still unconfirmed or failed however old."""
+    counts = outbound_fate_counts(since=recent_delivery_since())
+    total = counts.pop("")
+    return {"hours": RECENT_DELIVERY_HOURS, "total": total, "platforms": sorted(counts.items())}
 
 
 def next_due(limit: int = 10) -> list[ScheduledMessage]:
@@ -197,10 +218,16 @@ def llm_charts(usage: dict[str, Any]) -> list:
 
 def recent_errors(limit: int = 10) -> dict[str, list]:
     return {
-        "scheduled": list(
-            ScheduledMessage.objects.filter(status=ScheduledStatus.FAILED)
-            .select_related("session")
+        "scheduled": [
+            (task, sender_fate(task.status, task.sent_message), task.last_error or task.sent_message.delivery_error)
+            for task in ScheduledMessage.objects.filter(sender_fate_q("sent_message", "status", NEEDS_ATTENTION))
+            .select_related("session", "sent_message")
             .order_by("-updated_at")[:limit]
+        ],
+        "outbound": list(
+            Message.objects.filter(delivery_status__in=NEEDS_ATTENTION)
+            .select_related("session")
+            .order_by("-id")[:limit]
         ),
         "llm": list(LLMCall.objects.exclude(error="").order_by("-created_at")[:limit]),
         "log": list(LogEntry.objects.filter(level__gte=40).order_by("-id")[: limit * 2]),

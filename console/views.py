@@ -47,6 +47,7 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
             adapters=dashboard.connected_adapters(),
             runtimes=dashboard.active_runtimes(),
             scheduled=dashboard.scheduled_counts(),
+            deliveries=dashboard.delivery_counts(),
             next_due=dashboard.next_due(),
             timers=dashboard.timers_summary(),
             lateness=lateness,

@@ -41,6 +41,17 @@ class BotSection(Section):
         max_length=50,
         description="Other names that count as mentioning the bot in a group chat.",
     )
+    platform_accounts: dict[
+        Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")],
+        Annotated[str, Field(min_length=1, max_length=128)],
+    ] = Field(
+        default_factory=dict,
+        max_length=50,
+        description=(
+            'The bot\'s own account id on each platform, e.g. {qq = "123456"}: `@<any name:that id>` is a '
+            "mention, and group messages are sent as that account. Unset: what the adapter tells, if it does."
+        ),
+    )
     language: str = Field(
         "zh",
         max_length=16,
@@ -225,6 +236,29 @@ class GatewaySection(Section):
         gt=0,
         le=600,
         description="How often outbound messages past the offline expiry or their delivery lease are failed.",
+    )
+    confirm_seconds: float = Field(
+        10.0,
+        ge=1,
+        le=3600,
+        description="For a platform whose adapter echoes deliveries: a message handed over with no echo within "
+        "this is handed over again (the wait doubles with each attempt).",
+    )
+    max_delivery_attempts: int = Field(
+        5,
+        ge=1,
+        le=20,
+        description="Hand-overs of one message at most, for a platform whose adapter echoes; then it is `unconfirmed`.",
+    )
+    keepalive_seconds: float = Field(
+        15.0,
+        # daphne checks its websockets every 2 s and takes its ping options in whole seconds: below 6 s
+        # the promise could not be kept (maibot/management/commands/serve.py, keepalive_options).
+        ge=6,
+        le=300,
+        description="A dead or frozen adapter (or browser page) is dropped within this: the server pings "
+        "every connection that is idle (websocket ping / Engine.IO ping) and closes it when no answer comes.",
+        json_schema_extra={"requires_restart": True},  # daphne and the Socket.IO server take it at start
     )
     browser_max_text_length: int = Field(
         4000, ge=1, le=100_000, description="Longest message the operator chat page (/chat/) accepts."
@@ -485,7 +519,13 @@ def render_template() -> str:
         for key, sub in section_model.model_fields.items():
             if field_help(sub):
                 table.add(tomlkit.comment(field_help(sub)))
-            table.add(key, getattr(section_value, key))
+            value = getattr(section_value, key)
+            if isinstance(value, dict):
+                # An inline table, so the keys after it stay in this section.
+                inline = tomlkit.inline_table()
+                inline.update(value)
+                value = inline
+            table.add(key, value)
         doc.add(tomlkit.nl())
         doc.add(name, table)
     return tomlkit.dumps(doc)

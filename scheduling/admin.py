@@ -1,4 +1,5 @@
-"""Operator console for scheduled messages: list, filter, cancel, reschedule, send now, retry."""
+"""Operator console for scheduled messages: list and filter them by fate (the delivery of what they sent),
+cancel, reschedule, send now, retry, and resend the ones whose delivery came to nothing."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from django.utils.html import format_html
 from django_q import admin as q_admin
 from django_q.models import Failure, Success
 
+from chat.admin import fate_badge
+from chat.fate import Fate, sender_fate, sender_fate_expression, sender_fate_q
 from maibot.config import format_instant, get_config
-from scheduling.admin_actions import ServiceActionsMixin, operator, status_badge
+from scheduling.admin_actions import ServiceActionsMixin, operator
 from scheduling.error_codes import SchedulingError
 from scheduling.models import ScheduledMessage, ScheduledStatus
 from scheduling.services import (
@@ -23,6 +26,7 @@ from scheduling.services import (
     scheduled_message_cancel,
     scheduled_message_edit_text,
     scheduled_message_reschedule,
+    scheduled_message_resend,
     scheduled_message_retry,
     scheduled_message_send_now,
     validate_text,
@@ -40,6 +44,21 @@ class PlatformFilter(admin.SimpleListFilter):
     def queryset(self, request, queryset):
         if self.value():
             return queryset.filter(session__platform=self.value())
+        return queryset
+
+
+class FateFilter(admin.SimpleListFilter):
+    """The status operators see: the task's own until it sent its message, then that message's fate."""
+
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request, model_admin):
+        return Fate.choices
+
+    def queryset(self, request, queryset):
+        if self.value() in Fate.values:
+            return queryset.filter(sender_fate_q("sent_message", "status", [self.value()]))
         return queryset
 
 
@@ -91,20 +110,22 @@ class ScheduledMessageAdmin(ServiceActionsMixin, admin.ModelAdmin):
     action_noun = "scheduled message(s)"
     form = ScheduledMessageForm
     list_display = ["id", "badge", "send_at_local", "session_link", "short_text", "created_via", "attempts", "lateness"]
-    list_filter = ["status", "chat_type", PlatformFilter, "created_via", ("send_at", admin.DateFieldListFilter)]
+    list_filter = [FateFilter, "chat_type", PlatformFilter, "created_via", ("send_at", admin.DateFieldListFilter)]
     date_hierarchy = "send_at"
     search_fields = ["id", "message_text", "session__session_id", "session__user_id", "session__user_nickname"]
-    list_select_related = ["session"]
+    list_select_related = ["session", "sent_message"]
     ordering = ["-send_at"]
-    actions = ["cancel_selected", "reschedule_selected", "send_now_selected", "retry_failed_selected"]
+    actions = [
+        "cancel_selected", "reschedule_selected", "send_now_selected", "retry_failed_selected", "resend_selected",
+    ]  # fmt: skip
     readonly_fields = [
-        "id", "session", "chat_type", "status", "send_at_local", "due_at", "attempts", "last_error", "replace_existing",
+        "id", "session", "chat_type", "badge", "send_at_local", "due_at", "attempts", "last_error", "replace_existing",
         "sent_message", "sent_at", "lateness", "created_at", "updated_at", "created_via", "created_by_tool_call_id",
         "created_by_user", "created_by_token", "origin", "cancelled_at", "cancelled_via", "cancelled_by_tool_call_id",
         "cancelled_by_user", "cancel_reason", "rescheduled_at", "rescheduled_by_user", "history_table",
     ]  # fmt: skip
     fieldsets = [
-        (None, {"fields": ["id", "session", "chat_type", "status", "message_text", "send_at", "send_at_local"]}),
+        (None, {"fields": ["id", "session", "chat_type", "badge", "message_text", "send_at", "send_at_local"]}),
         ("Delivery", {"fields": ["due_at", "attempts", "last_error", "sent_message", "sent_at", "lateness"]}),
         (
             "Audit",
@@ -131,10 +152,16 @@ class ScheduledMessageAdmin(ServiceActionsMixin, admin.ModelAdmin):
         ),
     ]
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ScheduledMessage]:
+        # The fate as a column too, so the status column sorts by what operators see.
+        return super().get_queryset(request).annotate(fate=sender_fate_expression("sent_message", "status"))
+
     # --- display ----------------------------------------------------------------------------------
-    @admin.display(description="status", ordering="status")
+    @admin.display(description="status", ordering="fate")
     def badge(self, obj: ScheduledMessage) -> str:
-        return status_badge(obj.status, obj.get_status_display())
+        message = obj.sent_message
+        reason = obj.last_error or (message.delivery_error if message is not None else "")
+        return fate_badge(sender_fate(obj.status, message), reason=reason)
 
     @admin.display(description="send at (bot time)", ordering="send_at")
     def send_at_local(self, obj: ScheduledMessage) -> str:
@@ -242,6 +269,14 @@ class ScheduledMessageAdmin(ServiceActionsMixin, admin.ModelAdmin):
     def retry_failed_selected(self, request, queryset: QuerySet[ScheduledMessage]) -> None:
         by = operator(request)
         self._each(request, queryset, lambda t: scheduled_message_retry(task_id=t.pk, acted_by=by), "Retrying")
+
+    def has_resend_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("chat.resend_message")
+
+    @admin.action(description="Resend selected (sent but unconfirmed or failed)", permissions=["resend"])
+    def resend_selected(self, request, queryset: QuerySet[ScheduledMessage]) -> None:
+        by = operator(request)
+        self._each(request, queryset, lambda t: scheduled_message_resend(task_id=t.pk, acted_by=by), "Resent")
 
 
 # django-q2's task admins offer "resubmit" with no permission declared: a view-only operator could run a

@@ -4,28 +4,17 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.http import HttpRequest
-from django.utils.html import format_html
 
+from chat.admin import badge
+from chat.fate import FATE_COLOURS
 from scheduling.error_codes import SchedulingError
-from scheduling.models import Actor, ScheduledStatus
+from scheduling.models import Actor
 from scheduling.services import ActedBy
-
-STATUS_COLOURS = {
-    ScheduledStatus.PENDING: "#2563eb",
-    ScheduledStatus.SENDING: "#d97706",
-    ScheduledStatus.SENT: "#16a34a",
-    ScheduledStatus.CANCELLED: "#6b7280",
-    ScheduledStatus.FAILED: "#dc2626",
-}
 
 
 def status_badge(status: str, label: str) -> str:
-    return format_html(
-        '<span class="mb-badge" style="background:{};color:#fff;padding:2px 8px;border-radius:10px;'
-        'font-size:11px;white-space:nowrap">{}</span>',
-        STATUS_COLOURS.get(status, "#6b7280"),
-        label,
-    )
+    """A badge in the colour of the fate `status` names (the fates' colours are chat's)."""
+    return badge(FATE_COLOURS.get(status, "#6b7280"), label)
 
 
 def operator(request: HttpRequest) -> ActedBy:

@@ -13,6 +13,8 @@ class SchedulingErrorCode(StrEnum):
     STORAGE_ERROR = "storage_error"
     NOT_FOUND = "not_found"
     NOT_PENDING = "not_pending"
+    # Only a sent message whose delivery came to nothing (unconfirmed or failed) can be resent.
+    NOT_RESENDABLE = "not_resendable"
     NO_SESSION = "no_session"
 
 

@@ -10,7 +10,9 @@ from typing import Any
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
+from chat.fate import RESENDABLE, sender_fate
 from chat.models import ApiToken, ChatSession
+from chat.services import messages_resend
 from maibot.config import format_instant, get_config
 from maibot.text import is_blank, text_problem
 from scheduling.error_codes import SchedulingError, SchedulingErrorCode
@@ -266,6 +268,29 @@ def scheduled_message_retry(*, task_id: str, acted_by: ActedBy, now: datetime | 
         )
         if not updated:
             raise SchedulingError(Code.NOT_PENDING, f"scheduled message {task_id} changed meanwhile")
+        task.refresh_from_db()
+    return task
+
+
+def scheduled_message_resend(*, task_id: str, acted_by: ActedBy, now: datetime | None = None) -> ScheduledMessage:
+    """Put a sent message's outbound message back in the outbox when its delivery came to nothing
+    (unconfirmed or failed), through chat's resend; recorded in the task's history."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        task = ScheduledMessage.objects.select_related("sent_message").filter(pk=task_id).first()
+        if task is None:
+            raise SchedulingError(Code.NOT_FOUND, f"no scheduled message {task_id!r}")
+        message = task.sent_message
+        if message is None or message.delivery_status not in RESENDABLE:
+            fate = sender_fate(task.status, message)
+            raise SchedulingError(
+                Code.NOT_RESENDABLE, f"scheduled message {task_id} is {fate}: only unconfirmed or failed ones resend"
+            )
+        previous, error = message.delivery_status, message.delivery_error
+        if not messages_resend(message_ids=[message.pk], by=acted_by.describe(), now=now):
+            raise SchedulingError(Code.NOT_RESENDABLE, f"scheduled message {task_id} changed meanwhile")
+        _event(task, "resent", acted_by, now, previous=previous, error=error)
+        ScheduledMessage.objects.filter(pk=task_id).update(history=task.history, updated_at=now)
         task.refresh_from_db()
     return task
 

@@ -30,7 +30,7 @@ from asgiref.sync import sync_to_async
 from django.db import connection
 
 from maibot import config as bot_config
-from maibot.management.commands.serve import ASGI_APPLICATION, DAPHNE_OPTIONS
+from maibot.management.commands.serve import daphne_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -99,7 +99,11 @@ def fast_password_hashing(request) -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def default_bot_config() -> Iterator[bot_config.BotConfig]:
-    """Every test starts from the documented defaults, whatever the data dir's file says."""
+    """Every test starts from the documented defaults, whatever the data dir's file says (and no bot
+    account learned by an earlier test is remembered)."""
+    from chat.accounts import forget_cached_accounts
+
+    forget_cached_accounts()
     old = bot_config._current
     bot_config.set_config(bot_config.BotConfig())
     yield bot_config.get_config()
@@ -120,7 +124,6 @@ def make_session(db) -> Callable[..., object]:
         else:
             kw.setdefault("group_id", str(n))
             kw.setdefault("group_name", f"group{n}")
-            kw.setdefault("user_id", str(n + 1))
         return session_get_or_create(platform=platform, chat_type=chat_type, **kw)
 
     return make
@@ -276,12 +279,15 @@ def launch_qcluster(data_dir: Path, log: Path, **env: str) -> Proc:
 
 
 def launch_daphne(data_dir: Path, log: Path, **env: str) -> tuple[Proc, str]:
-    """A real ASGI server (daphne, as in production) on 127.0.0.1 against the test database, once it
-    listens. Returns (process, "http://127.0.0.1:PORT")."""
+    """A real ASGI server (daphne, with the command line `serve` gives it, including the keepalive of the
+    data dir's bot_config.toml) on 127.0.0.1 against the test database, once it listens. Returns
+    (process, "http://127.0.0.1:PORT")."""
     port = free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
+    config_file = data_dir / "bot_config.toml"
+    config = bot_config.parse_config(config_file.read_text()) if config_file.exists() else bot_config.BotConfig()
     proc = Proc(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), *DAPHNE_OPTIONS, ASGI_APPLICATION],
+        daphne_argv("127.0.0.1", port, keepalive_seconds=config.gateway.keepalive_seconds),
         subprocess_env(MAIBOT_DATA_DIR=str(data_dir), **env),
         log,
     )
@@ -336,12 +342,40 @@ def start_server(tmp_path, transactional_db) -> Iterator[Callable[..., tuple[Pro
 # The shared processes run without the console services (config watcher, log writer, heartbeat): they
 # would write log lines and heartbeats into the database other tests look at.
 SHARED_ENV = {"MAIBOT_CONSOLE_SERVICES": "0"}
+# The adapter tokens the shared server accepts (MAIBOT_ADAPTER_TOKENS).
+SHARED_ADAPTER_TOKENS = ("shared-adapter-token", "shared-adapter-token-2")
+
+
+class LogView:
+    """A shared process seen from one test: its output since the test started, so a test only ever
+    finds the log lines it caused (and never one an earlier test left)."""
+
+    def __init__(self, proc: Proc) -> None:
+        self.proc = proc
+        self.popen = proc.popen
+        self._start = len(proc.output())
+
+    def output(self) -> str:
+        return self.proc.output()[self._start :]
+
+    def wait_for_output(self, needle: str, timeout: float = 30) -> None:
+        def seen() -> bool:
+            if needle in self.output():
+                return True
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"process exited ({self.popen.returncode}):\n{self.proc.output()}")
+            return False
+
+        if not wait_for(seen, timeout=timeout):
+            raise TimeoutError(f"{needle!r} not seen in {timeout}s:\n{self.output()}")
 
 
 @pytest.fixture(scope="session")
 def _shared_daphne(django_db_setup, tmp_path_factory) -> Iterator[tuple[Proc, str]]:
     root = tmp_path_factory.mktemp("shared-server")
-    proc, base = launch_daphne(root / "data", root / "daphne.log", **SHARED_ENV)
+    proc, base = launch_daphne(
+        root / "data", root / "daphne.log", MAIBOT_ADAPTER_TOKENS=",".join(SHARED_ADAPTER_TOKENS), **SHARED_ENV
+    )
     yield proc, base
     proc.stop()
 
@@ -360,11 +394,13 @@ def _still_running(proc: Proc) -> None:
 
 
 @pytest.fixture
-def shared_server(_shared_daphne, transactional_db) -> tuple[Proc, str]:
-    """(process, base URL) of the session's daphne with the default settings. The test's data must be
-    committed (transactional_db) for the server to see it; the test must not stop or reconfigure it."""
+def shared_server(_shared_daphne, transactional_db) -> tuple[LogView, str]:
+    """(the process's log since this test began, base URL) of the session's daphne with the default
+    settings; adapters authenticate with SHARED_ADAPTER_TOKENS. The test's data must be committed
+    (transactional_db) for the server to see it; the test must not stop or reconfigure it, and must
+    disconnect the adapters it connected."""
     _still_running(_shared_daphne[0])
-    return _shared_daphne
+    return LogView(_shared_daphne[0]), _shared_daphne[1]
 
 
 @pytest.fixture

@@ -18,7 +18,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django_q.models import Failure, Success, Task
 
-from chat.models import ApiToken
+from chat.models import ApiToken, DeliveryStatus, Message, SourceKind
+from chat.services import message_send
 from scheduling.life.models import Timer
 from scheduling.life.timers import timer_create
 from scheduling.models import ScheduledMessage
@@ -36,6 +37,13 @@ def _scheduled_message(make_session):
 
 def _timer(make_session):
     return timer_create(spec="every:1h", label="tick", payload="", session=make_session(), acted_by=SYSTEM)
+
+
+def _failed_message(make_session):
+    # Resendable: what the resend action would put back in the outbox if it ran.
+    message = message_send(session=make_session(), source_kind=SourceKind.REPLY, text="lost")
+    Message.objects.filter(pk=message.pk).update(delivery_status=DeliveryStatus.FAILED, delivery_error="x")
+    return message
 
 
 def _api_token(make_session):
@@ -62,6 +70,7 @@ FACTORIES = {
     ScheduledMessage: _scheduled_message,
     Timer: _timer,
     ApiToken: _api_token,
+    Message: _failed_message,
     Success: _task(True),
     Failure: _task(False),
 }
@@ -99,8 +108,8 @@ def test_a_view_only_user_is_offered_no_action_and_posting_one_changes_nothing(
     admin_user, viewer, client, make_session
 ):
     everyone_elses = _actions_for(admin_user)
-    # The walk must cover the actions that exist: today scheduled messages, timers and API tokens.
-    assert {ScheduledMessage, Timer, ApiToken} <= set(everyone_elses)
+    # The walk must cover the actions that exist: today scheduled messages, timers, API tokens, messages.
+    assert {ScheduledMessage, Timer, ApiToken, Message} <= set(everyone_elses)
     assert set(everyone_elses) <= set(FACTORIES), "an admin action on a model this test cannot build"
     assert _actions_for(viewer) == {}
 
@@ -124,6 +133,8 @@ def test_a_view_only_user_is_offered_no_action_and_posting_one_changes_nothing(
         (ScheduledMessage, "send_now_selected", "scheduling.send_now_scheduledmessage"),
         (Timer, "fire_now_selected", "scheduling.fire_timer"),
         (ApiToken, "revoke", "chat.revoke_apitoken"),
+        (Message, "resend_selected", "chat.resend_message"),
+        (ScheduledMessage, "resend_selected", "chat.resend_message"),
         (Failure, "resubmit_task", "django_q.change_failure"),
     ],
 )

@@ -112,8 +112,8 @@ def dashboard_data(transactional_db, make_session) -> None:
     assert deliver_due().sent == 3
 
 
-def test_dashboard_charts_render(dashboard_data, start_server, page, tmp_path):
-    _, base = start_server()
+def test_dashboard_charts_render(dashboard_data, shared_server, page, tmp_path):
+    _, base = shared_server
     log_in(page, base, "/admin/console/")
     charts = page.query_selector_all("svg.chart")
     assert len(charts) == 4

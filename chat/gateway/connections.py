@@ -3,6 +3,7 @@ browser chat page; and the websocket close codes the gateway uses."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from chat.outbox import WEB_PLATFORM
@@ -27,6 +28,12 @@ class Connection:
     record_id: int | None = None
     # The code we closed it with (replaced, flood, bad token), which is what the record keeps.
     close_code: int | None = None
+    # The delivery gate, for a platform whose adapter echoes (chat.gateway.registry): when it opened,
+    # whether an echo came over it since (or since it last missed a confirm deadline), and the one row
+    # handed to it meanwhile.
+    opened_at: datetime | None = None
+    proven: bool = False
+    probe_id: int | None = None
 
     async def send(self, frame: dict[str, Any]) -> bool:
         raise NotImplementedError

@@ -11,6 +11,7 @@ import socketio
 from chat.gateway.auth import adapter_auth_problem
 from chat.gateway.connections import SocketIOAdapterConnection
 from chat.gateway.registry import get_gateway
+from maibot.config import get_config
 
 logger = logging.getLogger(__name__)
 
@@ -20,11 +21,28 @@ logger = logging.getLogger(__name__)
 # built at import, so a config reload could change neither.
 MAX_FRAME_BYTES = 100 * 1024 * 1024
 
+
+def _pings() -> tuple[float, float]:
+    """Engine.IO's ping interval and timeout for gateway.keepalive_seconds (read when the server starts).
+
+    What they do (python-engineio 4): the server pings each client `ping_interval` after its last pong;
+    a client whose pong has not come within `ping_timeout` is closed by the service task, which looks at
+    each socket once per `ping_timeout`. So a frozen client is dropped at most interval + 2 × timeout
+    after its last pong.
+    """
+    keepalive = get_config().gateway.keepalive_seconds
+    return keepalive * 0.4, keepalive * 0.25
+
+
+PING_INTERVAL, PING_TIMEOUT = _pings()
+
 sio = socketio.AsyncServer(
     async_mode="asgi",
     # Adapters are not browsers; no Origin header to check.
     cors_allowed_origins=[],
     max_http_buffer_size=MAX_FRAME_BYTES,
+    ping_interval=PING_INTERVAL,
+    ping_timeout=PING_TIMEOUT,
     # Handlers run one at a time per server so a connection's frames are stored in order.
     async_handlers=False,
     logger=False,

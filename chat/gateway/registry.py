@@ -3,6 +3,13 @@ pages by user), what a frame from one of them becomes (parsed, checked, queued f
 the outbox's Sink, and, with Redis, the messages other processes send it (outbox wake-ups, `close`
 for a connection replaced elsewhere).
 
+The delivery gate, for a platform whose adapter echoes: a new connection is unproven, and takes one
+row at a time (the oldest due) until an echo arrives over it; then the backlog flows. A row handed to
+a proven connection that misses its confirm deadline makes it unproven again. So after an adapter
+restart, or while its platform side (NapCat) is down or the adapter is frozen, what is handed over
+and lost is one row, redelivered, not the backlog. The state is per connection, in memory: this
+process holds the connection, claims for it and receives its echoes.
+
 One `Gateway` per event loop, started on the first ASGI call (daphne has no lifespan events).
 """
 
@@ -18,6 +25,7 @@ from collections.abc import Collection
 from typing import Any
 
 from django.conf import settings
+from django.utils import timezone
 
 from chat import outbox
 from chat.gateway.connections import CLOSE_NORMAL, CLOSE_POLICY, BrowserConnection, Connection
@@ -28,7 +36,7 @@ from chat.ingest import (
     adapter_connection_open,
     adapter_connection_set_accept_format,
 )
-from chat.outbox import WEB_PLATFORM, Deliverer, Delivery, db_call
+from chat.outbox import WEB_PLATFORM, Deliverer, Delivery, Overdue, db_call
 from chat.wire.inbound import EnvelopeError, is_custom_message, parse_custom, parse_envelope
 from maibot.config import get_config
 
@@ -44,6 +52,8 @@ class Gateway(outbox.Sink):
         self.adapters: dict[str, Connection] = {}
         self.browsers: dict[str, set[BrowserConnection]] = {}
         self.accept: dict[str, list[str]] = {}
+        # Platforms whose adapter echoes deliveries (AdapterPlatform.echoes, or an echo seen here).
+        self.echoing: set[str] = set()
         self.started = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.channel_name = ""
@@ -125,27 +135,39 @@ class Gateway(outbox.Sink):
             # reach this socket; the first connection can arrive before the channel exists.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._channel_ready.wait(), 5)
+        conn.opened_at = timezone.now()
         old = self.adapters.get(conn.platform)
         self.adapters[conn.platform] = conn
         if old is not None and old is not conn:
             logger.warning("%r replaces the previous connection of platform %s (closed 1000)", conn, conn.platform)
             await old.close(CLOSE_NORMAL)
-        record_id, accept, elsewhere = await self._open(
+        opened = await self._open(
             platform=conn.platform, protocol=conn.protocol, remote=conn.remote, channel_name=self.channel_name
         )
-        conn.record_id = record_id
+        conn.record_id = opened.record_id
         if conn.closed:  # gone while it was being recorded: its disconnect found no record to close
-            await self._close(record_id=record_id, close_code=conn.close_code)
+            await self._close(record_id=opened.record_id, close_code=conn.close_code)
             return
-        if accept and conn.platform not in self.accept:
-            self.accept[conn.platform] = accept
-        if elsewhere and settings.REDIS_URL:
+        if opened.accept_format and conn.platform not in self.accept:
+            self.accept[conn.platform] = opened.accept_format
+        elif conn.platform in self.accept and self.accept[conn.platform] != opened.accept_format:
+            # Kept across reconnects: the new connection's record shows what the platform accepts.
+            self._remember_accept_soon(opened.record_id, conn.platform, self.accept[conn.platform])
+        # The database is the truth about whether the platform echoes (an operator may reset it).
+        if opened.echoes:
+            self.echoing.add(conn.platform)
+        else:
+            self.echoing.discard(conn.platform)
+        if opened.elsewhere and settings.REDIS_URL:
             from channels.layers import get_channel_layer
 
             layer = get_channel_layer()
-            for other_id, channel in elsewhere:
+            for other_id, channel in opened.elsewhere:
                 await layer.send(channel, {"type": "gateway.close", "record_id": other_id})
-        logger.info("adapter %r connected", conn)
+        if conn.platform in self.echoing and not conn.proven:
+            logger.info("adapter %r connected: one message at a time until it echoes a delivery", conn)
+        else:
+            logger.info("adapter %r connected", conn)
         self.deliverer.wake()
 
     async def adapter_disconnected(self, conn: Connection, code: int | None) -> None:
@@ -209,6 +231,7 @@ class Gateway(outbox.Sink):
                 custom = parse_custom(data)
                 if custom.message_type_name == "message_id_echo":
                     self.writer.enqueue(conn, FrameKind.RECEIPT, custom.content)
+                    self._echo_seen(conn, custom.content)
                 elif custom.message_type_name == "command_response":
                     self.writer.enqueue(conn, FrameKind.COMMAND_RESPONSE, custom.content)
                 else:
@@ -222,24 +245,61 @@ class Gateway(outbox.Sink):
         if fmt is not None and fmt.accept_format and self.accept.get(conn.platform) != fmt.accept_format:
             self.accept[conn.platform] = list(fmt.accept_format)
             if conn.record_id is not None:
-                task = asyncio.ensure_future(self._remember_accept(conn.record_id, list(fmt.accept_format)))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                self._remember_accept_soon(conn.record_id, conn.platform, list(fmt.accept_format))
         self.writer.enqueue_message(conn, InboundItem(platform=conn.platform, message=message, received_at=time.time()))
 
     def enqueue_message(self, conn: Connection, item: InboundItem) -> None:
         """For the browser chat: a message already parsed."""
         self.writer.enqueue_message(conn, item)
 
-    async def _remember_accept(self, record_id: int, accept: list[str]) -> None:
+    def _echo_seen(self, conn: Connection, content: Any) -> None:
+        """An echo came over `conn`: its platform side delivers, so its backlog may flow."""
+        if not isinstance(content, dict) or content.get("actual_id") in (None, "") or conn.proven:
+            return
+        self.echoing.add(conn.platform)
+        conn.proven, conn.probe_id = True, None
+        if self.adapters.get(conn.platform) is conn:
+            logger.info("adapter %r echoed a delivery: its backlog goes out", conn)
+            self.deliverer.wake()
+
+    def _remember_accept_soon(self, record_id: int, platform: str, accept: list[str]) -> None:
+        task = asyncio.ensure_future(self._remember_accept(record_id, platform, accept))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _remember_accept(self, record_id: int, platform: str, accept: list[str]) -> None:
         try:
-            await self._set_accept(record_id=record_id, accept_format=accept)
+            await self._set_accept(record_id=record_id, platform=platform, accept_format=accept)
         except Exception:
             logger.exception("could not record accept_format")
 
     # --- outbox.Sink
+    def _gated(self, conn: Connection) -> bool:
+        return conn.platform in self.echoing and not conn.proven
+
     def adapter_platforms(self) -> Collection[str]:
-        return list(self.adapters)
+        return [p for p, conn in self.adapters.items() if not self._gated(conn)]
+
+    def probing_platforms(self) -> Collection[str]:
+        return [p for p, conn in self.adapters.items() if self._gated(conn) and conn.probe_id is None]
+
+    def echoing_platforms(self) -> Collection[str]:
+        return [p for p in self.adapters if p in self.echoing]
+
+    def confirm_missed(self, overdue: list[Overdue]) -> None:
+        for row in overdue:
+            conn = self.adapters.get(row.platform)
+            if conn is None:
+                continue
+            if conn.probe_id == row.id:
+                conn.probe_id = None  # the next oldest due (most likely this row again) is the next probe
+            elif conn.proven and row.sent_at is not None and conn.opened_at and row.sent_at >= conn.opened_at:
+                conn.proven, conn.probe_id = False, None
+                logger.warning(
+                    "adapter %r did not confirm message %s in time: one message at a time until it echoes again",
+                    conn,
+                    row.id,
+                )
 
     def web_users(self) -> Collection[str]:
         return list(self.browsers)
@@ -259,11 +319,18 @@ class Gateway(outbox.Sink):
         conn = self.adapters.get(delivery.platform)
         if conn is None:
             return False
+        if self._gated(conn):
+            if conn.probe_id is not None:
+                return False  # a probe is out already: this row waits (claimed before the gate closed)
+            conn.probe_id = delivery.message_id
         try:
-            return await conn.send(delivery.frame)
+            written = await conn.send(delivery.frame)
         except Exception as exc:
             logger.warning("writing to %r failed: %s", conn, exc)
-            return False
+            written = False
+        if not written and conn.probe_id == delivery.message_id:
+            conn.probe_id = None  # it waits again; it is no probe in flight
+        return written
 
 
 _gateway: Gateway | None = None

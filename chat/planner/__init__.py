@@ -15,8 +15,10 @@ When does the bot speak?
 * Private chats: every new message is considered (one cycle per debounced burst).
 * Group chats: a new message *mentions* the bot when its text contains the nickname or one of
   `bot.alias_names` (case-insensitive), when it has an `@<name:id>` mention whose name is one of
-  those or whose id is the message's receiver id (the bot's account, when the adapter sends
-  receiver_info), or when it quotes one of the bot's own messages. A mention always starts a cycle.
+  those or whose id is the bot's own account on the platform (`bot.platform_accounts`, else the one
+  the adapter named in a receiver_info; see chat.accounts: a QQ mention arrives as
+  `@<QQ nickname:QQ id>`, whatever the bot's nickname in our config), or when it quotes one of the
+  bot's own messages. A mention always starts a cycle.
   Otherwise the model is asked only once enough unaddressed messages have piled up:
       backlog >= ceil(1 / chat.talk_frequency) * 2 ** min(silent_streak, 4)
   where backlog counts unaddressed messages since the bot last planned, and silent_streak counts the

@@ -16,15 +16,19 @@ def bot_names(cfg: BotConfig) -> list[str]:
     return [n for n in {cfg.bot.nickname, *cfg.bot.alias_names} if n]
 
 
-def mentions_bot(message: Message, cfg: BotConfig, bot_message_ids: set[str] = frozenset()) -> bool:
-    """True when an inbound message addresses the bot (see chat/planner/__init__.py)."""
+def mentions_bot(
+    message: Message, cfg: BotConfig, bot_message_ids: set[str] = frozenset(), bot_account: str = ""
+) -> bool:
+    """True when an inbound message addresses the bot (see chat/planner/__init__.py). `bot_account`: the
+    bot's own account on the message's platform (chat.accounts.bot_account)."""
     names = [n.casefold() for n in bot_names(cfg)]
     text = (message.text or "").casefold()
     if any(name in text for name in names):
         return True
-    own_id = getattr(message, "receiver_id", "") or ""  # the bot's account, when the adapter says so
+    # The bot's account: configured or learned, and the one this message's receiver_info names.
+    own_ids = {i for i in (bot_account, getattr(message, "receiver_id", "") or "") if i}
     for nick, at_id in _AT_MENTION.findall(message.text or ""):
-        if nick.strip().casefold() in names or (own_id and at_id.strip() == own_id):
+        if nick.strip().casefold() in names or at_id.strip() in own_ids:
             return True
     return bool(message.reply_to_platform_id and message.reply_to_platform_id in bot_message_ids)
 

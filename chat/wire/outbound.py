@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from django.utils import timezone
 
+from chat.accounts import bot_account
 from chat.delivery_errors import DeliveryError
 from chat.models import ChatSession, Media
 from chat.wire.inbound import MEDIA_SEGMENT_TYPES
@@ -81,7 +82,9 @@ def adapter_envelope(
     """The maim_message envelope for one outbound message, or ({}, error) when nothing sendable is left.
 
     A private message names the recipient in user_info (the adapter sends to user_info.user_id); a
-    group message names the group. Only segment types the adapter declared in accept_format are sent.
+    group message names the group in group_info and the bot itself in user_info, as MaiBot's core does
+    (the NapCat adapter sends to a group only when both are present, and drops the message otherwise).
+    Only segment types the adapter declared in accept_format are sent.
     """
     accept = set(accept_format) if accept_format else None
     segments, error = _adapter_segments(list(message.segments), accept)
@@ -106,6 +109,12 @@ def adapter_envelope(
             "platform": session.platform,
             "group_id": wire_id(session.group_id),
             "group_name": session.group_name,
+        }
+        info["user_info"] = {
+            "platform": session.platform,
+            "user_id": wire_id(bot_account(session.platform)),
+            "user_nickname": get_config().bot.nickname,
+            "user_cardname": "",
         }
     info["additional_config"] = {}
     # A lone command goes out as the top-level segment, as adapters expect it.

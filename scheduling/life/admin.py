@@ -38,9 +38,10 @@ from scheduling.life.timers import (
     timer_update,
 )
 
+# Each timer state in the colour of the fate it resembles.
 TIMER_COLOURS = {
     TimerStatus.ACTIVE: "pending",
-    TimerStatus.DONE: "sent",
+    TimerStatus.DONE: "delivered",
     TimerStatus.CANCELLED: "cancelled",
     TimerStatus.FAILED: "failed",
 }

@@ -21,9 +21,9 @@ from ninja.security import HttpBearer
 from ninja.throttling import BaseThrottle
 from pydantic import ConfigDict, field_validator
 
+from chat.fate import Fate
 from chat.models import ApiToken, ChatType
 from maibot.text import text_problem
-from scheduling.models import ScheduledStatus
 from scheduling.proactive.access import api_token_authenticate, idempotent_call, rate_limit_hit, request_fingerprint
 from scheduling.proactive.errors import ApiError, ApiErrorCode
 from scheduling.proactive.routing import (
@@ -34,6 +34,7 @@ from scheduling.proactive.routing import (
     proactive_message_cancel,
     proactive_message_create,
     proactive_message_get,
+    proactive_messages_as_dicts,
     proactive_messages_list,
 )
 
@@ -210,15 +211,31 @@ class ContentOut(Schema):
 
 class DeliveryOut(Schema):
     message_id: str = Field(description="The outbound chat message's id (message_info.message_id on the wire).")
-    status: Literal["pending", "sending", "sent", "failed"] = Field(description="Handed to the adapter yet?")
-    delivered_at: datetime | None
+    status: Literal["pending", "sending", "sent", "delivered", "unconfirmed", "failed"] = Field(
+        description="pending (in the outbox) → sending → sent (handed to the adapter) → delivered (the platform "
+        "confirmed it) | unconfirmed (no confirmation after every attempt); failed: not delivered, `error` says why "
+        "(`delivery_interrupted`: the server stopped mid-send and it was not sent again)"
+    )
+    sent_at: datetime | None = Field(description="When it was last handed to the adapter.")
+    delivered_at: datetime | None = Field(description="When the platform confirmed it (the adapter's echo).")
     platform_message_id: str | None = Field(description="The platform's id, once the adapter echoed it.")
     error: str | None
 
 
+STATUS_DESCRIPTION = (
+    "What became of the message, from its outbound message's delivery once it is written: "
+    "`pending` (waiting for send_at; may be cancelled) | `cancelled` | "
+    "`sending` (being delivered: in the outbox, or being handed to the adapter) → "
+    "`sent` (handed to the adapter, awaiting the platform's confirmation; final for a platform whose adapter "
+    "never confirms) → `delivered` (the platform confirmed it) | `unconfirmed` (no confirmation after every "
+    "attempt) | `failed` (not delivered: `failure_reason` says why). `delivery.status` is the outbound message's "
+    "own state."
+)
+
+
 class MessageOut(Schema):
     id: str
-    status: ScheduledStatus = Field(description="pending → sending → sent | failed | cancelled")
+    status: Fate = Field(description=STATUS_DESCRIPTION)
     origin: str
     conversation: ConversationOut
     content: ContentOut
@@ -383,7 +400,7 @@ def message_detail(request: HttpRequest, message_id: MessageId):
 
 
 class MessageFilters(InputSchema):
-    status: ScheduledStatus | None = None
+    status: Fate | None = Field(None, description="Messages with this status (see MessageOut.status).")
     conversation_id: str | None = Field(None, max_length=128)
     origin: Origin | None = None
     created_after: datetime | None = None
@@ -397,9 +414,9 @@ class PageParams(InputSchema):
     offset: int = Field(0, ge=0, le=1_000_000)
 
 
-def _page(qs, page: PageParams, render) -> dict[str, Any]:
+def _page(qs, page: PageParams, render_all) -> dict[str, Any]:
     count = qs.count()
-    items = [render(x) for x in qs[page.offset : page.offset + page.limit]]
+    items = render_all(list(qs[page.offset : page.offset + page.limit]))
     nxt = page.offset + page.limit
     return {
         "count": count,
@@ -413,7 +430,7 @@ def _page(qs, page: PageParams, render) -> dict[str, Any]:
 @api.get("/messages", response={200: MessagePage, **ERRORS}, summary="Proactive messages, newest first")
 def message_list(request: HttpRequest, filters: Query[MessageFilters], page: Query[PageParams]):
     qs = proactive_messages_list(token=request.auth, **filters.model_dump())
-    return Status(200, _page(qs, page, proactive_message_as_dict))
+    return Status(200, _page(qs, page, proactive_messages_as_dicts))
 
 
 @api.post("/messages/{message_id}/cancel", response={200: MessageOut, **ERRORS}, summary="Cancel a pending message")
@@ -445,4 +462,4 @@ class ConversationFilters(InputSchema):
 @api.get("/conversations", response={200: ConversationPage, **ERRORS}, summary="Find a conversation id")
 def conversation_list(request: HttpRequest, filters: Query[ConversationFilters], page: Query[PageParams]):
     qs = conversations_list(token=request.auth, **filters.model_dump())
-    return Status(200, _page(qs, page, conversation_as_dict))
+    return Status(200, _page(qs, page, lambda sessions: [conversation_as_dict(s) for s in sessions]))

@@ -8,11 +8,11 @@ Routing: a request names its conversation by exactly one anchor:
 No anchor → missing_anchor; two anchors (or `channel_type` beside `conversation_id`) → conflicting_anchor.
 
 Every proactive message is a scheduling.ScheduledMessage (created_via api, its token, its origin),
-so it has one lifecycle (pending → sending → sent | failed | cancelled) whether it goes out now or
-later. "Now" is a row due at once that this process claims and delivers itself, in the request,
-with the dispatcher's own claim and finish; later ones are delivered by the dispatcher in qcluster.
-Either way the outbound chat Message has source_kind `proactive`, and its delivery_status says
-whether the adapter got it.
+so it has one lifecycle whether it goes out now or later. "Now" is a row due at once that this process
+claims and delivers itself, in the request, with the dispatcher's own claim and finish; later ones are
+delivered by the dispatcher in qcluster. Either way the outbound chat Message has source_kind
+`proactive`, and the status the API shows is its fate (chat.fate): pending | cancelled before it is
+written; then sending → sent (handed to the adapter) → delivered | unconfirmed, or failed.
 
 Content types:
   * `text`: plain or markdown. QQ renders no markdown, so markdown is sent as written (the adapter
@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 from django.db.models import QuerySet
 
+from chat.fate import NEEDS_ATTENTION, sender_fate, sender_fate_q
 from chat.media import MediaError, decode_base64, media_store, sniff_mime
 from chat.models import ApiScope, ApiToken, ChatSession, ChatType, Media, make_session_id
 from chat.services import session_get_or_create
@@ -383,7 +384,7 @@ def proactive_messages_list(
 ) -> QuerySet[ScheduledMessage]:
     qs = proactive_messages().filter(token_readable(token))
     if status:
-        qs = qs.filter(status=status)
+        qs = qs.filter(sender_fate_q("sent_message", "status", [status]))
     if conversation_id:
         qs = qs.filter(session__session_id=conversation_id)
     if origin:
@@ -454,24 +455,42 @@ def _public_segment(seg: dict[str, Any], sizes: dict[str, int]) -> dict[str, Any
     return {"type": seg.get("type"), "data": data}
 
 
-def proactive_message_as_dict(task: ScheduledMessage) -> dict[str, Any]:
-    """The API's view of a proactive message: its lifecycle and the delivery of what it sent."""
-    created = next((e for e in task.history if e.get("event") == "created"), {})
-    media = created.get("media") or []
-    sizes = dict(Media.objects.filter(sha256__in=media, kind="image").values_list("sha256", "size")) if media else {}
+def _created(task: ScheduledMessage) -> dict[str, Any]:
+    return next((e for e in task.history if e.get("event") == "created"), {})
+
+
+def image_sizes(tasks: list[ScheduledMessage]) -> dict[str, int]:
+    """The stored sizes of the images these messages carry: one query for a whole page."""
+    media = {sha for task in tasks for sha in _created(task).get("media") or []}
+    return dict(Media.objects.filter(sha256__in=media, kind="image").values_list("sha256", "size")) if media else {}
+
+
+def proactive_messages_as_dicts(tasks: list[ScheduledMessage]) -> list[dict[str, Any]]:
+    sizes = image_sizes(tasks)
+    return [proactive_message_as_dict(task, sizes=sizes) for task in tasks]
+
+
+def proactive_message_as_dict(task: ScheduledMessage, *, sizes: dict[str, int] | None = None) -> dict[str, Any]:
+    """The API's view of a proactive message: its fate and the delivery of what it sent."""
+    created = _created(task)
+    if sizes is None:
+        sizes = image_sizes([task])
     message = task.sent_message
+    fate = sender_fate(task.status, message)
+    failure = task.last_error or (message.delivery_error if message is not None and fate in NEEDS_ATTENTION else "")
     delivery = None
     if message is not None:
         delivery = {
             "message_id": str(message.uid),
             "status": message.delivery_status,
+            "sent_at": _local(message.sent_at),
             "delivered_at": _local(message.delivered_at),
             "platform_message_id": message.platform_message_id or None,
             "error": message.delivery_error or None,
         }
     return {
         "id": task.pk,
-        "status": task.status,
+        "status": str(fate),
         "origin": task.origin,
         "conversation": conversation_as_dict(task.session),
         "content": {
@@ -485,7 +504,7 @@ def proactive_message_as_dict(task: ScheduledMessage) -> dict[str, Any]:
         "sent_at": _local(task.sent_at),
         "cancelled_at": _local(task.cancelled_at),
         "cancel_reason": task.cancel_reason or None,
-        "failure_reason": task.last_error or None,
+        "failure_reason": failure or None,
         "attempts": task.attempts,
         "delivery": delivery,
     }

@@ -1,3 +1,27 @@
 """Fixtures for tests/chat (each area keeps its fixtures in its own support module)."""
 
+import asyncio
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from chat.gateway import close_old_connection, get_gateway
 from tests.chat.api_support import api, token_pair  # noqa: F401
+from tests.chat.gateway_helpers import TOKEN
+
+
+@pytest.fixture
+async def app(settings):
+    """The project's ASGI application; afterwards the gateway's tasks and threads are released, and any
+    session runtime an inbound message started on this test's loop is stopped."""
+    settings.MAIBOT_ADAPTER_TOKENS = [TOKEN]
+    from maibot.asgi import application
+
+    yield application
+    from chat.runtime import registry
+
+    if registry.loop is asyncio.get_running_loop():
+        await registry.shutdown()
+    await get_gateway().aclose()
+    # Sync receivers and helpers ran in asgiref's shared thread: release its connection too.
+    await sync_to_async(close_old_connection)()

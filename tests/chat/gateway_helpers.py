@@ -9,7 +9,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from channels.testing import WebsocketCommunicator
+
 from tests.conftest import wait_for_async
+
+# The adapter token the in-process `app` fixture (tests/chat/conftest.py) admits.
+TOKEN = "in-process-token"
+# Under a loaded machine the gateway's first call (starting its tasks) can take more than the
+# communicator's default second.
+TIMEOUT = 10
 
 ACCEPT = ["text", "image", "emoji", "reply", "voice", "command", "voiceurl", "music", "videourl", "file"]
 
@@ -51,6 +59,14 @@ def envelope(
     )
     top = Seg("seglist", [seg(s) for s in segs])
     return MessageBase(message_info=info, message_segment=top, raw_message=text).to_dict()
+
+
+def adapter(application, *, token: str | None = TOKEN, platform: str = "qq") -> WebsocketCommunicator:
+    """A 0.6.x adapter's socket: the two headers maim_message sends."""
+    headers = [(b"platform", platform.encode())]
+    if token is not None:
+        headers.append((b"authorization", token.encode()))
+    return WebsocketCommunicator(application, "/ws", headers=headers)
 
 
 class Adapter06:

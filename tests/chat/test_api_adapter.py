@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from chat.fate import SENDER_FATE
 from chat.models import Message
 from scheduling.proactive.access import api_token_create
 from tests.chat.api_support import png_base64, png_bytes
@@ -33,14 +34,16 @@ async def test_adapter_receives_immediate_and_scheduled_api_messages(start_serve
     auth = {"Authorization": f"Bearer {raw}"}
     adapter = await Adapter06(base, token=ADAPTER_TOKEN).start()
     try:
-        # Sent now: the 201 already says it is in the outbox; the adapter gets the frame.
+        # Sent now: the 201 comes once it is in the outbox (the deliverer may already have handed it to
+        # the adapter); the adapter gets the frame.
         status, _, now_msg = await api_call(
             "POST",
             f"{base}/api/v1/messages",
             {"channel_type": "qq", "channel_user_id": "10001", "text": "现在提醒 now"},
             auth,
         )
-        assert status == 201 and now_msg["status"] == "sent", now_msg
+        assert status == 201 and now_msg["status"] in {"sending", "sent"}, now_msg
+        assert now_msg["status"] == SENDER_FATE[now_msg["delivery"]["status"]], now_msg
         frame = await adapter.next_message()
         assert frame["message_info"]["message_id"] == now_msg["delivery"]["message_id"]
         assert str(frame["message_info"]["user_info"]["user_id"]) == "10001"
@@ -59,7 +62,8 @@ async def test_adapter_receives_immediate_and_scheduled_api_messages(start_serve
             return seen
 
         detail = await delivered(now_msg["id"], "987654321")
-        assert detail["delivery"]["status"] == "sent" and detail["delivery"]["delivered_at"]
+        assert detail["status"] == detail["delivery"]["status"] == "delivered" and detail["delivery"]["delivered_at"]
+        assert detail["delivery"]["sent_at"] <= detail["delivery"]["delivered_at"]
 
         # Scheduled 2 s ahead, with an image: the cluster's dispatcher sends it, the gateway delivers it.
         send_at = timezone.now() + timedelta(seconds=2)
@@ -82,7 +86,7 @@ async def test_adapter_receives_immediate_and_scheduled_api_messages(start_serve
         assert segments[1]["type"] == "image" and base64.b64decode(segments[1]["data"]) == png_bytes()
         await adapter.echo(frame["message_info"]["message_id"], 987654322)
         detail = await delivered(later["id"], "987654322")
-        assert detail["status"] == "sent" and detail["delivery"]["status"] == "sent"
+        assert detail["status"] == "delivered" and detail["delivery"]["status"] == "delivered"
         kinds = await wait_for_async(
             lambda: list(Message.objects.filter(direction="out").values_list("source_kind", flat=True)),
             what="outbound history",

@@ -28,7 +28,8 @@ def test_send_now_by_conversation_id_goes_to_the_outbox_as_a_proactive_message(a
     resp = api.post("/messages", {"conversation_id": session.session_id, "text": "你好, hello"})
     assert resp.status_code == 201, resp.content
     body = resp.json()
-    assert body["status"] == "sent"
+    # Written to the outbox, not yet handed to an adapter (none is connected): on its way.
+    assert body["status"] == "sending"
     assert body["origin"] == "api"
     assert body["conversation"]["conversation_id"] == session.session_id
     assert body["content"] == {"type": "text", "format": "plain", "text": "你好, hello", "segments": []}
@@ -346,7 +347,7 @@ def test_scheduled_message_is_pending_then_delivered_by_the_dispatcher_as_proact
     report = deliver_due(now=send_at + timedelta(seconds=1))
     assert report.sent == 1
     detail = api.get(f"/messages/{body['id']}").json()
-    assert detail["status"] == "sent"
+    assert detail["status"] == "sending"  # in the outbox: no adapter has taken it
     assert detail["delivery"]["status"] == "pending"
     assert Message.objects.get().source_kind == "proactive"
 
@@ -365,7 +366,7 @@ def test_cancel_pending_only_with_reason(api, make_session):
     sent_id = api.post("/messages", {"conversation_id": session.session_id, "text": "now"}).json()["id"]
     resp = api.post(f"/messages/{sent_id}/cancel")
     assert resp.status_code == 409 and resp.json()["code"] == "not_pending"
-    assert api.get(f"/messages/{sent_id}").json()["status"] == "sent"
+    assert api.get(f"/messages/{sent_id}").json()["status"] == "sending"
     assert deliver_due(now=timezone.now() + timedelta(hours=2)).sent == 0
 
 

@@ -5,13 +5,11 @@ and the real maim_message clients are in test_gateway_mm06.py / test_gateway_mm0
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import uuid
 
 import pytest
-from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 from django.db import connection
@@ -19,48 +17,17 @@ from django.test.utils import CaptureQueriesContext
 
 from chat.consumers import ChatPageConsumer
 from chat.delivery_errors import DeliveryError
-from chat.gateway import close_old_connection, get_gateway
 from chat.ingest import InboundItem, inbound_messages_store
 from chat.models import AdapterConnection, ChatSession, DeliveryStatus, Message
 from chat.outbox import outbox_claim, outbox_finish, outbox_sweep
 from chat.services import Outbound, message_send, messages_send, session_get_or_create
 from chat.wire.inbound import parse_envelope
 from maibot.config import BotConfig, set_config
-from tests.chat.gateway_helpers import envelope
+from tests.chat.gateway_helpers import TIMEOUT, adapter, envelope
 from tests.conftest import db, wait_for_async
 
 # The gateway stores and delivers on threads of its own: they must see the test's rows committed.
 pytestmark = pytest.mark.django_db(transaction=True)
-
-TOKEN = "in-process-token"
-# Under a loaded machine the gateway's first call (starting its tasks) can take more than the
-# communicator's default second.
-TIMEOUT = 10
-
-
-@pytest.fixture
-async def app(settings):
-    """The project's ASGI application; afterwards the gateway's tasks and threads are released, and any
-    session runtime an inbound message started on this test's loop is stopped."""
-    settings.MAIBOT_ADAPTER_TOKENS = [TOKEN]
-    from maibot.asgi import application
-
-    yield application
-    from chat.runtime import registry
-
-    if registry.loop is asyncio.get_running_loop():
-        await registry.shutdown()
-    await get_gateway().aclose()
-    # Sync receivers and helpers ran in asgiref's shared thread: release its connection too.
-    await sync_to_async(close_old_connection)()
-
-
-def adapter(application, *, token: str | None = TOKEN, platform: str = "qq") -> WebsocketCommunicator:
-    """A 0.6.x adapter's socket: the two headers maim_message sends."""
-    headers = [(b"platform", platform.encode())]
-    if token is not None:
-        headers.append((b"authorization", token.encode()))
-    return WebsocketCommunicator(application, "/ws", headers=headers)
 
 
 async def _connected(application) -> WebsocketCommunicator:
@@ -129,7 +96,7 @@ async def test_a_reply_goes_out_as_the_exact_text_frame_adapters_expect(app):
         .replace("TIME", repr(out.time.timestamp()))
     )
     assert text == expected
-    assert sent.delivered_at is not None
+    assert sent.sent_at is not None and sent.delivered_at is None
 
 
 @pytest.mark.parametrize("token", ["wrong", None])

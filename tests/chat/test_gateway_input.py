@@ -16,18 +16,17 @@ from chat.gateway import adapter_auth_problem
 from chat.models import ChatSession, DeliveryStatus, Media, Message
 from chat.services import message_send
 from tests.chat.gateway_helpers import Adapter06, RawSocket, envelope, write_bot_config
-from tests.conftest import db, wait_for_async
+from tests.conftest import SHARED_ADAPTER_TOKENS, db, wait_for_async
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
-TOKEN = "input-token"
+TOKEN = SHARED_ADAPTER_TOKENS[0]
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00\x01\x02fake image payload" * 20
 
 
 @pytest.fixture
-def live(start_server):
-    proc, base = start_server(MAIBOT_ADAPTER_TOKENS=TOKEN)
-    return proc, base
+def live(shared_server):
+    return shared_server
 
 
 async def _stored_texts() -> list[str]:
@@ -99,7 +98,7 @@ async def test_lenient_envelopes_nulls_string_ids_nesting_and_unknown_segments_a
     assert msg.segments[3] == {"type": "brand_new_type", "data": {"anything": [1, 2]}}
     assert msg.text == "@<Alice:10001> 看这个 nested[face][notify][brand_new_type]"
     session = await db(lambda: ChatSession.objects.get(pk=msg.session_id))
-    assert (session.chat_type, session.group_id, session.user_id) == ("group", "g-1", "u-77")
+    assert (session.chat_type, session.group_id, session.user_id, msg.sender_id) == ("group", "g-1", "", "u-77")
 
 
 async def test_media_is_stored_once_and_messages_reference_it(live):

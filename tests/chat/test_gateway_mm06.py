@@ -13,17 +13,16 @@ from django.conf import settings
 from chat.models import AdapterConnection, ChatSession, CommandResponse, DeliveryStatus, Media, Message
 from chat.services import Outbound, message_send, messages_send
 from tests.chat.gateway_helpers import Adapter06, RawSocket, envelope
-from tests.conftest import db, wait_for_async
+from tests.conftest import SHARED_ADAPTER_TOKENS, db, wait_for_async
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
-TOKEN = "adapter-secret-1"
+TOKEN = SHARED_ADAPTER_TOKENS[0]
 
 
 @pytest.fixture
-def server(start_server):
-    _, base = start_server(MAIBOT_ADAPTER_TOKENS=f"{TOKEN},another-token")
-    return base
+def server(shared_server):
+    return shared_server[1]
 
 
 async def test_private_text_is_stored_and_reply_goes_out_with_receipt(server):
@@ -60,13 +59,14 @@ async def test_private_text_is_stored_and_reply_goes_out_with_receipt(server):
         sent = await wait_for_async(
             lambda: Message.objects.filter(pk=out.pk, delivery_status=DeliveryStatus.SENT).first(), what="sent"
         )
-        assert sent.delivered_at is not None
+        assert sent.sent_at is not None and sent.delivered_at is None
 
         await adapter.echo(str(out.uid), 987654321)
-        await wait_for_async(
-            lambda: Message.objects.filter(pk=out.pk, platform_message_id="987654321").exists(),
+        delivered = await wait_for_async(
+            lambda: Message.objects.filter(pk=out.pk, platform_message_id="987654321").first(),
             what="the echo receipt recorded",
         )
+        assert delivered.delivery_status == DeliveryStatus.DELIVERED and delivered.delivered_at >= delivered.sent_at
         await adapter.router.send_custom_message(
             "qq", "command_response", {"command_name": "GROUP_BAN", "success": True, "timestamp": 1.0}
         )
@@ -74,9 +74,13 @@ async def test_private_text_is_stored_and_reply_goes_out_with_receipt(server):
             lambda: CommandResponse.objects.filter(platform="qq").first(), what="command response"
         )
         assert resp.command_name == "GROUP_BAN" and resp.success
-        record = await db(lambda: AdapterConnection.objects.filter(platform="qq").first())
+        record = await wait_for_async(
+            lambda: next(
+                (r for r in AdapterConnection.objects.filter(platform="qq") if "reply" in r.accept_format), None
+            ),
+            what="the connection record shows the accept_format",
+        )
         assert record.protocol == "ws" and record.disconnected_at is None
-        assert "reply" in record.accept_format
     finally:
         await adapter.stop()
     await wait_for_async(
@@ -86,22 +90,42 @@ async def test_private_text_is_stored_and_reply_goes_out_with_receipt(server):
 
 
 async def test_group_message_creates_group_session_and_reply_names_the_group(server):
+    from maim_message import MessageBase
+
     adapter = await Adapter06(server, token=TOKEN).start()
     try:
-        await adapter.send(envelope(user_id="20002", nickname="Bob", group_id=555, group_name="g", text="大家好"))
-        stored = await wait_for_async(lambda: Message.objects.filter(direction="in").first(), what="stored")
-        session = await db(lambda: ChatSession.objects.get(pk=stored.session_id))
-        assert (session.chat_type, session.group_id, session.group_name, session.user_id) == (
+        first = envelope(user_id="20002", nickname="Bob", group_id=555, group_name="g", text="大家好")
+        # This adapter names the receiver: the bot's own account, which the server learns.
+        first["message_info"]["receiver_info"] = {"user_info": {"platform": "qq", "user_id": 3355}}
+        await adapter.send(first)
+        await adapter.send(envelope(user_id="20003", nickname="Carol", group_id=555, group_name="g", text="hi"))
+        stored = await wait_for_async(
+            lambda: (
+                list(Message.objects.filter(direction="in").order_by("pk")) if Message.objects.count() == 2 else None
+            ),
+            what="both stored",
+        )
+        session = await db(lambda: ChatSession.objects.get(pk=stored[0].session_id))
+        assert stored[1].session_id == session.pk
+        # The group is the session; who spoke is on each message.
+        assert (session.chat_type, session.group_id, session.group_name, session.user_id, session.user_nickname) == (
             "group",
             "555",
             "g",
-            "20002",
+            "",
+            "",
         )
-        assert stored.sender_id == "20002" and stored.sender_nickname == "Bob"
+        assert [(m.sender_id, m.sender_nickname) for m in stored] == [("20002", "Bob"), ("20003", "Carol")]
         out = await db(message_send, session=session, source_kind="reply", text="hello group")
         frame = await adapter.next_message()
-        assert frame["message_info"]["group_info"] == {"platform": "qq", "group_id": 555, "group_name": "g"}
-        assert frame["message_info"]["message_id"] == str(out.uid)
+        info = frame["message_info"]
+        assert info["group_info"] == {"platform": "qq", "group_id": 555, "group_name": "g"}
+        # The bot itself in user_info, as MaiBot's core sends it: the NapCat adapter sends to the group only
+        # when both are present (`if group_info and user_info`), and drops the message otherwise.
+        assert info["user_info"] == {"platform": "qq", "user_id": 3355, "user_nickname": "麦麦", "user_cardname": ""}
+        assert info["message_id"] == str(out.uid)
+        parsed = MessageBase.from_dict(frame).message_info
+        assert parsed.group_info and parsed.user_info and parsed.group_info.group_id == 555
     finally:
         await adapter.stop()
 
@@ -176,12 +200,15 @@ async def test_with_redis_a_send_from_another_process_is_delivered_at_once(serve
 
 async def test_outbound_follows_the_adapters_accept_format_and_inlines_media(server, make_session):
     png = b"\x89PNG\r\n\x1a\n" + b"outbound image" * 10
-    adapter = await Adapter06(server, token=TOKEN).start()
+    # A platform of its own: the server keeps a platform's accept_format across connections.
+    adapter = await Adapter06(server, platform="narrow", token=TOKEN).start()
     try:
         # This adapter cannot quote and takes no voice: it says so in its messages' format_info. Its
         # image is stored by the server; the bot sends it back by reference.
         image_seg = {"type": "image", "data": base64.b64encode(png).decode()}
-        await adapter.send(envelope(user_id=70007, segments=[image_seg], accept_format=["text", "image"]))
+        await adapter.send(
+            envelope(platform="narrow", user_id=70007, segments=[image_seg], accept_format=["text", "image"])
+        )
         stored = await wait_for_async(lambda: Message.objects.filter(direction="in").first())
         session = await db(lambda: ChatSession.objects.get(pk=stored.session_id))
         media = await db(lambda: Media.objects.get(kind="image"))

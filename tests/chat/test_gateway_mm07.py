@@ -7,20 +7,19 @@ import pytest
 from chat.models import AdapterConnection, ChatSession, DeliveryStatus, Message
 from chat.services import message_send
 from tests.chat.gateway_helpers import MM07_PYTHON, Adapter07, RawSocket, envelope
-from tests.conftest import db, wait_for_async
+from tests.conftest import SHARED_ADAPTER_TOKENS, db, wait_for_async
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
-TOKEN = "adapter-secret-07"
+TOKEN = SHARED_ADAPTER_TOKENS[0]
 
 
 @pytest.fixture
-def server(start_server):
+def server(shared_server):
     # `make test` builds the 0.7.x client's environment; without it these tests fail, never skip.
     if not MM07_PYTHON.exists():
         pytest.fail(f"{MM07_PYTHON} is missing: run `make venv-mm07`")
-    _, base = start_server(MAIBOT_ADAPTER_TOKENS=TOKEN)
-    return base
+    return shared_server[1]
 
 
 async def test_socketio_client_round_trip_private_and_group(server):

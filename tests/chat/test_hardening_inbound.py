@@ -23,7 +23,7 @@ from chat.wire.inbound import EnvelopeError, parse_custom, parse_envelope
 from maibot import config
 from maibot.asgi import application
 from tests.chat.gateway_helpers import Adapter06, RawSocket, envelope
-from tests.conftest import wait_for
+from tests.conftest import SHARED_ADAPTER_TOKENS, wait_for
 
 # --- the offline planner ---------------------------------------------------------------------------
 
@@ -215,7 +215,7 @@ async def test_the_offline_planner_answers_impossible_times_to_a_real_adapter(sh
     """The red-team's four messages, each from its own person, through the real 0.6.8 client: each one
     gets an answer saying the time cannot be read (before: no reply and an empty cycle)."""
     _, base = shared_server
-    adapter = await Adapter06(base).start()
+    adapter = await Adapter06(base, token=SHARED_ADAPTER_TOKENS[0]).start()
     texts = [
         "/schedule 十十分钟后 喝水",
         "提醒我99999999999天后喝水",

@@ -34,10 +34,10 @@ def recorded(transactional_db, make_session):
     return cycle
 
 
-async def test_usage_chart_and_cycle_page_in_a_browser(start_server, recorded):
+async def test_usage_chart_and_cycle_page_in_a_browser(shared_server, recorded):
     from playwright.async_api import async_playwright, expect
 
-    _, base = start_server()
+    _, base = shared_server
     foreign = []
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=require_chromium(), args=CHROMIUM_ARGS)

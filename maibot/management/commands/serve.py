@@ -22,6 +22,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from maibot import logdb
+from maibot.config import get_config
 
 logger = logging.getLogger("maibot.serve")
 
@@ -36,6 +37,43 @@ DAPHNE_OPTIONS = [
     "-1",
 ]
 ASGI_APPLICATION = "maibot.asgi:application"
+# daphne looks at its websockets every 2 s (Server.timeout_checker) and autobahn fires its ping timeouts
+# in 0.2 s buckets.
+DAPHNE_CHECK_SECONDS = 2.0
+DAPHNE_TIMER_SLACK = 0.2
+
+
+def keepalive_options(keepalive_seconds: float) -> list[str]:
+    """daphne's ping options so that a dead or frozen peer is dropped within `keepalive_seconds`.
+
+    What they do (daphne 4.2, autobahn): each 2 s daphne pings every websocket that sent nothing for
+    `--ping-interval` seconds (it counts a ping sent as activity too); autobahn drops the connection
+    (abort) when that ping's pong has not come within `--ping-timeout`. So a peer that froze right after
+    its last frame is dropped at most interval + 2 s + timeout + 0.2 s later. The timeout stays shorter
+    than the interval: autobahn does not cancel a ping's timeout when it sends the next ping, so a
+    second ping before the first one's timeout would drop a live peer whose answer came to the first.
+    Both are whole seconds (daphne's command line takes integers).
+    """
+    timeout = max(1, int((keepalive_seconds - 1 - DAPHNE_CHECK_SECONDS - DAPHNE_TIMER_SLACK) / 2))
+    return ["--ping-interval", str(timeout + 1), "--ping-timeout", str(timeout)]
+
+
+def daphne_argv(host: str, port: int, *, keepalive_seconds: float) -> list[str]:
+    """The command line of the ASGI server, as `serve` runs it (tests and benchmarks run the same)."""
+    return [
+        sys.executable,
+        "-m",
+        "daphne",
+        "-b",
+        host,
+        "-p",
+        str(port),
+        *DAPHNE_OPTIONS,
+        *keepalive_options(keepalive_seconds),
+        ASGI_APPLICATION,
+    ]
+
+
 STOP_GRACE_SECONDS = 30.0
 BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0
 STABLE_AFTER_SECONDS = 60.0  # a child that ran this long starts its next backoff from the beginning
@@ -90,7 +128,7 @@ class Command(BaseCommand):
         # The supervisor's own lines (restarts) go to the console's log like the children's.
         logdb.activate("supervisor")
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
-        daphne = [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), *DAPHNE_OPTIONS, ASGI_APPLICATION]
+        daphne = daphne_argv(host, port, keepalive_seconds=get_config().gateway.keepalive_seconds)
         children = [Child("web", daphne), Child("cluster", [*manage, "qcluster"])]
         for child in children:
             child.start()
