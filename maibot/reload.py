@@ -282,7 +282,7 @@ class ConfigWatcher:
                 step=self.debounce_ms,
                 debounce=max(self.debounce_ms * 10, 1600),
                 stop_event=self._stop,
-                rust_timeout=1000,
+                rust_timeout=200,  # also how soon start() knows it is watching
                 yield_on_timeout=True,
                 raise_interrupt=False,
                 recursive=False,

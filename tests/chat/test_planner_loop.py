@@ -66,12 +66,13 @@ async def test_ping_costs_one_llm_call_and_leaves_a_pending_reply(fake_llm, runt
 
 
 async def test_reminder_is_scheduled_confirmed_and_later_delivered_without_the_model(fake_llm, runtimes, private):
-    send_at = (timezone.now() + timedelta(seconds=3)).isoformat()
+    due = (timezone.now() + timedelta(minutes=1)).replace(microsecond=0)
+    send_at = due.isoformat()
     fake_llm.script(
         fake_llm.tool_call("schedule_private_message", {"send_at": send_at, "message_text": "drink water 喝水"}),
-        fake_llm.tool_call("reply", {"text": "OK, in 3 seconds."}),
+        fake_llm.tool_call("reply", {"text": "OK, in a minute."}),
     )
-    await say(private, "remind me in 3 seconds to drink water")
+    await say(private, "remind me in a minute to drink water")
     [cycle] = await finished_cycles(private)
     assert cycle.action == "reply"
     [schedule, _reply] = [r async for r in ToolCallRecord.objects.filter(cycle=cycle).order_by("id")]
@@ -81,15 +82,14 @@ async def test_reminder_is_scheduled_confirmed_and_later_delivered_without_the_m
     tool_message = fake_llm.requests[1]["messages"][-1]
     assert tool_message["role"] == "tool" and tool_message["tool_call_id"] == schedule.tool_call_id
     assert json.loads(tool_message["content"])["task_id"] == task.pk
-    assert [m.text for m in await outbound(private)] == ["OK, in 3 seconds."]
+    assert [m.text for m in await outbound(private)] == ["OK, in a minute."]
 
     calls_before = len(fake_llm.requests)
 
-    async def delivered():
-        await sync_to_async(deliver_due)()
-        return await ScheduledMessage.objects.filter(pk=task.pk, status=ScheduledStatus.SENT).aexists()
-
-    await wait_for_async(delivered, timeout=30, what="the scheduled message to be sent")
+    # The dispatcher's rounds with an injected clock: a second early, nothing; at its time, sent.
+    assert (await sync_to_async(deliver_due)(due - timedelta(seconds=1))).claimed == 0
+    assert (await sync_to_async(deliver_due)(due)).claimed == 1
+    assert await ScheduledMessage.objects.filter(pk=task.pk, status=ScheduledStatus.SENT).aexists()
     sent = (await outbound(private))[-1]
     assert (sent.text, sent.source_kind) == ("drink water 喝水", SourceKind.SCHEDULED_SEND)
     await settled(runtimes, private)
@@ -104,7 +104,7 @@ async def test_reminder_is_scheduled_confirmed_and_later_delivered_without_the_m
 
 async def test_message_during_thinking_discards_the_stale_plan_and_replans(fake_llm, runtimes, private):
     fake_llm.script(
-        fake_llm.delay(1.5, fake_llm.tool_call("reply", {"text": "stale answer"})),
+        fake_llm.delay(1.0, fake_llm.tool_call("reply", {"text": "stale answer"})),
         fake_llm.tool_call("reply", {"text": "fresh answer"}),
     )
     await say(private, "first")
@@ -156,8 +156,8 @@ async def test_llm_500_is_recorded_nothing_is_sent_and_the_loop_goes_on(fake_llm
 
 
 async def test_llm_timeout_is_recorded_and_nothing_is_sent(fake_llm, runtimes, private):
-    fake_llm.script(fake_llm.delay(3, fake_llm.tool_call("reply", {"text": "too late"})))
-    with config.override(llm={"timeout": 0.5}):
+    fake_llm.script(fake_llm.delay(1.2, fake_llm.tool_call("reply", {"text": "too late"})))
+    with config.override(llm={"timeout": 0.4}):
         await say(private, "are you there")
         [cycle] = await finished_cycles(private)
     assert cycle.action == "error" and "timeout" in cycle.error

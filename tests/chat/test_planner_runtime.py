@@ -119,7 +119,7 @@ async def test_idle_runtime_is_evicted_and_restarts_on_the_next_message(fake_llm
 
 async def test_shutdown_mid_cycle_records_the_cut_cycle_and_sends_nothing(fake_llm, runtimes, make_session):
     session = await sync_to_async(make_session)()
-    fake_llm.script(fake_llm.delay(3, fake_llm.tool_call("reply", {"text": "never"})))
+    fake_llm.script(fake_llm.delay(1.0, fake_llm.tool_call("reply", {"text": "never"})))
     await say(session, "think hard")
 
     async def asked():
