@@ -57,6 +57,22 @@ def pytest_collection_modifyitems(config, items) -> None:
     items.sort(key=tier)
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker) -> Iterator[None]:
+    """pytest-django's test database, dropped cleanly at the end on PostgreSQL too: worker threads of
+    this process (the outbox's executor, sync_to_async's pool) still hold connections of their own, which
+    would make the DROP fail ("being accessed by other users") and leave the database behind."""
+    yield
+    with django_db_blocker.unblock():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            connection.close()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def no_console_services_in_test_process(django_test_environment) -> None:
     """The test process never starts the config watcher, log writer or heartbeat by importing
