@@ -228,8 +228,12 @@ def outbox_finish(
             next_attempt_at=deadline,
         )
     if released:
+        # Claimed but not handed over: the claim's attempt did not happen.
         held.filter(id__in=list(released)).update(
-            delivery_status=DeliveryStatus.PENDING, delivery_claim="", delivery_lease_until=None
+            delivery_status=DeliveryStatus.PENDING,
+            delivery_claim="",
+            delivery_lease_until=None,
+            delivery_attempts=F("delivery_attempts") - 1,
         )
     for message_id, error in failed.items():
         held.filter(id=message_id).update(

@@ -32,6 +32,9 @@ class Connection:
     # whether an echo came over it since (or since it last missed a confirm deadline), and the one row
     # handed to it meanwhile.
     opened_at: datetime | None = None
+    # Set once the connection is recorded and the platform's echo history read: until then the
+    # gateway does not know whether it is gated, so nothing is handed to it.
+    ready: bool = False
     proven: bool = False
     probe_id: int | None = None
 

@@ -164,6 +164,7 @@ class Gateway(outbox.Sink):
             layer = get_channel_layer()
             for other_id, channel in opened.elsewhere:
                 await layer.send(channel, {"type": "gateway.close", "record_id": other_id})
+        conn.ready = True
         if conn.platform in self.echoing and not conn.proven:
             logger.info("adapter %r connected: one message at a time until it echoes a delivery", conn)
         else:
@@ -278,10 +279,10 @@ class Gateway(outbox.Sink):
         return conn.platform in self.echoing and not conn.proven
 
     def adapter_platforms(self) -> Collection[str]:
-        return [p for p, conn in self.adapters.items() if not self._gated(conn)]
+        return [p for p, conn in self.adapters.items() if conn.ready and not self._gated(conn)]
 
     def probing_platforms(self) -> Collection[str]:
-        return [p for p, conn in self.adapters.items() if self._gated(conn) and conn.probe_id is None]
+        return [p for p, conn in self.adapters.items() if conn.ready and self._gated(conn) and conn.probe_id is None]
 
     def echoing_platforms(self) -> Collection[str]:
         return [p for p in self.adapters if p in self.echoing]
@@ -317,7 +318,7 @@ class Gateway(outbox.Sink):
                     logger.debug("browser socket failed", exc_info=True)
             return ok
         conn = self.adapters.get(delivery.platform)
-        if conn is None:
+        if conn is None or not conn.ready:
             return False
         if self._gated(conn):
             if conn.probe_id is not None:

@@ -83,6 +83,20 @@ def test_a_sent_row_without_echo_is_handed_over_again_with_doubling_waits_then_u
     assert hand_over(clock.now) == []
 
 
+def test_a_row_claimed_but_not_handed_over_keeps_its_attempt_budget(echoing_qq, make_session, clock):
+    (message,) = messages_send([Outbound(session=make_session(), source_kind="proactive", text="not yet")])
+    for _ in range(5):  # e.g. the connection went away mid-batch: released, never written
+        token, batch = outbox_claim(
+            adapter_platforms=["qq"], web_users=[], accept_formats={}, probing=(), now=clock.now
+        )
+        assert [d.attempts for d in batch] == [1]
+        outbox_finish(token=token, sent=[], released=[message.pk], failed={}, now=clock.now)
+    released = row(message)
+    assert (released.delivery_status, released.delivery_attempts) == ("pending", 0)
+    assert hand_over(clock.now) == [message.pk]
+    assert row(message).delivery_attempts == 1
+
+
 def test_an_echo_settles_a_row_even_after_its_deadline(echoing_qq, make_session, clock):
     (message,) = messages_send([Outbound(session=make_session(), source_kind="proactive", text="late echo")])
     hand_over(clock.now)
@@ -297,10 +311,11 @@ async def test_a_new_connection_gets_one_message_until_it_echoes_and_again_after
             get_gateway().deliverer.wake()
             again = await comm.receive_json_from(timeout=TIMEOUT)
             assert again["message_info"]["message_id"] == uids[1]
-            await wait_for_async(
-                lambda: Message.objects.filter(pk=rows[1].pk, delivery_status="sent", delivery_attempts=2).exists(),
+            second = await wait_for_async(
+                lambda: Message.objects.filter(pk=rows[1].pk).exclude(delivery_status="sending").first(),
                 what="the second hand-over recorded",
             )
+            assert (second.delivery_status, second.delivery_attempts) == ("sent", 2)
             await wait_for_async(
                 lambda: Message.objects.filter(pk=rows[2].pk, delivery_status="pending").exists(),
                 what="the third row back in the queue",
