@@ -51,6 +51,7 @@ from django.db import close_old_connections, connections
 
 from chat import planner
 from chat.accounts import bot_account
+from chat.agent import budget
 from chat.models import ChatSession, Direction, Message
 from chat.services import inbound_stored
 from maibot.config import get_config
@@ -157,6 +158,7 @@ def observe(*, session_pk: int, after_pk: int, platform: str = "") -> _Observed:
 
 
 _observe = sync_to_async(observe)
+_blocked = sync_to_async(budget.blocked)
 
 
 # --- the runtime consumer ----------------------------------------------------------------------------
@@ -360,9 +362,15 @@ class SessionRuntime(AsyncConsumer):
             return
         session = self.session
         mentioned = any(planner.mentions_bot(m, cfg, seen.bot_message_ids, seen.bot_account) for m in seen.messages)
-        if cfg.offline:
+        over_budget = ""
+        if not cfg.offline and cfg.llm.budgets:
+            over_budget = await _blocked(task="planner", session_id=session.pk, cfg=cfg)
+        if cfg.offline or over_budget:
+            # No model, or its daily budget is spent: the offline planner answers (no model call).
             self.busy = True
-            cycle = await offline.run_offline_cycle(session=session, new_messages=seen.messages, mentioned=mentioned)
+            cycle = await offline.run_offline_cycle(
+                session=session, new_messages=seen.messages, mentioned=mentioned, over_budget=over_budget
+            )
             if cycle is not None:
                 self.history.remember_cycle(cycle)
                 self.cycles += 1

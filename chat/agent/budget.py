@@ -86,15 +86,16 @@ def _cap(budget: Budget, target: str) -> Cap:
 def caps_for(cfg: BotConfig, *, task: str, model: str | None = None, session_id: int | None = None) -> list[Cap]:
     """The caps a call of `task` (to `model`, for `session_id`) counts against. model=None: only the
     task's and the session's (the caps that stop a call whatever model it goes to)."""
-    caps = []
+    caps, model_caps = [], []
     for budget in cfg.llm.budgets:
         if budget.scope == "task" and budget.target == task:
             caps.append(_cap(budget, task))
         elif budget.scope == "session" and session_id is not None:
             caps.append(_cap(budget, str(session_id)))
         elif budget.scope == "model" and model is not None and budget.target == model:
-            caps.append(_cap(budget, model))
-    return caps
+            model_caps.append(_cap(budget, model))
+    # The caps that stop every model first: a refusal then names the cap that really stops the call.
+    return caps + model_caps
 
 
 def _ledger_filter(cap: Cap) -> Q:

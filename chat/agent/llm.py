@@ -187,14 +187,14 @@ def _request(
     cfg: BotConfig,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
-    timeout: float | None,
+    timeout: float,
 ) -> dict[str, Any]:
     """The chat-completions arguments (the same for the async and the sync client)."""
     kwargs: dict[str, Any] = {
         "model": model.model,
         "messages": messages,
         "temperature": cfg.llm.temperature,
-        "timeout": timeout or model.timeout,
+        "timeout": timeout,
     }
     if tools:
         kwargs["tools"] = tools
@@ -256,6 +256,13 @@ def _no_call(cfg: BotConfig, last: LLMResult | None, refusal: budget.Admission |
     return result
 
 
+def _attempt_timeout(model: LLMModel, timeout: float | None, left: float | None, *, first: bool) -> float:
+    """One attempt's timeout: the model's own, within the caller's `timeout` (the first attempt may
+    use all of it; a fallback what is left of it)."""
+    limit = timeout if first or left is None else round(left, 3)
+    return min(model.timeout, limit) if limit else model.timeout
+
+
 class _Deadline:
     """`timeout` for the whole call, fallbacks included (None: each model's own timeout per attempt)."""
 
@@ -292,11 +299,11 @@ async def complete(
             break
         admission = await sync_to_async(_admit)(cfg, task, model, session_id)
         if not admission.admitted:
-            refusal = refusal or admission
+            refusal = admission if admission.refused_by.scope != "model" else (refusal or admission)
             if admission.refused_by.scope != "model":
                 break  # the task's or the chat's cap: no model may be called
             continue
-        kwargs = _request(model, cfg, messages, tools, timeout if last is None else left)
+        kwargs = _request(model, cfg, messages, tools, _attempt_timeout(model, timeout, left, first=last is None))
         result = LLMResult(model_name=model.name, attempts=(last.attempts if last else 0) + 1)
         started = time.perf_counter()
         async with _async_gate(model):
@@ -344,12 +351,11 @@ def complete_sync(
             break
         admission = _admit(cfg, task, model, session_id)
         if not admission.admitted:
-            refusal = refusal or admission
+            refusal = admission if admission.refused_by.scope != "model" else (refusal or admission)
             if admission.refused_by.scope != "model":
                 break
             continue
-        # The first attempt has the whole timeout; a fallback what is left of it.
-        kwargs = _request(model, cfg, messages, tools, timeout if last is None else left)
+        kwargs = _request(model, cfg, messages, tools, _attempt_timeout(model, timeout, left, first=last is None))
         result = LLMResult(model_name=model.name, attempts=(last.attempts if last else 0) + 1)
         started = time.perf_counter()
         with _sync_gate(model):
