@@ -38,6 +38,7 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     lateness = dashboard.lateness_stats(now)
     usage = dashboard.llm_usage(now=now)
+    spend = dashboard.llm_spend(now=now)
     return TemplateResponse(
         request,
         "admin/maibot/dashboard.html",
@@ -54,6 +55,8 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
             lateness_charts=dashboard.lateness_charts(lateness, now),
             usage=usage,
             llm_charts=dashboard.llm_charts(usage),
+            spend=spend,
+            spend_charts=dashboard.llm_spend_charts(spend),
             errors=dashboard.recent_errors(),
             processes=dashboard.processes(),
             healthy=dashboard.health_checks(now),
