@@ -21,6 +21,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
+from chat import talk
 from chat.agent import budget
 from chat.agent.engine import AgentTurn
 from chat.components import commands
@@ -102,7 +103,8 @@ def offline_turn(
     `over_budget`: a model is configured but its daily budget is spent (why): the notice says when it
     is back, and in groups only commands are answered."""
     started = time.perf_counter()
-    texts = [t for t in (_typed_text(m) for m in new_messages) if t]
+    typed = [(m, t) for m, t in ((m, _typed_text(m)) for m in new_messages) if t]
+    texts = [t for _, t in typed]
     slash = [t for t in texts if t.startswith("/")]
     if not texts:
         return None  # stickers, images, notices: nothing to read, nothing to answer
@@ -115,7 +117,9 @@ def offline_turn(
     cycle = agent_turn.cycle
     turn = _CommandTurn(agent_turn)
     handlers = commands()
-    for text in texts:
+    for message, text in typed:
+        if not talk.may_command(message, session):
+            continue  # chat.command_operators: only they may use commands; others get the notice
         for command in handlers:
             try:
                 handled = command.handle(turn, text)
