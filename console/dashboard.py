@@ -259,28 +259,6 @@ def _top_sessions(day: date, tz, limit: int = 10) -> list[dict[str, Any]]:
     return [{**r, "session": sessions.get(r["session"])} for r in rows]
 
 
-def llm_spend_charts(spend: dict[str, Any]) -> list:
-    """Tokens and cost per day and task (none while nothing was spent: the tables say so)."""
-    if not spend["tokens"]:
-        return []
-    labels = [d.strftime("%m-%d") for d in spend["days"]]
-    tasks = sorted(spend["tokens"])
-    return [
-        charts.bar_chart(
-            title="LLM tokens per day and task",
-            categories=labels,
-            series=[charts.Series(t, [spend["tokens"][t][d] for d in spend["days"]]) for t in tasks],
-            stacked=True,
-        ),
-        charts.bar_chart(
-            title="LLM cost per day and task",
-            categories=labels,
-            series=[charts.Series(t, [float(spend["cost"][t][d]) for d in spend["days"]]) for t in tasks],
-            stacked=True,
-        ),
-    ]
-
-
 def llm_charts(usage: dict[str, Any]) -> list:
     labels = [d.strftime("%m-%d") for d in usage["days"]]
     models = sorted(usage["tokens"])

@@ -47,7 +47,6 @@ def test_the_dashboard_shows_spend_per_task_and_top_chats_with_cached_tokens(ope
     assert top.index("chatter11") < top.index("chatter10") < top.index("chatter2<")
     assert "chatter1<" not in top and "chatter0<" not in top  # 2 calls each: below the top 10
     assert "<td>12</td><td>1440</td><td>480</td>" in top  # chatter11: 12 calls, tokens, cached
-    assert page.split('id="llm-spend"', 1)[1].count('<svg class="chart"') == 2
     assert "No budgets configured" in section(page, "llm-budgets")
 
 

@@ -380,3 +380,70 @@ def complete_sync(
             return result
         last = result
     return _no_call(cfg, last, refusal)
+
+
+# --- the model test (console) ---------------------------------------------------------------------
+
+MODEL_TEST_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "echo",
+        "description": "Repeat a word back.",
+        "parameters": {
+            "type": "object",
+            "properties": {"word": {"type": "string", "description": "The word to repeat."}},
+            "required": ["word"],
+        },
+    },
+}
+MODEL_TEST_PROMPT = "This is a connection test. Call the tool `echo` with the word `ping`, nothing else."
+MODEL_TEST_TIMEOUT = 30.0
+
+
+@dataclass
+class ModelTest:
+    """One model's answer to the test call: latency, what it said, whether it called the offered tool."""
+
+    name: str
+    model: str
+    ok: bool
+    latency_ms: int
+    answer: str
+    tool_calling: bool
+    error: str
+
+
+def model_test(model: LLMModel) -> ModelTest:
+    """One tiny call to `model` with one tool offered (no retries, at most MODEL_TEST_TIMEOUT seconds).
+    Ledgered (purpose model_test, task utility) but not held to the budgets: an operator asked for it."""
+    cfg = get_config()
+    timeout = min(model.timeout, MODEL_TEST_TIMEOUT)
+    kwargs = _request(model, cfg, [{"role": "user", "content": MODEL_TEST_PROMPT}], [MODEL_TEST_TOOL], timeout)
+    result = LLMResult(model_name=model.name, attempts=1)
+    started = time.perf_counter()
+    try:
+        client = get_sync_client(cfg, model).with_options(max_retries=0)
+        _read(client.chat.completions.create(**kwargs), result)
+    except _CALL_ERRORS as exc:
+        _failed(exc, result, timeout)
+    _finish(result, started, "model_test", model.model)
+    result.call_id = _record(
+        purpose="model_test",
+        model=model,
+        attempt=0,
+        result=result,
+        session_id=None,
+        cycle_id=None,
+        admission=budget.Admission(day=budget.local_day(budget.clock(), cfg.tzinfo), caps=[]),
+    )
+    calls = [c for c in result.tool_calls if c.name == "echo" and c.arguments is not None]
+    shown = result.content or "; ".join(f"{c.name}({c.raw_arguments})" for c in result.tool_calls)
+    return ModelTest(
+        name=model.name,
+        model=model.model,
+        ok=result.ok,
+        latency_ms=result.latency_ms,
+        answer=shown[:500],
+        tool_calling=bool(calls) and str(calls[0].arguments.get("word", "")).strip().lower() == "ping",
+        error=result.error,
+    )
