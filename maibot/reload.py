@@ -248,11 +248,14 @@ def _history_record(result: ReloadResult, *, old: BotConfig, new: BotConfig, use
         return getattr(getattr(cfg, section), name)
 
     watched = [k for k in (*PROVIDER_KEYS, "llm.model") if k in result.changed_keys]
+    provider = {k: [value(old, k), value(new, k)] for k in watched}
+    if _model_providers(old) != _model_providers(new):
+        provider["llm.models"] = [_model_providers(old), _model_providers(new)]
     ConfigChange.objects.create(
         user=user if getattr(user, "pk", None) else None,
         source=result.source[:64],
         changed_keys=result.changed_keys,
-        provider={k: [value(old, k), value(new, k)] for k in watched},
+        provider=provider,
     )
 
 

@@ -97,3 +97,49 @@ def test_with_no_model_the_page_says_offline(db):
     client = client_for(superuser=True)
     page = client.get("/admin/models/").content.decode()
     assert "No model is configured" in page and "Test every model" not in page
+
+
+@pytest.fixture
+def config_file(settings, tmp_path):
+    from maibot import reload
+    from maibot.config import render_template
+
+    settings.DATA_DIR = tmp_path
+    path = tmp_path / "bot_config.toml"
+    path.write_text(render_template(), encoding="utf-8")
+    reload._applied_digest = None
+    reload.last_error = reload.last_result = None
+    yield path
+    reload.last_error = reload.last_result = None
+
+
+def test_adding_a_model_or_moving_its_provider_needs_the_provider_permission(config_file):
+    from maibot import reload
+    from maibot.models import ConfigChange
+
+    before = config_file.read_text(encoding="utf-8")
+    model = '\n[[llm.models]]\nname = "cheap"\nmodel = "mini"\nbase_url = "https://llm.example/v1"\n'
+    budgets = '\n[[llm.budgets]]\nscope = "task"\ntarget = "planner"\ndaily_tokens = 5000\n'
+    editor = client_for("change_config")
+    page = editor.post(
+        "/admin/config/raw/", {"toml": before + model, "base_digest": reload.text_digest(before)}
+    ).content.decode()
+    assert "llm.models: changing the model provider needs the permission" in page
+    assert config_file.read_text(encoding="utf-8") == before and config.get_config().llm.models == []
+    # Budgets, tasks and talk rules are theirs to change; a superuser adds the model, recorded.
+    editor.post("/admin/config/raw/", {"toml": before + budgets, "base_digest": reload.text_digest(before)})
+    assert config.get_config().llm.budgets[0].daily_tokens == 5000
+    operator = Client()
+    operator.force_login(User.objects.create_superuser("op", password="pw-123456"))
+    current = config_file.read_text(encoding="utf-8")
+    operator.post("/admin/config/raw/", {"toml": current + model, "base_digest": reload.text_digest(current)})
+    assert [m.name for m in config.get_config().llm.models] == ["cheap"]
+    change = ConfigChange.objects.order_by("-at").first()
+    assert change.user.username == "op"
+    assert change.provider == {"llm.models": [[], [["cheap", "https://llm.example/v1", "OPENAI_API_KEY"]]]}
+    # The form editor leaves the tables alone when saving other keys.
+    from tests.test_console_config_editor import form_data
+
+    operator.post("/admin/config/", form_data(operator) | {"chat__max_rounds": "4"})
+    after = config_file.read_text(encoding="utf-8")
+    assert after.endswith(model) and "max_rounds = 4" in after and "[[llm.budgets]]" in after
