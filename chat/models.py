@@ -314,7 +314,10 @@ class LLMCall(models.Model):
     cycle = models.ForeignKey(PlannerCycle, null=True, blank=True, on_delete=models.SET_NULL, related_name="llm_calls")
     session = models.ForeignKey(ChatSession, null=True, blank=True, on_delete=models.SET_NULL)
     purpose = models.CharField(max_length=32)  # planner | life | summary | ...
-    model = models.CharField(max_length=128)
+    task = models.CharField(max_length=16, blank=True, db_index=True)  # planner | life | summary | utility
+    model = models.CharField(max_length=128)  # the provider's model id
+    model_name = models.CharField(max_length=64, blank=True)  # the config's name for it (llm.models)
+    attempt = models.PositiveSmallIntegerField(default=0)  # 0: the task's first model; 1, 2…: fallbacks
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
     cached_tokens = models.PositiveIntegerField(default=0)
@@ -325,6 +328,27 @@ class LLMCall(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+
+
+class LLMSpend(models.Model):
+    """One budget's spend on one local day (bot time zone): the counter capped calls are admitted
+    against, by a conditional UPDATE, so a cap holds across server and cluster processes."""
+
+    day = models.DateField()
+    scope = models.CharField(max_length=16)  # model | task | session
+    target = models.CharField(max_length=64)  # the model's or task's name, the session's pk
+    tokens = models.BigIntegerField(default=0)
+    cost = models.DecimalField(max_digits=16, decimal_places=6, default=0)
+    calls = models.PositiveIntegerField(default=0)  # calls admitted
+    refused = models.PositiveIntegerField(default=0)  # calls not made because the cap was reached
+    alerted_at = models.DateTimeField(null=True, blank=True)  # when the operators were told it is reached
+
+    class Meta:
+        ordering = ["-day", "scope", "target"]
+        constraints = [models.UniqueConstraint(fields=["day", "scope", "target"], name="llmspend_one_row_per_day")]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.scope} {self.target}"
 
 
 # --- the proactive API's credentials --------------------------------------------------------------

@@ -1,13 +1,15 @@
-"""The OFFLINE planner: used only when no model is configured; it answers what registered commands understand.
+"""The OFFLINE planner: it answers what registered commands understand, without a model.
 
-It never runs when a model is configured (`get_config().offline` is False). Each typed text of the new
-messages is offered to the commands in chat.components (scheduling registers the reminder commands:
-"remind me in 10 minutes…", "提醒我10分钟后喝水", /schedule, /list, /cancel); the first that handles it
-answers. When none did, a fixed answer in the bot's language (bot.language zh or en) says no model is
-configured, with what the commands can do. In group chats it answers only commands and messages that
-mention the bot. Every answered turn is a PlannerCycle (opened and closed by the agent-turn engine,
-chat.agent.engine) with action offline_* and no LLM call; the commands' tool calls run and are
-recorded through it. Messages without text (images, stickers, notices) get no answer.
+It runs when no model is configured (`get_config().offline`), and when the planner's daily budget is
+spent (chat.agent.budget: then its notice says when the model is back, and in groups it answers only
+commands). Each typed text of the new messages is offered to the commands in chat.components
+(scheduling registers the reminder commands: "remind me in 10 minutes…", "提醒我10分钟后喝水",
+/schedule, /list, /cancel); the first that handles it answers. When none did, a fixed answer in the
+bot's language (bot.language zh or en) says no model is configured, with what the commands can do. In
+group chats it answers only commands and messages that mention the bot. Every answered turn is a
+PlannerCycle (opened and closed by the agent-turn engine, chat.agent.engine) with action offline_* and
+no LLM call; the commands' tool calls run and are recorded through it. Messages without text (images,
+stickers, notices) get no answer.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
+from chat import talk
+from chat.agent import budget
 from chat.agent.engine import AgentTurn
 from chat.components import commands
 from chat.models import ChatSession, CycleKind, Message, PlannerCycle, SourceKind
@@ -33,6 +37,12 @@ NOTICE = {
 }
 
 
+BUDGET_NOTICE = {
+    "zh": "（今天的模型额度用完了，{resets} 恢复。",
+    "en": "(Today's model budget is used up; I am back at {resets}. ",
+}
+
+
 SORRY = {"zh": "抱歉，这条消息我没处理好。", "en": "Sorry, I could not handle that message."}
 
 
@@ -41,10 +51,14 @@ def _sorry() -> str:
     return SORRY.get(lang, SORRY["en"])
 
 
-def _notice() -> str:
-    lang = get_config().bot.language.split("-")[0]
+def _notice(over_budget: str = "") -> str:
+    cfg = get_config()
+    lang = cfg.bot.language.split("-")[0]
     lang = lang if lang in NOTICE else "en"
     head, nothing = NOTICE[lang]
+    if over_budget:
+        resets = budget.resets_at(budget.local_day(budget.clock(), cfg.tzinfo), cfg.tzinfo)
+        head = BUDGET_NOTICE[lang].format(resets=f"{resets:%H:%M}")
     helps = [c.help.get(lang) or c.help.get("en", "") for c in commands() if c.help]
     return head + (helps[0] if helps else nothing)
 
@@ -82,22 +96,30 @@ def _typed_text(message: Message) -> str:
     return walk(message.segments).strip()
 
 
-def offline_turn(*, session: ChatSession, new_messages: list[Message], mentioned: bool) -> PlannerCycle | None:
-    """Handle the new messages of one cycle; None when there was nothing to answer (group chatter)."""
+def offline_turn(
+    *, session: ChatSession, new_messages: list[Message], mentioned: bool, over_budget: str = ""
+) -> PlannerCycle | None:
+    """Handle the new messages of one cycle; None when there was nothing to answer (group chatter).
+    `over_budget`: a model is configured but its daily budget is spent (why): the notice says when it
+    is back, and in groups only commands are answered."""
     started = time.perf_counter()
-    texts = [t for t in (_typed_text(m) for m in new_messages) if t]
+    typed = [(m, t) for m, t in ((m, _typed_text(m)) for m in new_messages) if t]
+    texts = [t for _, t in typed]
     slash = [t for t in texts if t.startswith("/")]
     if not texts:
         return None  # stickers, images, notices: nothing to read, nothing to answer
     if not session.is_private and not (mentioned or slash):
         return None
-    agent_turn = AgentTurn.open(
-        kind=CycleKind.CHAT, session=session, trigger=f"{len(new_messages)} new message(s), offline"
-    )
+    if over_budget and not session.is_private and not slash:
+        return None  # a group is not told about the budget: the bot stays silent there
+    trigger = f"{len(new_messages)} new message(s), " + ("over budget" if over_budget else "offline")
+    agent_turn = AgentTurn.open(kind=CycleKind.CHAT, session=session, trigger=trigger)
     cycle = agent_turn.cycle
     turn = _CommandTurn(agent_turn)
     handlers = commands()
-    for text in texts:
+    for message, text in typed:
+        if not talk.may_command(message, session):
+            continue  # chat.command_operators: only they may use commands; others get the notice
         for command in handlers:
             try:
                 handled = command.handle(turn, text)
@@ -109,12 +131,15 @@ def offline_turn(*, session: ChatSession, new_messages: list[Message], mentioned
             if handled:
                 break
     if not turn.replies:
-        turn.answer(_notice(), "offline_notice")
+        if over_budget and not session.is_private:
+            agent_turn.close(action="offline_silent", reasoning=over_budget[:4000], outcome="stayed silent")
+            return cycle
+        turn.answer(_notice(over_budget), "offline_notice")
     for text in turn.replies:
         message_send(session=session, source_kind=SourceKind.REPLY, text=text, extra={"cycle_id": str(cycle.cycle_id)})
     agent_turn.close(
         action=turn.actions[0],
-        reasoning="offline planner (no model configured)",
+        reasoning=f"offline planner ({over_budget or 'no model configured'})"[:4000],
         outcome="; ".join(f"{a}: {r}" for a, r in zip(turn.actions, turn.replies, strict=False))[:4000],
         timings={"total_ms": round((time.perf_counter() - started) * 1000, 3)},
     )
@@ -122,6 +147,8 @@ def offline_turn(*, session: ChatSession, new_messages: list[Message], mentioned
 
 
 async def run_offline_cycle(
-    *, session: ChatSession, new_messages: list[Message], mentioned: bool
+    *, session: ChatSession, new_messages: list[Message], mentioned: bool, over_budget: str = ""
 ) -> PlannerCycle | None:
-    return await sync_to_async(offline_turn)(session=session, new_messages=new_messages, mentioned=mentioned)
+    return await sync_to_async(offline_turn)(
+        session=session, new_messages=new_messages, mentioned=mentioned, over_budget=over_budget
+    )

@@ -49,8 +49,9 @@ from channels.exceptions import StopConsumer
 from channels.layers import BaseChannelLayer, get_channel_layer
 from django.db import close_old_connections, connections
 
-from chat import planner
+from chat import planner, talk
 from chat.accounts import bot_account
+from chat.agent import budget
 from chat.models import ChatSession, Direction, Message
 from chat.services import inbound_stored
 from maibot.config import get_config
@@ -157,6 +158,7 @@ def observe(*, session_pk: int, after_pk: int, platform: str = "") -> _Observed:
 
 
 _observe = sync_to_async(observe)
+_blocked = sync_to_async(budget.blocked)
 
 
 # --- the runtime consumer ----------------------------------------------------------------------------
@@ -347,7 +349,7 @@ class SessionRuntime(AsyncConsumer):
         return seen
 
     async def _observe_more(self) -> list[Message]:
-        return (await self._observe()).messages
+        return talk.plannable((await self._observe()).messages, self.session)[0]
 
     async def _cycle(self, reason: str) -> None:
         from chat import offline
@@ -359,10 +361,20 @@ class SessionRuntime(AsyncConsumer):
         if reason == "message" and not seen.messages:
             return
         session = self.session
-        mentioned = any(planner.mentions_bot(m, cfg, seen.bot_message_ids, seen.bot_account) for m in seen.messages)
-        if cfg.offline:
+        # Ignored chats and people, and commands of those who may not use them: stored, never planned.
+        new_messages, _ = talk.plannable(seen.messages, session, cfg)
+        if reason == "message" and not new_messages:
+            return
+        mentioned = any(planner.mentions_bot(m, cfg, seen.bot_message_ids, seen.bot_account) for m in new_messages)
+        over_budget = ""
+        if not cfg.offline and cfg.llm.budgets:
+            over_budget = await _blocked(task="planner", session_id=session.pk, cfg=cfg)
+        if cfg.offline or over_budget:
+            # No model, or its daily budget is spent: the offline planner answers (no model call).
             self.busy = True
-            cycle = await offline.run_offline_cycle(session=session, new_messages=seen.messages, mentioned=mentioned)
+            cycle = await offline.run_offline_cycle(
+                session=session, new_messages=new_messages, mentioned=mentioned, over_budget=over_budget
+            )
             if cycle is not None:
                 self.history.remember_cycle(cycle)
                 self.cycles += 1
@@ -371,14 +383,14 @@ class SessionRuntime(AsyncConsumer):
             if mentioned:
                 self.silent_streak = 0
             elif reason == "message":
-                self.backlog += len(seen.messages)
-                if self.backlog < planner.group_bar(cfg.chat.talk_frequency, self.silent_streak):
+                self.backlog += len(new_messages)
+                if self.backlog < planner.group_bar(talk.talk_frequency(session, cfg=cfg), self.silent_streak):
                     return
         self.busy = True
-        trigger = reason if reason != "message" else f"{len(seen.messages)} new message(s)"
+        trigger = reason if reason != "message" else f"{len(new_messages)} new message(s)"
         result = await planner.run_cycle(
             session=session,
-            new_messages=seen.messages,
+            new_messages=new_messages,
             trigger=trigger,
             mentioned=mentioned,
             has_news=lambda: self._news,

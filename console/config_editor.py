@@ -21,6 +21,7 @@ from maibot.config import (
     ensure_config_file,
     field_help,
     parse_config,
+    raw_only,
     requires_restart,
 )
 
@@ -101,6 +102,11 @@ class DictField(forms.CharField):
         return result
 
 
+def _form_fields(model: type) -> list[tuple[str, FieldInfo]]:
+    """The fields the form edits: tables of their own ([[llm.models]], ...) are left to the TOML editor."""
+    return [(key, info) for key, info in model.model_fields.items() if not raw_only(info)]
+
+
 def _sections() -> list[tuple[str, type]]:
     return [(name, f.annotation) for name, f in BotConfig.model_fields.items()]
 
@@ -119,7 +125,7 @@ class ConfigForm(forms.Form):
         self.base = base
         defaults = BotConfig()
         for section, model in _sections():
-            for key, info in model.model_fields.items():
+            for key, info in _form_fields(model):
                 field = _form_field(info, getattr(getattr(defaults, section), key))
                 field.label = key
                 field.show_hidden_initial = True
@@ -130,7 +136,12 @@ class ConfigForm(forms.Form):
     @classmethod
     def from_config(cls, cfg: BotConfig) -> ConfigForm:
         dumped = cfg.model_dump()
-        initial = {f"{section}{SEP}{key}": value for section, values in dumped.items() for key, value in values.items()}
+        initial = {
+            f"{section}{SEP}{key}": value
+            for section, model in _sections()
+            for key, value in dumped[section].items()
+            if not raw_only(model.model_fields[key])
+        }
         return cls(initial=initial, base=cfg)
 
     def fieldsets(self) -> list[Fieldset]:
@@ -138,7 +149,7 @@ class ConfigForm(forms.Form):
             Fieldset(
                 name=section,
                 doc=(model.__doc__ or "").strip(),
-                fields=[self[f"{section}{SEP}{key}"] for key in model.model_fields],
+                fields=[self[f"{section}{SEP}{key}"] for key, _ in _form_fields(model)],
             )
             for section, model in _sections()
         ]
@@ -173,9 +184,12 @@ def toml_with_values(text: str, cfg: BotConfig) -> str:
     touched, so comments, order and formatting of everything else stay as they were."""
     doc = tomlkit.parse(text)
     defaults = BotConfig().model_dump()
+    models = dict(_sections())
     for section, values in cfg.model_dump().items():
         table = doc.get(section)
         for key, value in values.items():
+            if raw_only(models[section].model_fields[key]):
+                continue  # the form never changes them: the file's tables stay as written
             if table is not None and key in table:
                 current = table[key]
                 if (current.unwrap() if hasattr(current, "unwrap") else current) != value:

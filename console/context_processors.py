@@ -1,9 +1,28 @@
-"""Template context for every page: the last failed config reload (shown as a banner in the admin)."""
+"""Template context for every page: the last failed config reload and the LLM budgets reached today
+(shown as banners in the admin; the budgets are read only when a page shows the banner)."""
 
 from django.http import HttpRequest
 
 from maibot import reload
+from maibot.config import format_instant, get_config
 
 
 def config_reload(request: HttpRequest) -> dict:
     return {"config_reload_error": reload.last_error}
+
+
+def _budgets_reached() -> list[str]:
+    from chat.agent.budget import budget_states
+
+    cfg = get_config()
+    if not cfg.llm.budgets:
+        return []
+    return [
+        f"{s.cap.label} ({s.cap.limits()}): calls under it wait until {format_instant(s.resets, cfg.tzinfo)}"
+        for s in budget_states(cfg, only_reached=True)
+    ]
+
+
+def llm_budgets(request: HttpRequest) -> dict:
+    # A callable: the template calls it only where the banner is rendered (staff pages).
+    return {"llm_budgets_reached": _budgets_reached}

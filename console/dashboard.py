@@ -13,10 +13,11 @@ from typing import Any
 
 from django.apps import apps
 from django.db import connection
-from django.db.models import Count, Max, Q, Sum
+from django.db.models import Count, F, Max, Q, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
+from chat.agent.budget import budget_states
 from chat.fate import (
     NEEDS_ATTENTION,
     RECENT_DELIVERY_HOURS,
@@ -26,7 +27,7 @@ from chat.fate import (
     sender_fate_expression,
     sender_fate_q,
 )
-from chat.models import AdapterConnection, CycleKind, LLMCall, Message, PlannerCycle
+from chat.models import AdapterConnection, ChatSession, CycleKind, LLMCall, Message, PlannerCycle
 from console import charts
 from maibot.config import get_config
 from maibot.models import LogEntry, ProcessHeartbeat
@@ -179,6 +180,7 @@ def llm_usage(days: int = 14, now: datetime | None = None) -> dict[str, Any]:
         .annotate(
             prompt=Sum("prompt_tokens"),
             completion=Sum("completion_tokens"),
+            cached=Sum("cached_tokens"),
             cost=Sum("cost"),
             calls=Count("id"),
             errors=Count("id", filter=~Q(error="")),
@@ -195,6 +197,66 @@ def llm_usage(days: int = 14, now: datetime | None = None) -> dict[str, Any]:
         cost[model][row["day"]] += row["cost"] or Decimal(0)
         table.append({**row, "model": model})
     return {"days": day_list, "tokens": tokens, "cost": cost, "table": table}
+
+
+def llm_spend(days: int = 14, now: datetime | None = None) -> dict[str, Any]:
+    """Spend per feature: tokens and cost per day (bot time zone) and task over the last `days` days,
+    the chats that spent most today, and today's budgets against their caps."""
+    tz = get_config().tzinfo
+    now = now or timezone.now()
+    today = timezone.localtime(now, tz).date()
+    first = today - timedelta(days=days - 1)
+    rows = (
+        LLMCall.objects.filter(created_at__gte=now - timedelta(days=days + 1))
+        .annotate(day=TruncDate("created_at", tzinfo=tz))
+        .filter(day__gte=first)
+        .values("day", "task")
+        .annotate(
+            prompt=Sum("prompt_tokens"),
+            completion=Sum("completion_tokens"),
+            cached=Sum("cached_tokens"),
+            cost=Sum("cost"),
+            calls=Count("id"),
+            errors=Count("id", filter=~Q(error="")),
+        )
+        .order_by("day", "task")
+    )
+    tokens: dict[str, dict[date, int]] = defaultdict(lambda: defaultdict(int))
+    cost: dict[str, dict[date, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
+    table = []
+    for row in rows:
+        task = row["task"] or "(unrecorded)"  # calls made before tasks were recorded
+        tokens[task][row["day"]] += (row["prompt"] or 0) + (row["completion"] or 0)
+        cost[task][row["day"]] += row["cost"] or Decimal(0)
+        table.append({**row, "task": task})
+    return {
+        "days": [first + timedelta(days=i) for i in range(days)],
+        "tokens": tokens,
+        "cost": cost,
+        "table": table,
+        "sessions_today": _top_sessions(today, tz),
+        "budgets": budget_states(),
+    }
+
+
+def _top_sessions(day: date, tz, limit: int = 10) -> list[dict[str, Any]]:
+    """The chats that spent the most tokens on `day` (local), with their cost and cached prompt tokens."""
+    start = datetime.combine(day, datetime.min.time(), tzinfo=tz)
+    rows = list(
+        LLMCall.objects.filter(created_at__gte=start, created_at__lt=start + timedelta(days=1), session__isnull=False)
+        .values("session")
+        .annotate(
+            prompt=Sum("prompt_tokens"),
+            completion=Sum("completion_tokens"),
+            cached=Sum("cached_tokens"),
+            cost=Sum("cost"),
+            calls=Count("id"),
+        )
+        .annotate(tokens=F("prompt") + F("completion"))
+        .order_by("-tokens", "session")[:limit]
+    )
+    sessions = ChatSession.objects.in_bulk([r["session"] for r in rows])
+    return [{**r, "session": sessions.get(r["session"])} for r in rows]
 
 
 def llm_charts(usage: dict[str, Any]) -> list:

@@ -13,14 +13,16 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from chat.agent import llm
 from console import dashboard
 from console.config_editor import ConfigForm, read_config_file, toml_with_values
 from maibot import reload
-from maibot.config import ConfigError, config_path, get_config
+from maibot.config import LLM_TASKS, ConfigError, config_path, get_config
 
 VIEW_CONSOLE = "maibot.view_console"
 CHANGE_CONFIG = "maibot.change_config"
 CHANGE_LLM_PROVIDER = "maibot.change_llm_provider"
+TEST_LLM_MODELS = "maibot.test_llm_models"
 
 
 def _require(request: HttpRequest, perm: str) -> None:
@@ -38,6 +40,7 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     lateness = dashboard.lateness_stats(now)
     usage = dashboard.llm_usage(now=now)
+    spend = dashboard.llm_spend(now=now)
     return TemplateResponse(
         request,
         "admin/maibot/dashboard.html",
@@ -54,6 +57,7 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
             lateness_charts=dashboard.lateness_charts(lateness, now),
             usage=usage,
             llm_charts=dashboard.llm_charts(usage),
+            spend=spend,
             errors=dashboard.recent_errors(),
             processes=dashboard.processes(),
             healthy=dashboard.health_checks(now),
@@ -119,6 +123,26 @@ def config_raw_view(request: HttpRequest) -> HttpResponse:
             file_error=file_error,
             path=config_path(),
         ),
+    )
+
+
+def models_view(request: HttpRequest) -> HttpResponse:
+    """The configured models and, on POST, the result of one tiny test call with a tool to each."""
+    _require(request, TEST_LLM_MODELS)
+    cfg = get_config()
+    models = list(cfg.llm_models().values())
+    results = []
+    if request.method == "POST":
+        wanted = request.POST.get("model", "")
+        chosen = [m for m in models if not wanted or m.name == wanted]
+        if wanted and not chosen:
+            messages.error(request, f"There is no model named {wanted!r}.")
+        results = [llm.model_test(m) for m in chosen]
+    routes = {task: [m.name for m in cfg.llm_route(task)] for task in LLM_TASKS}
+    return TemplateResponse(
+        request,
+        "admin/maibot/models.html",
+        _context(request, "Models", models=models, results=results, routes=routes),
     )
 
 

@@ -10,13 +10,15 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from datetime import datetime, tzinfo
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import tomlkit
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 TEMPLATE_PATH = Path(__file__).resolve().parent.parent / "config" / "bot_config.toml"
 
@@ -84,8 +86,87 @@ class BotSection(Section):
         return value
 
 
+# What calls a model: the chat planner, the life loop, chat summaries, and anything else (utility).
+LLM_TASKS = ("planner", "life", "summary", "utility")
+LLMTask = Literal["planner", "life", "summary", "utility"]
+ModelName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+# The single model of `[llm]` itself (base_url, model, ...), when one is set.
+DEFAULT_MODEL = "default"
+
+
+def _check_key_variable(value: str) -> str:
+    # The key's variable is the deployment's choice, not the console's: otherwise whoever may edit
+    # the config could point it at any secret in the environment and send it to a URL of theirs.
+    allowed = llm_key_variables()
+    if value not in allowed:
+        raise ValueError(
+            f"{value!r} is not an allowed API key variable (allowed: {', '.join(sorted(allowed))}; "
+            "the deployment lists others in MAIBOT_LLM_KEY_ENVS)"
+        )
+    return value
+
+
+class ModelEntry(Section):
+    """One named model a task may be routed to (`[[llm.models]]`)."""
+
+    name: ModelName = Field(description="The name tasks and budgets refer to.")
+    base_url: str = Field("", max_length=2048, description="API base URL. Empty: llm.base_url.")
+    api_key_env: str = Field("OPENAI_API_KEY", min_length=1, max_length=128, description="Key variable.")
+    model: str = Field(min_length=1, max_length=256, description="The provider's model id.")
+    price_input_per_1m: float = Field(0.0, ge=0, le=10_000, description="Price per 1M prompt tokens.")
+    price_output_per_1m: float = Field(0.0, ge=0, le=10_000, description="Price per 1M completion tokens.")
+    timeout: float = Field(120.0, gt=0, le=3600, description="Seconds before one call times out.")
+    max_concurrent: int = Field(4, ge=1, le=1000, description="Calls in flight at once per process.")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _allowed_key_variable(cls, value: str) -> str:
+        return _check_key_variable(value)
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, value: str) -> str:
+        if value == DEFAULT_MODEL:
+            raise ValueError(f"{DEFAULT_MODEL!r} is the name of the single model of [llm] itself")
+        return value
+
+
+class Budget(Section):
+    """A daily cap (`[[llm.budgets]]`), counted from local midnight in the bot's time zone."""
+
+    scope: Literal["model", "task", "session"] = Field(description="What the cap counts: model, task or session.")
+    target: str = Field(
+        "",
+        max_length=64,
+        description="The model's or the task's name; empty for a session cap (it holds for each chat).",
+    )
+    daily_tokens: int = Field(0, ge=0, le=10**12, description="Prompt + completion tokens per day (0: no cap).")
+    daily_cost: float = Field(0.0, ge=0, le=10**7, description="Cost per day, in the prices' currency (0: no cap).")
+
+    @model_validator(mode="after")
+    def _meaningful(self) -> Budget:
+        if not self.daily_tokens and not self.daily_cost:
+            raise ValueError("a budget needs daily_tokens or daily_cost")
+        if self.scope == "task" and self.target not in LLM_TASKS:
+            raise ValueError(f"a task budget's target is one of {', '.join(LLM_TASKS)}")
+        if self.scope == "model" and not self.target:
+            raise ValueError("a model budget names its model in target")
+        if self.scope == "session" and self.target:
+            raise ValueError("a session budget holds for each chat: leave target empty")
+        return self
+
+
+# Fields too structured for the console's form: edited in the TOML editor (/admin/config/raw/).
+RAW_ONLY = {"raw_only": True}
+
+
 class LLMSection(Section):
-    """The OpenAI-compatible model the planner and the life loop call."""
+    """The OpenAI-compatible models the planner, the life loop and summaries call, and their budgets.
+
+    The single model of this section (base_url, model, ...) is named "default". More models go in
+    [[llm.models]]; [llm.tasks] routes each task to an ordered list of them (the first that answers
+    wins); [[llm.budgets]] caps daily spend. See README "Cost control".
+    """
 
     base_url: str = Field(
         "", max_length=2048, description="API base URL, e.g. https://api.openai.com/v1 (OPENAI_BASE_URL overrides)."
@@ -110,24 +191,74 @@ class LLMSection(Section):
         0.0, ge=0, le=10_000, description="Price per 1M completion tokens (for the cost ledger)."
     )
 
+    models: list[ModelEntry] = Field(
+        default_factory=list,
+        max_length=20,
+        description="More models ([[llm.models]]: name, base_url, api_key_env, model, prices, timeout, "
+        "max_concurrent), edited in the TOML editor.",
+        json_schema_extra=RAW_ONLY,
+    )
+    tasks: dict[LLMTask, list[ModelName]] = Field(
+        default_factory=dict,
+        max_length=len(LLM_TASKS),
+        description="Each task (planner, life, summary, utility) to an ordered list of model names: a provider "
+        'error or timeout tries the next. Unlisted tasks use "default" (this section\'s model), else the '
+        "first of [[llm.models]].",
+        json_schema_extra=RAW_ONLY,
+    )
+    budgets: list[Budget] = Field(
+        default_factory=list,
+        max_length=100,
+        description="Daily caps ([[llm.budgets]]: scope model | task | session, target, daily_tokens, daily_cost). "
+        "A call that would run past one is not made. None by default.",
+        json_schema_extra=RAW_ONLY,
+    )
+
     @field_validator("api_key_env")
     @classmethod
     def _allowed_key_variable(cls, value: str) -> str:
-        # The key's variable is the deployment's choice, not the console's: otherwise whoever may edit
-        # the config could point it at any secret in the environment and send it to a URL of theirs.
-        allowed = llm_key_variables()
-        if value not in allowed:
-            raise ValueError(
-                f"{value!r} is not an allowed API key variable (allowed: {', '.join(sorted(allowed))}; "
-                "the deployment lists others in MAIBOT_LLM_KEY_ENVS)"
-            )
+        return _check_key_variable(value)
+
+    @field_validator("tasks")
+    @classmethod
+    def _routes_not_empty(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        for task, names in value.items():
+            if not names or len(names) > 20:
+                raise ValueError(f"task {task!r} needs 1 to 20 model names")
         return value
+
+    @model_validator(mode="after")
+    def _names_known(self) -> LLMSection:
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError("two [[llm.models]] share a name")
+        known = {*names, DEFAULT_MODEL}
+        for task, route in self.tasks.items():
+            unknown = [n for n in route if n not in known]
+            if unknown:
+                raise ValueError(f"task {task!r} names unknown model(s): {', '.join(unknown)}")
+        for budget in self.budgets:
+            if budget.scope == "model" and budget.target not in known:
+                raise ValueError(f"a budget names the unknown model {budget.target!r}")
+        return self
 
 
 def llm_key_variables() -> set[str]:
     """Environment variables the config may name as the LLM API key (set by the deployment)."""
     extra = os.environ.get("MAIBOT_LLM_KEY_ENVS", "")
     return {"OPENAI_API_KEY", *(name.strip() for name in extra.split(",") if name.strip())}
+
+
+_HHMM = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
+
+
+class TalkRule(Section):
+    """talk_frequency for a chat and/or a time window (e.g. quiet hours 00:00-08:00 -> 0)."""
+
+    chat: str = Field("", max_length=200, description="platform:group:ID or platform:private:ID; empty: every chat.")
+    start: str = Field("00:00", max_length=5, pattern=_HHMM, description="Window start, local time (HH:MM).")
+    end: str = Field("00:00", max_length=5, pattern=_HHMM, description="Window end, exclusive (HH:MM).")
+    talk_frequency: float = Field(ge=0, le=1, description="The talk_frequency in force in the window.")
 
 
 class ChatSection(Section):
@@ -152,6 +283,29 @@ class ChatSection(Section):
         ge=0,
         le=1,
         description="Group chats: how readily the bot speaks unprompted (0 only when mentioned, 1 freely).",
+    )
+    talk_frequency_rules: list[TalkRule] = Field(
+        default_factory=list,
+        max_length=200,
+        description="[[chat.talk_frequency_rules]]: chat (empty: every chat), start and end (HH:MM, local; "
+        "equal: all day), talk_frequency. A rule for the chat beats one for every chat; then the first listed.",
+        json_schema_extra=RAW_ONLY,
+    )
+    ignored_chats: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        default_factory=list,
+        max_length=10_000,
+        description="Chats whose messages are stored but never planned: platform:group:ID or platform:private:ID.",
+    )
+    ignored_users: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        default_factory=list,
+        max_length=10_000,
+        description="People whose messages are stored but never planned, anywhere: platform:USER_ID.",
+    )
+    command_operators: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        default_factory=list,
+        max_length=1000,
+        description="If set, only these accounts (platform:USER_ID) may use commands (/list, /cancel, reminders, "
+        "plugin commands); others' commands are not run nor planned. Empty: everyone.",
     )
     max_runtimes: int = Field(500, ge=1, le=100_000, description="At most this many session loops live at once.")
     idle_evict_seconds: float = Field(
@@ -348,6 +502,20 @@ class ConsoleSection(Section):
     )
 
 
+@dataclass(frozen=True)
+class LLMModel:
+    """A model as calls use it: its provider settings resolved (environment overrides, key read)."""
+
+    name: str
+    base_url: str | None
+    api_key: str = dataclass_field(repr=False)
+    model: str
+    price_input_per_1m: float
+    price_output_per_1m: float
+    timeout: float
+    max_concurrent: int  # 0: no limit
+
+
 class BotConfig(Section):
     bot: BotSection = Field(default_factory=BotSection)
     llm: LLMSection = Field(default_factory=LLMSection)
@@ -380,7 +548,46 @@ class BotConfig(Section):
     @property
     def offline(self) -> bool:
         """No model configured: the clearly labelled offline planner answers instead."""
-        return not self.llm_model
+        return not self.llm_models()
+
+    def llm_models(self) -> dict[str, LLMModel]:
+        """The models calls may go to, by name: "default" (the single model of [llm], when set) and
+        [[llm.models]]."""
+        models: dict[str, LLMModel] = {}
+        llm = self.llm
+        if self.llm_model:
+            models[DEFAULT_MODEL] = LLMModel(
+                name=DEFAULT_MODEL,
+                base_url=self.llm_base_url,
+                api_key=self.llm_api_key,
+                model=self.llm_model,
+                price_input_per_1m=llm.price_input_per_1m,
+                price_output_per_1m=llm.price_output_per_1m,
+                timeout=llm.timeout,
+                max_concurrent=0,
+            )
+        for m in llm.models:
+            models[m.name] = LLMModel(
+                name=m.name,
+                base_url=m.base_url or self.llm_base_url,
+                # Never another provider's key: only the variable this model names.
+                api_key=os.environ.get(m.api_key_env) or "not-needed",
+                model=m.model,
+                price_input_per_1m=m.price_input_per_1m,
+                price_output_per_1m=m.price_output_per_1m,
+                timeout=m.timeout,
+                max_concurrent=m.max_concurrent,
+            )
+        return models
+
+    def llm_route(self, task: str) -> list[LLMModel]:
+        """The models a task's calls try, in order (empty: offline). `task` outside LLM_TASKS is utility."""
+        models = self.llm_models()
+        task = task if task in LLM_TASKS else "utility"
+        names = self.llm.tasks.get(task)
+        if names is None:
+            names = [DEFAULT_MODEL] if DEFAULT_MODEL in models else [m.name for m in self.llm.models[:1]]
+        return [models[n] for n in names if n in models]
 
 
 # --- loading --------------------------------------------------------------------------------------
@@ -493,6 +700,12 @@ def requires_restart(field: Any) -> bool:
     return bool(isinstance(extra, dict) and extra.get("requires_restart"))
 
 
+def raw_only(field: Any) -> bool:
+    """A field of tables (e.g. [[llm.models]]): written in the TOML editor, not the console's form."""
+    extra = field.json_schema_extra
+    return bool(isinstance(extra, dict) and extra.get("raw_only"))
+
+
 def field_help(field: Any) -> str:
     """The help text of a config field, as the template comment and the editor show it."""
     text = field.description or ""
@@ -517,6 +730,10 @@ def render_template() -> str:
             table.add(tomlkit.comment(section_model.__doc__.strip()))
         section_value = getattr(defaults, name)
         for key, sub in section_model.model_fields.items():
+            if raw_only(sub):
+                # Tables of their own ([[llm.models]], ...): documented here, absent until written.
+                table.add(tomlkit.comment(f"{key}: {field_help(sub)} None by default; see README."))
+                continue
             if field_help(sub):
                 table.add(tomlkit.comment(field_help(sub)))
             value = getattr(section_value, key)

@@ -57,6 +57,7 @@ class Console(models.Model):
             ("view_console", "Can view the dashboard and the live logs"),
             ("change_config", "Can edit the bot configuration"),
             ("change_llm_provider", "Can change the model provider (llm.base_url, llm.api_key_env)"),
+            ("test_llm_models", "Can test the configured models (each test is a paid call)"),
         ]
 
 

@@ -180,6 +180,19 @@ def reload_from_file(path: Path | None = None) -> ReloadResult | None:
 PROVIDER_KEYS = ("llm.base_url", "llm.api_key_env")
 
 
+def _model_providers(cfg: BotConfig) -> list[tuple[str, str, str]]:
+    return [(m.name, m.base_url, m.api_key_env) for m in cfg.llm.models]
+
+
+def provider_changes(new: BotConfig, old: BotConfig) -> list[str]:
+    """The provider keys a change touches: llm.base_url, llm.api_key_env, and a [[llm.models]] entry's
+    base_url or api_key_env (or a model added or removed, which brings its own)."""
+    keys = [k for k in _changed_keys(new, old) if k in PROVIDER_KEYS]
+    if _model_providers(new) != _model_providers(old):
+        keys.append("llm.models")
+    return keys
+
+
 def config_save_text(
     *,
     text: str,
@@ -197,7 +210,7 @@ def config_save_text(
     with _reload_lock:
         cfg = bot_config.parse_config(text, source="bot_config.toml")
         old = bot_config.get_config()
-        provider = [k for k in _changed_keys(cfg, old) if k in PROVIDER_KEYS]
+        provider = provider_changes(cfg, old)
         if provider and not may_change_provider:
             raise ConfigError(
                 f"{', '.join(provider)}: changing the model provider needs the permission "
@@ -235,11 +248,14 @@ def _history_record(result: ReloadResult, *, old: BotConfig, new: BotConfig, use
         return getattr(getattr(cfg, section), name)
 
     watched = [k for k in (*PROVIDER_KEYS, "llm.model") if k in result.changed_keys]
+    provider = {k: [value(old, k), value(new, k)] for k in watched}
+    if _model_providers(old) != _model_providers(new):
+        provider["llm.models"] = [_model_providers(old), _model_providers(new)]
     ConfigChange.objects.create(
         user=user if getattr(user, "pk", None) else None,
         source=result.source[:64],
         changed_keys=result.changed_keys,
-        provider={k: [value(old, k), value(new, k)] for k in watched},
+        provider=provider,
     )
 
 

@@ -86,6 +86,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "console.context_processors.config_reload",
+                "console.context_processors.llm_budgets",
             ],
         },
     },

@@ -13,6 +13,7 @@ urlpatterns = [
     path("admin/config/", admin.site.admin_view(views.config_form_view), name="console-config"),
     path("admin/config/raw/", admin.site.admin_view(views.config_raw_view), name="console-config-raw"),
     path("admin/logs/", admin.site.admin_view(views.logs_view), name="console-logs"),
+    path("admin/models/", admin.site.admin_view(views.models_view), name="console-models"),
     path("admin/", admin.site.urls),
     path("api/v1/", proactive_api.urls),
     path("chat/", chat_page, name="chat"),

@@ -8,6 +8,7 @@ request and record the same ledger row."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -21,8 +22,9 @@ import openai
 from asgiref.sync import sync_to_async
 from openai import AsyncOpenAI, OpenAI
 
+from chat.agent import budget
 from chat.models import LLMCall
-from maibot.config import BotConfig, get_config
+from maibot.config import BotConfig, LLMModel, get_config
 
 logger = logging.getLogger(__name__)
 
@@ -30,13 +32,24 @@ logger = logging.getLogger(__name__)
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, AsyncOpenAI]] = weakref.WeakKeyDictionary()
 
 
-def get_client(cfg: BotConfig | None = None) -> AsyncOpenAI:
+def _default_model(cfg: BotConfig) -> LLMModel:
+    route = cfg.llm_route("utility")
+    if route:
+        return route[0]
+    return LLMModel(
+        name="", base_url=cfg.llm_base_url, api_key=cfg.llm_api_key, model="", price_input_per_1m=0,
+        price_output_per_1m=0, timeout=cfg.llm.timeout, max_concurrent=0,
+    )  # fmt: skip
+
+
+def get_client(cfg: BotConfig | None = None, model: LLMModel | None = None) -> AsyncOpenAI:
     cfg = cfg or get_config()
-    key = (cfg.llm_base_url, cfg.llm_api_key, cfg.llm.max_retries)
+    model = model or _default_model(cfg)
+    key = (model.base_url, model.api_key, cfg.llm.max_retries)
     per_loop = _clients.setdefault(asyncio.get_running_loop(), {})
     client = per_loop.get(key)
     if client is None:
-        client = AsyncOpenAI(base_url=cfg.llm_base_url, api_key=cfg.llm_api_key, max_retries=cfg.llm.max_retries)
+        client = AsyncOpenAI(base_url=model.base_url, api_key=model.api_key, max_retries=cfg.llm.max_retries)
         per_loop[key] = client
     return client
 
@@ -46,15 +59,39 @@ _sync_clients: dict[tuple, OpenAI] = {}
 _sync_lock = threading.Lock()
 
 
-def get_sync_client(cfg: BotConfig | None = None) -> OpenAI:
+def get_sync_client(cfg: BotConfig | None = None, model: LLMModel | None = None) -> OpenAI:
     cfg = cfg or get_config()
-    key = (cfg.llm_base_url, cfg.llm_api_key, cfg.llm.max_retries)
+    model = model or _default_model(cfg)
+    key = (model.base_url, model.api_key, cfg.llm.max_retries)
     with _sync_lock:
         client = _sync_clients.get(key)
         if client is None:
-            client = OpenAI(base_url=cfg.llm_base_url, api_key=cfg.llm_api_key, max_retries=cfg.llm.max_retries)
+            client = OpenAI(base_url=model.base_url, api_key=model.api_key, max_retries=cfg.llm.max_retries)
             _sync_clients[key] = client
     return client
+
+
+# Calls in flight per model in this process (`max_concurrent`): threads in sync code, tasks per loop.
+_sync_gates: dict[tuple[str, int], threading.BoundedSemaphore] = {}
+_async_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, int], asyncio.Semaphore]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _sync_gate(model: LLMModel) -> threading.BoundedSemaphore | contextlib.nullcontext:
+    if not model.max_concurrent:
+        return contextlib.nullcontext()
+    with _sync_lock:
+        return _sync_gates.setdefault(
+            (model.name, model.max_concurrent), threading.BoundedSemaphore(model.max_concurrent)
+        )
+
+
+def _async_gate(model: LLMModel) -> asyncio.Semaphore | contextlib.nullcontext:
+    if not model.max_concurrent:
+        return contextlib.nullcontext()
+    per_loop = _async_gates.setdefault(asyncio.get_running_loop(), {})
+    return per_loop.setdefault((model.name, model.max_concurrent), asyncio.Semaphore(model.max_concurrent))
 
 
 @dataclass
@@ -80,6 +117,9 @@ class LLMResult:
     error: str = ""
     timed_out: bool = False
     call_id: int | None = None
+    model_name: str = ""  # the configured model that answered (or failed last)
+    attempts: int = 0  # calls made: 1 + the fallbacks tried
+    budget_exceeded: str = ""  # set when no call was made because a daily cap is reached: which, until when
 
     @property
     def ok(self) -> bool:
@@ -104,37 +144,57 @@ def _parse_tool_calls(raw_calls: Any) -> list[ToolCallRequest]:
     return calls
 
 
-def cost_of(prompt_tokens: int, completion_tokens: int, cfg: BotConfig | None = None) -> Decimal:
-    llm = (cfg or get_config()).llm
-    cost = prompt_tokens * llm.price_input_per_1m / 1e6 + completion_tokens * llm.price_output_per_1m / 1e6
+def cost_of(prompt_tokens: int, completion_tokens: int, model: LLMModel | BotConfig | None = None) -> Decimal:
+    """What a call cost at `model`'s prices (a BotConfig or None: the prices of [llm] itself)."""
+    prices = model if isinstance(model, LLMModel) else (model or get_config()).llm
+    cost = prompt_tokens * prices.price_input_per_1m / 1e6 + completion_tokens * prices.price_output_per_1m / 1e6
     return Decimal(str(round(cost, 6)))
 
 
-def _record(*, purpose: str, model: str, result: LLMResult, session_id: int | None, cycle_id: int | None) -> int:
+def _record(
+    *,
+    purpose: str,
+    model: LLMModel,
+    attempt: int,
+    result: LLMResult,
+    session_id: int | None,
+    cycle_id: int | None,
+    admission: budget.Admission,
+) -> int:
+    """The ledger row of one call, and its spend charged to the caps it was admitted under."""
+    cost = cost_of(result.prompt_tokens, result.completion_tokens, model)
     call = LLMCall.objects.create(
         purpose=purpose,
-        model=model,
+        task=budget.task_of(purpose),
+        model=model.model,
+        model_name=model.name,
+        attempt=attempt,
         session_id=session_id,
         cycle_id=cycle_id,
         prompt_tokens=result.prompt_tokens,
         completion_tokens=result.completion_tokens,
         cached_tokens=result.cached_tokens,
         latency_ms=result.latency_ms,
-        cost=cost_of(result.prompt_tokens, result.completion_tokens),
+        cost=cost,
         error=result.error[:2000],
     )
+    budget.charge(admission=admission, tokens=result.prompt_tokens + result.completion_tokens, cost=cost)
     return call.pk
 
 
 def _request(
-    cfg: BotConfig, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, timeout: float | None
+    model: LLMModel,
+    cfg: BotConfig,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    timeout: float,
 ) -> dict[str, Any]:
     """The chat-completions arguments (the same for the async and the sync client)."""
     kwargs: dict[str, Any] = {
-        "model": cfg.llm_model,
+        "model": model.model,
         "messages": messages,
         "temperature": cfg.llm.temperature,
-        "timeout": timeout or cfg.llm.timeout,
+        "timeout": timeout,
     }
     if tools:
         kwargs["tools"] = tools
@@ -179,6 +239,41 @@ def _finish(result: LLMResult, started: float, purpose: str, model: str) -> None
         logger.warning("LLM call (%s, %s) failed: %s", purpose, model, result.error)
 
 
+def _admit(cfg: BotConfig, task: str, model: LLMModel, session_id: int | None) -> budget.Admission:
+    return budget.admit(caps=budget.caps_for(cfg, task=task, model=model.name, session_id=session_id), cfg=cfg)
+
+
+def _no_call(cfg: BotConfig, last: LLMResult | None, refusal: budget.Admission | None) -> LLMResult:
+    """The result when no (further) call could be made: the last failure, else why none was made."""
+    if last is not None:
+        return last
+    result = LLMResult()
+    if refusal is not None:
+        result.budget_exceeded = result.error = refusal.reason(cfg.tzinfo)
+        logger.info("LLM call not made: %s", result.error)
+    else:
+        result.error = "no model is configured for this task"
+    return result
+
+
+def _attempt_timeout(model: LLMModel, timeout: float | None, left: float | None, *, first: bool) -> float:
+    """One attempt's timeout: the model's own, within the caller's `timeout` (the first attempt may
+    use all of it; a fallback what is left of it)."""
+    limit = timeout if first or left is None else round(left, 3)
+    return min(model.timeout, limit) if limit else model.timeout
+
+
+class _Deadline:
+    """`timeout` for the whole call, fallbacks included (None: each model's own timeout per attempt)."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self.timeout = timeout
+        self.end = time.monotonic() + timeout if timeout else None
+
+    def left(self) -> float | None:
+        return None if self.end is None else self.end - time.monotonic()
+
+
 async def complete(
     *,
     purpose: str,
@@ -188,21 +283,48 @@ async def complete(
     cycle_id: int | None = None,
     timeout: float | None = None,
 ) -> LLMResult:
-    """One chat-completions call. Never raises for provider trouble: the error is on the result and
-    in the ledger, so callers can record it and go on."""
+    """One chat-completions answer from the task's models (chat.agent.budget.task_of(purpose)): the first,
+    then each fallback after a provider error or timeout, each attempt a ledger row. Never raises for
+    provider trouble: the error is on the result and in the ledger. A model whose daily cap is reached is
+    skipped; when a task or session cap is reached, or every model's, no call is made
+    (`result.budget_exceeded` says which cap and when it resets)."""
     cfg = get_config()
-    kwargs = _request(cfg, messages, tools, timeout)
-    result = LLMResult()
-    started = time.perf_counter()
-    try:
-        _read(await get_client(cfg).chat.completions.create(**kwargs), result)
-    except _CALL_ERRORS as exc:
-        _failed(exc, result, kwargs["timeout"])
-    _finish(result, started, purpose, cfg.llm_model)
-    result.call_id = await sync_to_async(_record)(
-        purpose=purpose, model=cfg.llm_model, result=result, session_id=session_id, cycle_id=cycle_id
-    )
-    return result
+    task = budget.task_of(purpose)
+    deadline = _Deadline(timeout)
+    last: LLMResult | None = None
+    refusal: budget.Admission | None = None
+    for attempt, model in enumerate(cfg.llm_route(task)):
+        left = deadline.left()
+        if left is not None and left <= 0:
+            break
+        admission = await sync_to_async(_admit)(cfg, task, model, session_id)
+        if not admission.admitted:
+            refusal = admission if admission.refused_by.scope != "model" else (refusal or admission)
+            if admission.refused_by.scope != "model":
+                break  # the task's or the chat's cap: no model may be called
+            continue
+        kwargs = _request(model, cfg, messages, tools, _attempt_timeout(model, timeout, left, first=last is None))
+        result = LLMResult(model_name=model.name, attempts=(last.attempts if last else 0) + 1)
+        started = time.perf_counter()
+        async with _async_gate(model):
+            try:
+                _read(await get_client(cfg, model).chat.completions.create(**kwargs), result)
+            except _CALL_ERRORS as exc:
+                _failed(exc, result, kwargs["timeout"])
+        _finish(result, started, purpose, model.model)
+        result.call_id = await sync_to_async(_record)(
+            purpose=purpose,
+            model=model,
+            attempt=attempt,
+            result=result,
+            session_id=session_id,
+            cycle_id=cycle_id,
+            admission=admission,
+        )
+        if result.ok:
+            return result
+        last = result
+    return _no_call(cfg, last, refusal)
 
 
 def complete_sync(
@@ -216,21 +338,112 @@ def complete_sync(
     hard_timeout: bool = False,
 ) -> LLMResult:
     """`complete` for sync worker code (django-q2 tasks), with the SDK's sync client: the same
-    request, the same ledger row. With `hard_timeout` the SDK does not retry, so `timeout` bounds
-    the whole call (a retry would start the clock again)."""
+    requests, the same ledger rows, the same fallbacks and caps. With `hard_timeout` the SDK does not
+    retry, so `timeout` bounds the whole call, fallbacks included (a retry would start the clock again)."""
     cfg = get_config()
-    kwargs = _request(cfg, messages, tools, timeout)
-    result = LLMResult()
+    task = budget.task_of(purpose)
+    deadline = _Deadline(timeout if hard_timeout else None)
+    last: LLMResult | None = None
+    refusal: budget.Admission | None = None
+    for attempt, model in enumerate(cfg.llm_route(task)):
+        left = deadline.left()
+        if left is not None and left <= 0:
+            break
+        admission = _admit(cfg, task, model, session_id)
+        if not admission.admitted:
+            refusal = admission if admission.refused_by.scope != "model" else (refusal or admission)
+            if admission.refused_by.scope != "model":
+                break
+            continue
+        kwargs = _request(model, cfg, messages, tools, _attempt_timeout(model, timeout, left, first=last is None))
+        result = LLMResult(model_name=model.name, attempts=(last.attempts if last else 0) + 1)
+        started = time.perf_counter()
+        with _sync_gate(model):
+            try:
+                client = get_sync_client(cfg, model)
+                if hard_timeout:
+                    client = client.with_options(max_retries=0)
+                _read(client.chat.completions.create(**kwargs), result)
+            except _CALL_ERRORS as exc:
+                _failed(exc, result, kwargs["timeout"])
+        _finish(result, started, purpose, model.model)
+        result.call_id = _record(
+            purpose=purpose,
+            model=model,
+            attempt=attempt,
+            result=result,
+            session_id=session_id,
+            cycle_id=cycle_id,
+            admission=admission,
+        )
+        if result.ok:
+            return result
+        last = result
+    return _no_call(cfg, last, refusal)
+
+
+# --- the model test (console) ---------------------------------------------------------------------
+
+MODEL_TEST_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "echo",
+        "description": "Repeat a word back.",
+        "parameters": {
+            "type": "object",
+            "properties": {"word": {"type": "string", "description": "The word to repeat."}},
+            "required": ["word"],
+        },
+    },
+}
+MODEL_TEST_PROMPT = "This is a connection test. Call the tool `echo` with the word `ping`, nothing else."
+MODEL_TEST_TIMEOUT = 30.0
+
+
+@dataclass
+class ModelTest:
+    """One model's answer to the test call: latency, what it said, whether it called the offered tool."""
+
+    name: str
+    model: str
+    ok: bool
+    latency_ms: int
+    answer: str
+    tool_calling: bool
+    error: str
+
+
+def model_test(model: LLMModel) -> ModelTest:
+    """One tiny call to `model` with one tool offered (no retries, at most MODEL_TEST_TIMEOUT seconds).
+    Ledgered (purpose model_test, task utility) but not held to the budgets: an operator asked for it."""
+    cfg = get_config()
+    timeout = min(model.timeout, MODEL_TEST_TIMEOUT)
+    kwargs = _request(model, cfg, [{"role": "user", "content": MODEL_TEST_PROMPT}], [MODEL_TEST_TOOL], timeout)
+    result = LLMResult(model_name=model.name, attempts=1)
     started = time.perf_counter()
     try:
-        client = get_sync_client(cfg)
-        if hard_timeout:
-            client = client.with_options(max_retries=0)
+        client = get_sync_client(cfg, model).with_options(max_retries=0)
         _read(client.chat.completions.create(**kwargs), result)
     except _CALL_ERRORS as exc:
-        _failed(exc, result, kwargs["timeout"])
-    _finish(result, started, purpose, cfg.llm_model)
+        _failed(exc, result, timeout)
+    _finish(result, started, "model_test", model.model)
     result.call_id = _record(
-        purpose=purpose, model=cfg.llm_model, result=result, session_id=session_id, cycle_id=cycle_id
+        purpose="model_test",
+        model=model,
+        attempt=0,
+        result=result,
+        session_id=None,
+        cycle_id=None,
+        admission=budget.Admission(day=budget.local_day(budget.clock(), cfg.tzinfo), caps=[]),
     )
-    return result
+    calls = [c for c in result.tool_calls if c.name == "echo" and c.arguments is not None]
+    shown = result.content or "; ".join(f"{c.name}({c.raw_arguments})" for c in result.tool_calls)
+    return ModelTest(
+        name=model.name,
+        model=model.model,
+        ok=result.ok,
+        latency_ms=result.latency_ms,
+        answer=shown[:500],
+        tool_calling=bool(calls) and str(calls[0].arguments.get("word", "")).strip().lower() == "ping",
+        error=result.error,
+    )

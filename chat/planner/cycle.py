@@ -290,7 +290,8 @@ async def run_cycle(
                     round_no += 1
                     continue
             if not result.ok:
-                fields["action"] = "error"
+                # A daily cap reached mid-cycle (another process spent the rest): no call was made.
+                fields["action"] = "over_budget" if result.budget_exceeded else "error"
                 fields["error"] = result.error
                 break
             if result.content and result.tool_calls:

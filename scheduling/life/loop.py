@@ -9,8 +9,8 @@ is a PlannerCycle(kind=life) with its ToolCallRecords and its LLMCall in the led
 bounds the model call (the sync client's timeout, without retries); a call cut off is in the ledger
 with its error and the turn is recorded as a timeout. Each tool call has its own timeout
 (`chat.tool_timeout`). A timer whose payload starts with `say:` sends the rest as written, without a
-model call (so it works offline too); with no model configured any other timer's turn is recorded as
-skipped.
+model call (so it works offline too); with no model configured, or a daily budget of the life task
+(or the chat) reached (chat.agent.budget), any other timer's turn is recorded as skipped.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
+from chat.agent import budget
 from chat.agent.engine import AgentTurn, ToolOutcome
 from chat.agent.llm import complete_sync
 from chat.agent.prompt import Prompt, prompt_manager
@@ -156,13 +157,16 @@ def _close(turn: AgentTurn, result: TurnResult, timings: dict[str, int], reasoni
     )
 
 
-def _literal_turn(timer: Timer, firing: TimerFiring, now: datetime) -> tuple[PlannerCycle, TurnResult]:
-    """A `say:` payload goes out as written, with no model call; with no model configured, any other
-    payload is skipped. Either way the turn is recorded."""
+def _literal_turn(
+    timer: Timer, firing: TimerFiring, now: datetime, *, why_no_model: str = ""
+) -> tuple[PlannerCycle, TurnResult]:
+    """A `say:` payload goes out as written, with no model call; with no model configured (or a daily
+    budget reached: `why_no_model`), any other payload is skipped. Either way the turn is recorded."""
     text = timer.literal_text
     turn = _open(timer, firing, now, [])
     if text is None:
-        result = TurnResult(outcome="skipped", error="no model configured and the payload is not a say: message")
+        why = why_no_model or "no model configured"
+        result = TurnResult(outcome="skipped", error=f"{why}, and the payload is not a say: message")
     elif not text or timer.session is None:
         result = TurnResult(outcome="error", error="say: needs text and a timer bound to a chat")
     else:
@@ -192,6 +196,10 @@ def _model_turn(timer: Timer, firing: TimerFiring, now: datetime) -> TurnResult:
         hard_timeout=True,
     )
     llm_ms = int((time.perf_counter() - started) * 1000)
+    if answer.budget_exceeded:  # reached meanwhile (another process spent the rest): no call was made
+        result = TurnResult(outcome="skipped", error=answer.budget_exceeded)
+        _close(turn, result, {"llm_ms": llm_ms})
+        return result
     if answer.timed_out:
         result = TurnResult(outcome="timeout", error=f"the turn took longer than {timeout:g}s")
         _close(turn, result, {"timeout_s": int(timeout)})
@@ -211,8 +219,11 @@ def _run_turn(firing_id: int) -> TurnResult:
     timer = firing.timer
     if timer.status == TimerStatus.CANCELLED:
         return TurnResult(outcome="skipped", error="the timer was cancelled before its turn ran")
-    if timer.literal_text is not None or get_config().offline:
+    cfg = get_config()
+    if timer.literal_text is not None or cfg.offline:
         return _literal_turn(timer, firing, now)[1]
+    if cfg.llm.budgets and (reason := budget.blocked(task="life", session_id=timer.session_id, cfg=cfg)):
+        return _literal_turn(timer, firing, now, why_no_model=reason)[1]
     return _model_turn(timer, firing, now)
 
 

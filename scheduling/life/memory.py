@@ -247,6 +247,10 @@ def summary_refresh(session_pk: int) -> str:
         messages=[{"role": "system", "content": SUMMARY_PROMPT}, {"role": "user", "content": user}],
         session_id=session_pk,
     )
+    if result.budget_exceeded:
+        # The summary waits: the request stays, and the next check after the reset refreshes it.
+        logger.info("summary of session %s waits: %s", session_pk, result.budget_exceeded)
+        return f"waiting: {result.budget_exceeded}"
     if not result.ok or not result.content.strip():
         SessionSummary.objects.filter(pk=summary.pk).update(
             error=result.error or "empty answer", refresh_requested_at=None

@@ -1,0 +1,65 @@
+"""The model test button in headless Chromium against a real daphne server whose models are the
+scripted server: clicking it shows each model's latency, answer, tool calling and error."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+
+from tests.conftest import CHROMIUM_ARGS, require_chromium
+from tests.fake_llm import FakeLLM
+from tests.test_console_models import answer_by_model
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.live]
+
+
+@pytest.fixture
+def operator(transactional_db) -> User:
+    # Made before the browser starts (sync playwright runs an event loop in this thread).
+    return User.objects.create_superuser("op", password="pw-123456")
+
+
+def test_the_model_test_button_shows_each_models_outcome(operator, start_server, tmp_path):
+    require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    with FakeLLM() as provider:
+        provider.default = answer_by_model(provider)
+        data = tmp_path / "data-web"
+        data.mkdir()
+        models = "".join(
+            f'[[llm.models]]\nname = "{name}"\nbase_url = "{provider.base_url}"\nmodel = "{name}-1"\n\n'
+            for name in ("good", "chatty", "broken")
+        )
+        (data / "bot_config.toml").write_text(f'[bot]\nlanguage = "en"\n\n{models}', encoding="utf-8")
+        _, base = start_server()
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=require_chromium(), args=CHROMIUM_ARGS, headless=True)
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.set_default_timeout(20_000)
+            page.goto(f"{base}/admin/login/?next=/admin/models/")
+            page.fill("#id_username", "op")
+            page.fill("#id_password", "pw-123456")
+            page.click("input[type=submit]")
+            page.wait_for_url(f"{base}/admin/models/")
+            assert page.inner_text("#model-routes").count("good") == 4  # every task to the first model
+            page.click("#test-all input[type=submit]")
+            page.wait_for_selector("#model-test-results")
+            cells = {
+                row.get_attribute("data-model"): {
+                    c: row.query_selector(f".{c}").inner_text() for c in ("tool-calling", "answer", "error", "latency")
+                }
+                for row in page.query_selector_all("tr.model-test")
+            }
+            page.screenshot(path="/tmp/maibot-console-models.png", full_page=True)
+            # One model alone, with its own button.
+            page.click("#test-good")
+            page.wait_for_selector("#model-test-results")
+            alone = [r.get_attribute("data-model") for r in page.query_selector_all("tr.model-test")]
+            browser.close()
+    assert cells["good"]["tool-calling"] == "works" and "echo" in cells["good"]["answer"]
+    assert cells["chatty"]["tool-calling"] == "no tool call" and cells["chatty"]["answer"] == "pong!"
+    assert cells["broken"]["tool-calling"] == "—" and "HTTP 500" in cells["broken"]["error"]
+    assert all(c["latency"].endswith(" ms") for c in cells.values())
+    assert alone == ["good"]
+    assert sorted(r["model"] for r in provider.requests) == ["broken-1", "chatty-1", "good-1", "good-1"]
