@@ -368,25 +368,40 @@ def adapter_platforms_echoed(*, platforms: set[str], now: datetime | None = None
             logger.info("platform %s echoes deliveries: unconfirmed hand-overs are redelivered from now on", platform)
 
 
+def _receipts_apply(receipts: list[tuple[str, Any]]) -> None:
+    """The round's echoes and the note that their platforms echo, committed together: no reader sees a
+    message delivered by a platform not yet known to echo. Should the round fail, each echo is tried
+    again alone (with its platform's note), so one bad receipt loses no other."""
+    valid = []
+    for platform, content in receipts:
+        if isinstance(content, dict):
+            valid.append((platform, content.get("echo"), content.get("actual_id")))
+        else:
+            logger.warning("message_id_echo from %s dropped: content is not an object", platform)
+
+    def apply(batch) -> None:
+        with transaction.atomic():
+            echoed = {p for p, echo, actual in batch if outbound_receipt_apply(platform=p, echo=echo, actual_id=actual)}
+            if echoed:
+                adapter_platforms_echoed(platforms=echoed)
+
+    try:
+        apply(valid)
+    except Exception:
+        logger.exception("a round of %d echoes failed; applying them one by one", len(valid))
+        for one in valid:
+            try:
+                apply([one])
+            except Exception:
+                logger.exception("message_id_echo from %s not applied", one[0])
+
+
 def adapter_frames_store(*, frames: AdapterFrames) -> IngestResult:
     """Store one round of adapter frames: the messages in one transaction, then the receipts."""
     result = inbound_messages_store(items=frames.messages)
     _learn_bot_accounts(result.stored)
-    echoed: set[str] = set()
-    for platform, content in frames.receipts:
-        if not isinstance(content, dict):
-            logger.warning("message_id_echo from %s dropped: content is not an object", platform)
-            continue
-        try:
-            if outbound_receipt_apply(platform=platform, echo=content.get("echo"), actual_id=content.get("actual_id")):
-                echoed.add(platform)
-        except Exception:
-            logger.exception("message_id_echo from %s not applied", platform)
-    if echoed:
-        try:
-            adapter_platforms_echoed(platforms=echoed)
-        except Exception:
-            logger.exception("could not record the echoes of %s", sorted(echoed))
+    if frames.receipts:
+        _receipts_apply(frames.receipts)
     for platform, content in frames.command_responses:
         try:
             command_response_store(platform=platform, content=content)
