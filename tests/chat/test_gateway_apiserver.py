@@ -146,3 +146,26 @@ async def test_without_allow_from_a_legacy_client_without_a_token_is_refused(ser
     finally:
         await legacy07.stop()
     assert not await db(lambda: AdapterConnection.objects.exists())
+
+
+def test_a_bad_allow_from_stops_start_up_naming_the_entry(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.chat.gateway_helpers import ROOT
+
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "MAIBOT_DATA_DIR": str(tmp_path),
+            "HOME": str(tmp_path),
+            "MAIBOT_ADAPTER_ALLOW_FROM": "127.0.0.0/8, 192.168.1.7/24",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "MAIBOT_ADAPTER_ALLOW_FROM: '192.168.1.7/24' is not a network in CIDR notation" in result.stderr
