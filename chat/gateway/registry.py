@@ -21,6 +21,7 @@ import json
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Collection
 from typing import Any
 
@@ -51,6 +52,9 @@ from maibot.config import get_config
 logger = logging.getLogger(__name__)
 
 THREAD_PARSE_BYTES = 256 * 1024  # bigger frames are parsed off the event loop
+# API-Server packages remembered by msg_id, so one the client resends (from its cache, after a reconnect,
+# when our ack did not reach it) is not stored twice; maim_message's own server remembers them an hour.
+API_SEEN_MAX = 4096
 # Group membership expires in channels_redis (group_expiry); the gateway joins again well before.
 GROUP_REJOIN_SECONDS = 600
 
@@ -62,6 +66,8 @@ class Gateway(outbox.Sink):
         self.accept: dict[str, list[str]] = {}
         # Platforms whose adapter echoes deliveries (AdapterPlatform.echoes, or an echo seen here).
         self.echoing: set[str] = set()
+        # (platform, msg_id) of API-Server packages already taken in, oldest first (API_SEEN_MAX).
+        self._api_seen: OrderedDict[tuple[str, str], None] = OrderedDict()
         self.started = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.channel_name = ""
@@ -238,6 +244,8 @@ class Gateway(outbox.Sink):
         try:
             if conn.api_server:
                 await self._acknowledge(conn, data)
+                if self._api_seen_before(conn, data):
+                    return
                 parsed = parse_api_package(data)
                 if parsed is None:
                     return  # a system package (sys_ack): nothing for us
@@ -280,6 +288,20 @@ class Gateway(outbox.Sink):
             await conn.send(api_server_ack(msg_id, connection_uuid=conn.client_uuid))
         except Exception as exc:
             logger.debug("acknowledging a frame of %r failed: %s", conn, exc)
+
+    def _api_seen_before(self, conn: Connection, data: dict[str, Any]) -> bool:
+        """Whether this API-Server package (by msg_id) was taken in already; remembers it if not."""
+        msg_id = data.get("msg_id")
+        if data.get("type") == "sys_ack" or not isinstance(msg_id, str) or not msg_id:
+            return False
+        key = (conn.platform, msg_id[:256])
+        if key in self._api_seen:
+            logger.info("package %s from %r dropped: received before (resent by the client)", key[1][:64], conn)
+            return True
+        self._api_seen[key] = None
+        if len(self._api_seen) > API_SEEN_MAX:
+            self._api_seen.popitem(last=False)
+        return False
 
     def _echo_seen(self, conn: Connection, content: Any) -> None:
         """An echo came over `conn`: its platform side delivers, so its backlog may flow."""

@@ -335,6 +335,10 @@ async def test_an_api_server_connection_is_served_acked_and_confirmed(app):
         ack = await comm.receive_json_from(timeout=TIMEOUT)
         assert ack["type"] == "sys_ack"
         assert (ack["meta"]["uuid"], ack["meta"]["acked_msg_id"]) == ("single_test", "msg_0123456789ab_1795306251")
+        # Resent (the client's cache resends what it holds unacknowledged): acknowledged, not stored again.
+        await comm.send_json_to(_client_package(api))
+        again = await comm.receive_json_from(timeout=TIMEOUT)
+        assert (again["type"], again["meta"]["acked_msg_id"]) == ("sys_ack", "msg_0123456789ab_1795306251")
         stored = await wait_for_async(lambda: Message.objects.filter(platform_message_id="555").first())
         assert (stored.text, stored.session_id) == ("over the API", session.pk)
 
@@ -364,6 +368,7 @@ async def test_an_api_server_connection_is_served_acked_and_confirmed(app):
             lambda: Message.objects.filter(pk=out.pk, delivery_status=DeliveryStatus.DELIVERED).first()
         )
         assert delivered.platform_message_id == "4242"
+        assert await db(lambda: Message.objects.filter(direction="in").count()) == 1
     finally:
         await comm.disconnect(timeout=TIMEOUT)
     record = await db(lambda: AdapterConnection.objects.get())
