@@ -11,6 +11,8 @@ from pathlib import Path
 
 import dj_database_url
 
+from maibot.networks import parse_networks
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 DATA_DIR = Path(os.environ.get("MAIBOT_DATA_DIR") or BASE_DIR / "data").resolve()
@@ -168,6 +170,11 @@ AUTH_PASSWORD_VALIDATORS = [
 # --- adapters -------------------------------------------------------------------------------------
 # Comma-separated tokens accepted from platform adapters (the raw `Authorization` header).
 MAIBOT_ADAPTER_TOKENS = [t.strip() for t in os.environ.get("MAIBOT_ADAPTER_TOKENS", "").split(",") if t.strip()]
+# Comma-separated CIDRs whose adapters are admitted without a token (legacy adapters that cannot send
+# one); a bad entry stops start-up naming it (chat.gateway.auth).
+MAIBOT_ADAPTER_ALLOW_FROM = parse_networks(
+    os.environ.get("MAIBOT_ADAPTER_ALLOW_FROM", ""), name="MAIBOT_ADAPTER_ALLOW_FROM"
+)
 
 # The server and the cluster run the config watcher, the log writer and the heartbeat (maibot.process).
 MAIBOT_CONSOLE_SERVICES = os.environ.get("MAIBOT_CONSOLE_SERVICES", "1") != "0"

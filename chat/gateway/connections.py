@@ -26,6 +26,10 @@ class Connection:
     # Frames queued for storage but not stored yet: the flood guard.
     backlog: int = 0
     record_id: int | None = None
+    # maim_message's API-Server mode (chat.gateway.auth): frames both ways travel in its packages, and
+    # each frame it sends is acknowledged; `client_uuid` is its `x-uuid` header.
+    api_server: bool = False
+    client_uuid: str = ""
     # The code we closed it with (replaced, flood, bad token), which is what the record keeps.
     close_code: int | None = None
     # The delivery gate, for a platform whose adapter echoes (chat.gateway.registry): when it opened,
@@ -45,7 +49,8 @@ class Connection:
         raise NotImplementedError
 
     def __repr__(self) -> str:
-        return f"<{self.protocol} {self.platform} {self.remote}>"
+        mode = " api-server" if self.api_server else ""
+        return f"<{self.protocol}{mode} {self.platform} {self.remote}>"
 
 
 class PlainAdapterConnection(Connection):

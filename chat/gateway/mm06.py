@@ -1,11 +1,11 @@
 """maim_message ≤ 0.6.x at /ws: a plain websocket carrying JSON text frames (accept, authenticate — a bad
-token is closed with 1008 —, then serve)."""
+token is closed with 1008 —, then serve), in legacy or API-Server mode (chat.gateway.auth)."""
 
 from __future__ import annotations
 
 import logging
 
-from chat.gateway.auth import adapter_auth_problem
+from chat.gateway.auth import adapter_auth_problem, adapter_hello, refusal_log
 from chat.gateway.connections import CLOSE_POLICY, PlainAdapterConnection
 from chat.gateway.registry import get_gateway
 
@@ -24,14 +24,18 @@ async def plain_adapter_app(scope, receive, send) -> None:
         return
     headers = _headers(scope)
     client = scope.get("client") or ("", 0)
-    platform = headers.get("platform", "").strip()
+    hello = adapter_hello(headers)
     await send({"type": "websocket.accept"})
-    problem = adapter_auth_problem(platform=platform, token=headers.get("authorization"), client_host=client[0])
+    problem = adapter_auth_problem(
+        platform=hello.platform, token=hello.token, client_host=client[0], api_server=hello.api_server
+    )
     if problem:
-        logger.warning("adapter connection from %s (platform %r) refused: %s", client[0], platform, problem)
+        mode = "API-Server websocket" if hello.api_server else "websocket"
+        refusal_log.refused(address=str(client[0]), reason=problem, platform=hello.platform, mode=mode)
         await send({"type": "websocket.close", "code": CLOSE_POLICY})
         return
-    conn = PlainAdapterConnection(platform=platform, remote=f"{client[0]}:{client[1]}", send=send)
+    conn = PlainAdapterConnection(platform=hello.platform, remote=f"{client[0]}:{client[1]}", send=send)
+    conn.api_server, conn.client_uuid = hello.api_server, headers.get("x-uuid", "")[:128]
     await gateway.adapter_connected(conn)
     code = None
     try:

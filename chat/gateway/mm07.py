@@ -1,5 +1,6 @@
 """maim_message ≥ 0.7.x at /ws: the Socket.IO server (Engine.IO v4, long-polling and websocket), its
-connect / disconnect / `message` handlers, and its ASGI app."""
+connect / disconnect / `message` handlers, and its ASGI app; adapters in legacy or API-Server mode
+(chat.gateway.auth)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import socketio
 
-from chat.gateway.auth import adapter_auth_problem
+from chat.gateway.auth import adapter_auth_problem, adapter_hello, environ_headers, refusal_log
 from chat.gateway.connections import SocketIOAdapterConnection
 from chat.gateway.registry import get_gateway
 from maibot.config import get_config
@@ -56,12 +57,18 @@ async def connect(sid: str, environ: dict, auth: Any = None) -> None:
     gateway = get_gateway()
     scope = environ.get("asgi.scope") or {}
     client = scope.get("client") or ("", 0)
-    platform = (environ.get("HTTP_PLATFORM") or "").strip()
-    problem = adapter_auth_problem(platform=platform, token=environ.get("HTTP_AUTHORIZATION"), client_host=client[0])
+    headers = environ_headers(environ)
+    hello = adapter_hello(headers)
+    problem = adapter_auth_problem(
+        platform=hello.platform, token=hello.token, client_host=client[0], api_server=hello.api_server
+    )
     if problem:
-        logger.warning("Socket.IO adapter from %s (platform %r) refused: %s", client[0], platform, problem)
+        mode = "API-Server Socket.IO" if hello.api_server else "Socket.IO"
+        refusal_log.refused(address=str(client[0]), reason=problem, platform=hello.platform, mode=mode)
+        # The client's connect fails with this reason (its connect_error event).
         raise socketio.exceptions.ConnectionRefusedError(problem)
-    conn = SocketIOAdapterConnection(platform=platform, remote=f"{client[0]}:{client[1]}", sid=sid, server=sio)
+    conn = SocketIOAdapterConnection(platform=hello.platform, remote=f"{client[0]}:{client[1]}", sid=sid, server=sio)
+    conn.api_server, conn.client_uuid = hello.api_server, headers.get("x-uuid", "")[:128]
     _sio_conns[sid] = conn
     await gateway.adapter_connected(conn)
 

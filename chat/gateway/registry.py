@@ -21,6 +21,7 @@ import json
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Collection
 from typing import Any
 
@@ -37,12 +38,23 @@ from chat.ingest import (
     adapter_connection_set_accept_format,
 )
 from chat.outbox import WEB_PLATFORM, Deliverer, Delivery, Overdue, db_call
-from chat.wire.inbound import EnvelopeError, is_custom_message, parse_custom, parse_envelope
+from chat.wire.inbound import (
+    CustomMessage,
+    EnvelopeError,
+    is_custom_message,
+    parse_api_package,
+    parse_custom,
+    parse_envelope,
+)
+from chat.wire.outbound import api_server_ack, api_server_package
 from maibot.config import get_config
 
 logger = logging.getLogger(__name__)
 
 THREAD_PARSE_BYTES = 256 * 1024  # bigger frames are parsed off the event loop
+# API-Server packages remembered by msg_id, so one the client resends (from its cache, after a reconnect,
+# when our ack did not reach it) is not stored twice; maim_message's own server remembers them an hour.
+API_SEEN_MAX = 4096
 # Group membership expires in channels_redis (group_expiry); the gateway joins again well before.
 GROUP_REJOIN_SECONDS = 600
 
@@ -54,6 +66,8 @@ class Gateway(outbox.Sink):
         self.accept: dict[str, list[str]] = {}
         # Platforms whose adapter echoes deliveries (AdapterPlatform.echoes, or an echo seen here).
         self.echoing: set[str] = set()
+        # (platform, msg_id) of API-Server packages already taken in, oldest first (API_SEEN_MAX).
+        self._api_seen: OrderedDict[tuple[str, str], None] = OrderedDict()
         self.started = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.channel_name = ""
@@ -228,20 +242,30 @@ class Gateway(outbox.Sink):
             await conn.close(CLOSE_POLICY)
             return
         try:
-            if is_custom_message(data):
-                custom = parse_custom(data)
-                if custom.message_type_name == "message_id_echo":
-                    self.writer.enqueue(conn, FrameKind.RECEIPT, custom.content)
-                    self._echo_seen(conn, custom.content)
-                elif custom.message_type_name == "command_response":
-                    self.writer.enqueue(conn, FrameKind.COMMAND_RESPONSE, custom.content)
-                else:
-                    logger.info("custom message %r from %r ignored", custom.message_type_name, conn)
-                return
-            message = parse_envelope(data)
+            if conn.api_server:
+                await self._acknowledge(conn, data)
+                if self._api_seen_before(conn, data):
+                    return
+                parsed = parse_api_package(data)
+                if parsed is None:
+                    return  # a system package (sys_ack): nothing for us
+            elif is_custom_message(data):
+                parsed = parse_custom(data)
+            else:
+                parsed = parse_envelope(data)
         except EnvelopeError as exc:
             logger.warning("frame from %r dropped: %s", conn, exc)
             return
+        if isinstance(parsed, CustomMessage):
+            if parsed.message_type_name == "message_id_echo":
+                self.writer.enqueue(conn, FrameKind.RECEIPT, parsed.content)
+                self._echo_seen(conn, parsed.content)
+            elif parsed.message_type_name == "command_response":
+                self.writer.enqueue(conn, FrameKind.COMMAND_RESPONSE, parsed.content)
+            else:
+                logger.info("custom message %r from %r ignored", parsed.message_type_name, conn)
+            return
+        message = parsed
         fmt = message.info.format_info
         if fmt is not None and fmt.accept_format and self.accept.get(conn.platform) != fmt.accept_format:
             self.accept[conn.platform] = list(fmt.accept_format)
@@ -252,6 +276,32 @@ class Gateway(outbox.Sink):
     def enqueue_message(self, conn: Connection, item: InboundItem) -> None:
         """For the browser chat: a message already parsed."""
         self.writer.enqueue_message(conn, item)
+
+    async def _acknowledge(self, conn: Connection, data: dict[str, Any]) -> None:
+        """An API-Server client expects a `sys_ack` for every frame it sends (but acks) that carries a
+        msg_id, as maim_message's own server sends it on receipt: the client resends unacknowledged
+        frames from its cache when it reconnects."""
+        msg_id = data.get("msg_id")
+        if data.get("type") == "sys_ack" or not isinstance(msg_id, str) or not 0 < len(msg_id) <= 256:
+            return
+        try:
+            await conn.send(api_server_ack(msg_id, connection_uuid=conn.client_uuid))
+        except Exception as exc:
+            logger.debug("acknowledging a frame of %r failed: %s", conn, exc)
+
+    def _api_seen_before(self, conn: Connection, data: dict[str, Any]) -> bool:
+        """Whether this API-Server package (by msg_id) was taken in already; remembers it if not."""
+        msg_id = data.get("msg_id")
+        if data.get("type") == "sys_ack" or not isinstance(msg_id, str) or not msg_id:
+            return False
+        key = (conn.platform, msg_id[:256])
+        if key in self._api_seen:
+            logger.info("package %s from %r dropped: received before (resent by the client)", key[1][:64], conn)
+            return True
+        self._api_seen[key] = None
+        if len(self._api_seen) > API_SEEN_MAX:
+            self._api_seen.popitem(last=False)
+        return False
 
     def _echo_seen(self, conn: Connection, content: Any) -> None:
         """An echo came over `conn`: its platform side delivers, so its backlog may flow."""
@@ -324,8 +374,11 @@ class Gateway(outbox.Sink):
             if conn.probe_id is not None:
                 return False  # a probe is out already: this row waits (claimed before the gate closed)
             conn.probe_id = delivery.message_id
+        frame = delivery.frame
+        if conn.api_server and frame is not None:
+            frame = api_server_package(frame, platform=conn.platform)
         try:
-            written = await conn.send(delivery.frame)
+            written = await conn.send(frame)
         except Exception as exc:
             logger.warning("writing to %r failed: %s", conn, exc)
             written = False

@@ -26,7 +26,10 @@ class GatewayRouter:
         self.http, self.websocket = http, websocket
         allow_protocol_close_codes()
         if not settings.MAIBOT_ADAPTER_TOKENS:
-            logger.warning("MAIBOT_ADAPTER_TOKENS is not set: adapters are accepted from loopback addresses only")
+            logger.warning(
+                "MAIBOT_ADAPTER_TOKENS is not set: adapters are accepted from loopback addresses%s only",
+                " and MAIBOT_ADAPTER_ALLOW_FROM" if settings.MAIBOT_ADAPTER_ALLOW_FROM else "",
+            )
 
     async def __call__(self, scope, receive, send) -> None:
         kind = scope["type"]

@@ -1,5 +1,7 @@
 """Inbound maim_message frames: parsing an adapter's chat message envelopes and custom messages (receipts,
-command results) into validated objects. Outbound frames are built in chat.wire.outbound."""
+command results) into validated objects, in legacy mode (MessageBase dicts, custom messages with
+`message_type_name`) and in API-Server mode (packages `{ver, msg_id, type, meta, payload}` carrying an
+APIMessageBase, `custom_<name>` or `sys_ack`). Outbound frames are built in chat.wire.outbound."""
 
 from __future__ import annotations
 
@@ -183,3 +185,60 @@ def parse_custom(frame: dict[str, Any]) -> CustomMessage:
     if problem := _unstorable(custom.content):
         raise EnvelopeError(f"content: {problem}")
     return custom
+
+
+# --- API-Server mode (maim_message's WebSocketClient, both 0.6.x and 0.7.x) --------------------------
+API_STANDARD = "sys_std"
+API_CUSTOM_PREFIX = "custom_"
+
+
+class ApiPackage(_Lenient):
+    """The package every API-Server frame travels in: `{ver, msg_id, type, meta, payload}`."""
+
+    type: str = Field(min_length=1, max_length=128)
+    msg_id: str | None = Field(default=None, max_length=256)
+    payload: Any = None
+
+
+def _api_envelope(payload: Any) -> dict[str, Any]:
+    """An APIMessageBase dict as the legacy envelope our parser reads: who spoke is in
+    message_info.sender_info (maim_message's MessageConverter.to_api_receive puts the legacy group_info /
+    user_info there); message_dim (the client's key and platform) is not needed, the connection has
+    both; APIMessageBase has no raw_message."""
+    if not isinstance(payload, dict):
+        raise EnvelopeError("payload: an APIMessageBase is an object")
+    info = payload.get("message_info")
+    if not isinstance(info, dict):
+        raise EnvelopeError("payload.message_info: Field required")
+    sender = info.get("sender_info")
+    if isinstance(sender, dict):
+        info = dict(info)
+        for key in ("group_info", "user_info"):
+            if info.get(key) is None and sender.get(key) is not None:
+                info[key] = sender[key]
+    return {"message_info": info, "message_segment": payload.get("message_segment")}
+
+
+def parse_api_package(frame: dict[str, Any]) -> InboundMessage | CustomMessage | None:
+    """An API-Server package: a chat message (`sys_std`), a custom message (`custom_<name>`, read as the
+    legacy custom message `<name>`: `custom_message_id_echo` is a receipt), or None for the other system
+    packages (`sys_ack` confirms a frame we sent reached the client, nothing more). Raises EnvelopeError."""
+    try:
+        package = ApiPackage.model_validate(frame)
+    except ValidationError as exc:
+        raise EnvelopeError(_describe(exc)) from None
+    if package.type == API_STANDARD:
+        return parse_envelope(_api_envelope(package.payload))
+    if package.type.startswith(API_CUSTOM_PREFIX) and len(package.type) > len(API_CUSTOM_PREFIX):
+        meta = frame.get("meta") if isinstance(frame.get("meta"), dict) else {}
+        platform = meta.get("platform")
+        return parse_custom(
+            {
+                "platform": platform if isinstance(platform, str) else None,
+                "message_type_name": package.type[len(API_CUSTOM_PREFIX) :],
+                "content": package.payload,
+            }
+        )
+    if package.type.startswith("sys_"):
+        return None
+    raise EnvelopeError(f"type: unknown API-Server package type {package.type[:64]!r}")

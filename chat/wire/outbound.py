@@ -1,12 +1,15 @@
-"""Outbound frames: the maim_message envelope an adapter receives for one of our messages, the text frame
-of the 0.6.x plain websocket, and the frame the browser chat page receives. Inbound parsing is in
-chat.wire.inbound."""
+"""Outbound frames: the maim_message envelope an adapter receives for one of our messages (and the
+API-Server package wrapping it for an adapter in that mode, with the `sys_ack` that mode expects for
+each frame it sends), the text frame of the 0.6.x plain websocket, and the frame the browser chat page
+receives. Inbound parsing is in chat.wire.inbound."""
 
 from __future__ import annotations
 
 import base64
 import json
 import logging
+import time
+import uuid
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -140,4 +143,43 @@ def browser_frame(message: OutboundMessage) -> dict[str, Any]:
         "text": message.text,
         "segments": message.segments,
         "time": timezone.localtime(message.time, get_config().tzinfo).isoformat(),
+    }
+
+
+def api_server_package(envelope: dict[str, Any], *, platform: str) -> dict[str, Any]:
+    """An adapter envelope as an API-Server client (maim_message's WebSocketClient) receives it: a
+    `sys_std` package whose payload is an APIMessageBase. The recipient moves to
+    message_info.receiver_info (MessageConverter.from_api_send, which the NapCat adapter calls, reads
+    group_info / user_info from there); message_dim is required by APIMessageBase.from_dict and names the
+    platform; its api_key is left empty: the client ignores it, and the adapter's key is not repeated
+    on the wire."""
+    info = dict(envelope["message_info"])
+    receiver = {key: info.pop(key) for key in ("group_info", "user_info") if key in info}
+    receiver = {key: value for key, value in receiver.items() if value is not None}
+    if receiver:
+        info["receiver_info"] = receiver
+    now = time.time()
+    return {
+        "ver": 1,
+        "msg_id": f"msg_{uuid.uuid4().hex[:12]}_{int(now)}",
+        "type": "sys_std",
+        "meta": {"sender_user": "server", "platform": platform, "timestamp": now},
+        "payload": {
+            "message_info": info,
+            "message_segment": envelope["message_segment"],
+            "message_dim": {"api_key": "", "platform": platform},
+        },
+    }
+
+
+def api_server_ack(msg_id: str, *, connection_uuid: str = "") -> dict[str, Any]:
+    """The `sys_ack` an API-Server client expects for each frame it sent (it keeps frames it could not
+    send in a cache and resends them on reconnect until acknowledged)."""
+    now = time.time()
+    return {
+        "ver": 1,
+        "msg_id": str(uuid.uuid4()),
+        "type": "sys_ack",
+        "meta": {"uuid": connection_uuid, "acked_msg_id": msg_id, "timestamp": now},
+        "payload": {"status": "received", "server_timestamp": now},
     }

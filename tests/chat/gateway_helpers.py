@@ -225,3 +225,33 @@ class Adapter07:
         if self._reader is not None:
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
+
+
+class ApiClient(Adapter07):
+    """The real maim_message WebSocketClient in API-Server mode (x-apikey / x-platform, APIMessageBase
+    packages), wired as MaiBot-Napcat-Adapter 0.7.0 wires it, run by tests/mm07/api_client.py: from
+    .venv-mm07 (0.7.5, Socket.IO) or, with `python=LEGACY_PYTHON`, from .venv (0.6.8, plain websocket).
+    The messages it receives arrive as the legacy dict the adapter's send handler reads."""
+
+    def __init__(self, base: str, *, api_key: str, platform: str = "qq", python: Path = MM07_PYTHON) -> None:
+        super().__init__(base, platform=platform)
+        script = ROOT / "tests" / "mm07" / "api_client.py"
+        self.args = [str(python), str(script), ws_url(base), platform, api_key]
+        self.version = ""
+
+    async def start(self) -> str:
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            limit=64 * 1024 * 1024,
+        )
+        self._reader = asyncio.create_task(self._read())
+        first = await self.next_event(timeout=60)
+        self.version = first.get("version", "")
+        return first["event"]
+
+
+# The 0.6.8 environment's interpreter (the project's own .venv).
+LEGACY_PYTHON = ROOT / ".venv" / "bin" / "python"
