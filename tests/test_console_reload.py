@@ -121,7 +121,17 @@ def test_callbacks_run_in_priority_order_and_one_failure_does_not_stop_the_other
     assert any("async callback exploded" in e for e in errors)
 
 
-def test_a_burst_of_writes_is_one_reload(config_file, watcher):
+@pytest.fixture
+def slow_watcher(config_file):
+    """A watcher whose quiet period (1 s) no stall of a loaded machine between two writes of a burst
+    20 ms apart reaches: with 200 ms, a descheduled test thread split the burst into two reloads."""
+    w = reload.ConfigWatcher(config_file, debounce_ms=1000).start()
+    yield w
+    w.stop()
+
+
+def test_a_burst_of_writes_is_one_reload(config_file, slow_watcher):
+    watcher = slow_watcher
     calls = []
     reload.register_reload_callback(lambda new, old: calls.append(new.bot.nickname))
     base = config_file.read_text(encoding="utf-8")
