@@ -240,8 +240,19 @@ class McpEndpoint:
         await manager.handle_request(scope, receive, send)
 
 
+# JSON-RPC's range for server-defined errors: the refusals that come before any MCP handler runs.
+UNAUTHORIZED = -32001
+
+
 async def _unauthorized(send, error: ApiError) -> None:
-    await _send_json(send, 401, error.as_dict(), [(b"www-authenticate", b'Bearer realm="maibot"')])
+    # A JSON-RPC error body: the SDK's client raises it as an MCPError with our code and sentence (any
+    # other 401 body it reports as "Server returned an error response").
+    body = {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": UNAUTHORIZED, "message": f"{error.code}: {error.message}", "data": error.as_dict()},
+    }
+    await _send_json(send, 401, body, [(b"www-authenticate", b'Bearer realm="maibot"')])
 
 
 def _log_end(task: asyncio.Task) -> None:

@@ -175,12 +175,17 @@ class CancelTimerArgs(Strict):
 # --- shapes -----------------------------------------------------------------------------------------
 
 
+def _json_ready(shape: type[BaseModel], value: dict[str, Any]) -> Result:
+    # The API's own output shapes: the same fields, times as ISO 8601 with offset.
+    return shape.model_validate(value).model_dump(mode="json")
+
+
 def _message(task: Any) -> Result:
-    return MessageOut.model_validate(proactive_message_as_dict(task)).model_dump(mode="json")
+    return _json_ready(MessageOut, proactive_message_as_dict(task))
 
 
 def _conversation(session: ChatSession) -> Result:
-    return ConversationOut.model_validate(conversation_as_dict(session)).model_dump(mode="json")
+    return _json_ready(ConversationOut, conversation_as_dict(session))
 
 
 def _page(qs, args: PageParams, render_all: Callable[[list], list]) -> Result:
@@ -251,7 +256,8 @@ def get_message(token: ApiToken, args: MessageIdArgs) -> Result:
 
 def list_messages(token: ApiToken, args: ListMessagesArgs) -> Result:
     filters = args.model_dump(include=set(MessageFilters.model_fields))
-    return _page(proactive_messages_list(token=token, **filters), args, proactive_messages_as_dicts)
+    qs = proactive_messages_list(token=token, **filters)
+    return _page(qs, args, lambda tasks: [_json_ready(MessageOut, d) for d in proactive_messages_as_dicts(tasks)])
 
 
 def cancel_message(token: ApiToken, args: CancelMessageArgs) -> Result:
