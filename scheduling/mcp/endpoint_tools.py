@@ -9,6 +9,7 @@ message tools take an `idempotency_key`, with the API's Idempotency-Key semantic
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,6 +29,7 @@ from scheduling.life.memory import (
     memory_slots_for,
 )
 from scheduling.life.timers import timer_as_dict, timer_cancel, timer_create, timers_active
+from scheduling.mcp.models import McpEndpointCall
 from scheduling.models import Actor
 from scheduling.proactive.access import (
     PRIVATE_CHANNELS,
@@ -473,8 +475,28 @@ def _validation_error(exc: ValidationError) -> ApiError:
     return ApiError(Code.VALIDATION_ERROR, f"{first['field']}: {first['message']}", field=first["field"], errors=errors)
 
 
+# Endpoint calls kept for the admin (the newest).
+KEEP_CALLS = 10_000
+
+
 def tool_call(*, token_id: int, name: str, arguments: dict[str, Any] | None) -> tuple[bool, Result]:
-    """Run one tool call for a token (sync; one transaction). Returns (ok, result or error dict)."""
+    """Run one tool call for a token (sync; one transaction) and record it. Returns (ok, result or
+    error dict)."""
+    started = time.monotonic()
+    ok, result = _tool_call(token_id=token_id, name=name, arguments=arguments)
+    row = McpEndpointCall.objects.create(
+        token_id=token_id,
+        tool=name[:128],
+        ok=ok,
+        error_code="" if ok else str(result.get("code", ""))[:64],
+        duration_ms=(time.monotonic() - started) * 1000,
+    )
+    if row.pk % 100 == 0:
+        McpEndpointCall.objects.filter(pk__lte=row.pk - KEEP_CALLS).delete()
+    return ok, result
+
+
+def _tool_call(*, token_id: int, name: str, arguments: dict[str, Any] | None) -> tuple[bool, Result]:
     token = ApiToken.objects.filter(pk=token_id, revoked_at__isnull=True).first()
     if token is None:
         return False, ApiError(Code.TOKEN_REVOKED, "this token has been revoked").as_dict()
