@@ -22,6 +22,7 @@ import re
 import socket
 import time
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import httpx2
@@ -41,6 +42,7 @@ from scheduling.mcp.models import McpLinkState, McpServerState
 logger = logging.getLogger(__name__)
 
 PING_SECONDS = 5.0
+STALE = timedelta(days=1)
 BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0
 MAX_RESULT_CHARS = 8000
 UNAVAILABLE = "mcp_unavailable"
@@ -237,6 +239,9 @@ class ServerLink:
 
     async def _save(self, *, state: str, tools: list[str], error: str = "", connected: bool = False) -> None:
         now = timezone.now()
+        if state == McpLinkState.STARTING:
+            # Rows of processes long gone (every restart is a new process).
+            await database_sync_to_async(McpServerState.objects.filter(updated_at__lt=now - STALE).delete)()
         fields: dict[str, Any] = {"state": state, "tools": tools, "transport": self.transport}
         if error:
             fields.update(last_error=error[:2000], last_error_at=now)

@@ -1,0 +1,99 @@
+"""MCP without servers: the [[mcp.servers]] config, the registry's comings and goings, the endpoint's
+tool calls in-process (one transaction, our codes, recorded) and the admin pages."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from chat.components import Tool, registry
+from maibot.config import ConfigError, parse_config
+from scheduling.life.models import MemorySlot
+from scheduling.mcp.client import offered_name
+from scheduling.mcp.endpoint_tools import tool_call
+from scheduling.mcp.models import McpEndpointCall, McpServerState
+from scheduling.models import ScheduledMessage
+from scheduling.proactive.access import api_token_create
+
+
+@pytest.mark.parametrize(
+    ("toml", "problem"),
+    [
+        ('[[mcp.servers]]\nname = "a"\n', "give exactly one of command (stdio) or url (streamable HTTP)"),
+        ('[[mcp.servers]]\nname = "a"\ncommand = "x"\nurl = "http://h/mcp"\n', "give exactly one of command"),
+        ('[[mcp.servers]]\nname = "Bad-Name"\ncommand = "x"\n', "mcp.servers.0.name"),
+        ('[[mcp.servers]]\nname = "a"\nurl = "ftp://h"\n', "mcp.servers.0.url"),
+        ('[[mcp.servers]]\nname = "a"\ncommand = "x"\ncall_timeout_seconds = 1e9\n', "call_timeout_seconds"),
+        ('[[mcp.servers]]\nname = "a"\ncommand = "x"\nscopes = ["everywhere"]\n', "mcp.servers.0.scopes.0"),
+        ('[[mcp.servers]]\nname = "a"\ncommand = "x"\n[[mcp.servers]]\nname = "a"\ncommand = "y"\n', "repeated: a"),
+    ],
+)
+def test_bad_server_entries_are_refused_naming_the_key(toml, problem):
+    with pytest.raises(ConfigError, match=problem.replace("(", r"\(").replace(")", r"\)")):
+        parse_config(toml)
+
+
+def test_a_server_entry_with_its_defaults():
+    entry = parse_config('[[mcp.servers]]\nname = "calc"\ncommand = "python"\nargs = ["s.py"]\n').mcp.servers[0]
+    assert (entry.tools, entry.scopes, entry.call_timeout_seconds, entry.enabled) == (["*"], ["chat"], 30.0, True)
+
+
+def test_offered_names_fit_what_the_model_accepts():
+    assert offered_name("calc", "add") == "calc__add"
+    assert offered_name("fs", "read.file/v2") == "fs__read_file_v2"
+    assert len(offered_name("x", "t" * 100)) == 64
+
+
+def test_tools_come_and_go_from_the_registry():
+    tool = Tool(name="tmp__echo", description="", parameters={"type": "object"}, func=lambda ctx: {"ok": True})
+    registry.register(tool)
+    try:
+        assert registry.get("tmp__echo") is tool
+    finally:
+        assert registry.unregister("tmp__echo")
+    assert registry.get("tmp__echo") is None and not registry.unregister("tmp__echo")
+
+
+@pytest.mark.django_db
+def test_endpoint_refusals_write_nothing_and_every_call_is_recorded(make_session):
+    token, _ = api_token_create(name="fast", scopes=["send", "read_own", "cancel"])
+    session = make_session()
+    ok, refused = tool_call(token_id=token.pk, name="remember", arguments={"key": "k", "content": "c"})
+    assert (ok, refused["code"]) == (False, "insufficient_scope")
+    ok, refused = tool_call(
+        token_id=token.pk, name="send_message", arguments={"conversation_id": session.session_id, "text": "x" * 5000}
+    )
+    assert (ok, refused["code"], refused["field"]) == (False, "text_too_long", "text")
+    ok, refused = tool_call(token_id=token.pk, name="send_message", arguments={"conversation_id": 5, "text": ["x"]})
+    assert (ok, refused["code"], refused["field"]) == (False, "validation_error", "text")
+    assert [e["field"] for e in refused["errors"]] == ["text"]
+    assert ScheduledMessage.objects.count() == 0 and MemorySlot.objects.count() == 0
+    calls = list(McpEndpointCall.objects.order_by("id").values_list("tool", "ok", "error_code"))
+    assert calls == [
+        ("remember", False, "insufficient_scope"),
+        ("send_message", False, "text_too_long"),
+        ("send_message", False, "validation_error"),
+    ]
+
+
+@pytest.mark.django_db
+def test_admin_pages_show_servers_and_endpoint_calls(admin_client):
+    token, _ = api_token_create(name="agent")
+    McpServerState.objects.create(
+        name="calc",
+        process="h:1",
+        transport="stdio",
+        state="down",
+        tools=[],
+        last_error="EOF",
+        calls=4,
+        total_call_ms=80,
+    )
+    McpEndpointCall.objects.create(
+        token=token, tool="send_message", ok=False, error_code="missing_anchor", duration_ms=3
+    )
+    page = admin_client.get(reverse("admin:scheduling_mcpserverstate_changelist")).content.decode()
+    assert "calc" in page and "Down (reconnecting)" in page and "20 ms" in page and "EOF" in page
+    page = admin_client.get(reverse("admin:scheduling_mcpendpointcall_changelist")).content.decode()
+    assert "send_message" in page and "missing_anchor" in page and "agent" in page
+    assert admin_client.get(reverse("admin:scheduling_mcpserverstate_add")).status_code == 403
