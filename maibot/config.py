@@ -493,7 +493,13 @@ class McpServerEntry(Section):
 class McpSection(Section):
     """MCP servers whose tools join the bot's planner (the bot's own MCP endpoint is /mcp)."""
 
-    servers: list[McpServerEntry] = Field(default_factory=list, max_length=32, description="[[mcp.servers]] entries.")
+    servers: list[McpServerEntry] = Field(
+        default_factory=list,
+        max_length=32,
+        description="MCP servers ([[mcp.servers]]: name, command with args and env or url with headers, tools, "
+        "scopes, call_timeout_seconds, connect_timeout_seconds, enabled), edited in the TOML editor.",
+        json_schema_extra=RAW_ONLY,
+    )
 
     @field_validator("servers")
     @classmethod

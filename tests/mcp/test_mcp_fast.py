@@ -7,13 +7,19 @@ import pytest
 from django.urls import reverse
 
 from chat.components import Tool, registry
-from maibot.config import ConfigError, parse_config
+from maibot import reload
+from maibot.config import ConfigError, get_config, parse_config
 from scheduling.life.models import MemorySlot
 from scheduling.mcp.client import offered_name
 from scheduling.mcp.endpoint_tools import tool_call
 from scheduling.mcp.models import McpEndpointCall, McpServerState
 from scheduling.models import ScheduledMessage
 from scheduling.proactive.access import api_token_create
+from tests import test_console_config_editor as editor_tests
+from tests.test_console_config_editor import form_data
+
+# The config editor's fixtures: a config file of the test's own, a superuser, staff with change_config only.
+config_file, operator, config_editor = editor_tests.config_file, editor_tests.operator, editor_tests.config_editor
 
 
 @pytest.mark.parametrize(
@@ -97,3 +103,33 @@ def test_admin_pages_show_servers_and_endpoint_calls(admin_client):
     page = admin_client.get(reverse("admin:scheduling_mcpendpointcall_changelist")).content.decode()
     assert "send_message" in page and "missing_anchor" in page and "agent" in page
     assert admin_client.get(reverse("admin:scheduling_mcpserverstate_add")).status_code == 403
+
+
+# --- the config editor: the servers are written in the TOML editor, only with their own permission ----
+
+SERVER_TOML = '\n[[mcp.servers]]\nname = "calc"\ncommand = "python"\nargs = ["calc.py"]\ntools = ["add"]\n'
+
+
+def test_a_config_editor_without_the_mcp_permission_cannot_change_the_servers(config_file, config_editor):
+    client, _ = config_editor
+    before = config_file.read_text(encoding="utf-8")
+    assert "mcp__servers" not in form_data(client)  # tables of their own are not in the form
+    page = client.post(
+        "/admin/config/raw/", {"toml": before + SERVER_TOML, "base_digest": reload.text_digest(before)}
+    ).content.decode()
+    assert "Can change the MCP servers" in page
+    assert config_file.read_text(encoding="utf-8") == before and get_config().mcp.servers == []
+
+
+def test_an_operator_writes_the_servers_and_the_form_keeps_them(config_file, operator):
+    before = config_file.read_text(encoding="utf-8")
+    response = operator.post(
+        "/admin/config/raw/", {"toml": before + SERVER_TOML, "base_digest": reload.text_digest(before)}
+    )
+    assert response.status_code == 302
+    (entry,) = get_config().mcp.servers
+    assert (entry.name, entry.command, entry.args, entry.tools) == ("calc", "python", ["calc.py"], ["add"])
+    # A form save of another key leaves the servers' tables as written.
+    assert operator.post("/admin/config/", form_data(operator) | {"chat__max_rounds": "4"}).status_code == 302
+    text = config_file.read_text(encoding="utf-8")
+    assert SERVER_TOML in text and parse_config(text).mcp.servers == [entry]
