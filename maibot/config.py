@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -436,6 +437,18 @@ class ApiSection(Section):
 
 
 _ENV_NAME = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+_SECRET_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+
+
+def mcp_secret_variables() -> set[str]:
+    """Environment variables an MCP server's env or headers may name as ${NAME} (set by the deployment)."""
+    return {name.strip() for name in os.environ.get("MAIBOT_MCP_SECRET_ENVS", "").split(",") if name.strip()}
+
+
+def mcp_secret_resolve(value: str) -> str:
+    """A header or env value with a ${NAME} reference replaced by that variable's value."""
+    match = _SECRET_REF.match(value)
+    return os.environ.get(match[1], "") if match else value
 
 
 class McpServerEntry(Section):
@@ -455,7 +468,12 @@ class McpServerEntry(Section):
         default_factory=list, max_length=64, description="stdio transport: the program's arguments."
     )
     env: dict[_ENV_NAME, Annotated[str, Field(max_length=4096)]] = Field(
-        default_factory=dict, max_length=64, description="stdio transport: extra environment variables."
+        default_factory=dict,
+        max_length=64,
+        description=(
+            "stdio transport: extra environment variables. A value ${NAME} is read from this process's "
+            "environment, for a NAME the deployment lists in MAIBOT_MCP_SECRET_ENVS (keep secrets out of this file)."
+        ),
     )
     url: str | None = Field(
         None,
@@ -464,7 +482,9 @@ class McpServerEntry(Section):
         description="Streamable-HTTP transport: the server's endpoint URL (give this or command).",
     )
     headers: dict[Annotated[str, Field(min_length=1, max_length=128)], Annotated[str, Field(max_length=4096)]] = Field(
-        default_factory=dict, max_length=64, description="Streamable-HTTP transport: extra request headers."
+        default_factory=dict,
+        max_length=64,
+        description="Streamable-HTTP transport: extra request headers (a value ${NAME}: as in env).",
     )
     tools: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
         default_factory=lambda: ["*"],
@@ -487,6 +507,16 @@ class McpServerEntry(Section):
     def _one_transport(self) -> McpServerEntry:
         if (self.url is None) == (self.command is None):
             raise ValueError("give exactly one of command (stdio) or url (streamable HTTP)")
+        # Like llm.api_key_env: whoever edits the config may not send any secret of the environment
+        # to a server of theirs, only those the deployment set aside for MCP servers.
+        allowed = mcp_secret_variables()
+        for value in (*self.env.values(), *self.headers.values()):
+            match = _SECRET_REF.match(value)
+            if match and match[1] not in allowed:
+                raise ValueError(
+                    f"{match[1]!r} is not an allowed secret variable (the deployment lists them in "
+                    "MAIBOT_MCP_SECRET_ENVS)"
+                )
         return self
 
 

@@ -35,7 +35,7 @@ from mcp import ClientSession, StdioServerParameters, stdio_client, types
 from mcp.client.streamable_http import streamable_http_client
 
 from chat.components import CHAT, Tool, ToolContext, ToolErrorCode, error, ok, registry
-from maibot.config import BotConfig, McpServerEntry, get_config
+from maibot.config import BotConfig, McpServerEntry, get_config, mcp_secret_resolve
 from maibot.reload import register_reload_callback
 from scheduling.mcp.models import McpLinkState, McpServerState
 
@@ -89,11 +89,15 @@ class ServerLink:
         e = self.entry
         async with contextlib.AsyncExitStack() as stack:
             if e.command:
-                params = StdioServerParameters(command=e.command, args=list(e.args), env=dict(e.env) or None)
+                env = {k: mcp_secret_resolve(v) for k, v in e.env.items()}
+                params = StdioServerParameters(command=e.command, args=list(e.args), env=env or None)
                 read, write = await stack.enter_async_context(stdio_client(params))
             else:
                 http = await stack.enter_async_context(
-                    httpx2.AsyncClient(headers=dict(e.headers), timeout=httpx2.Timeout(e.connect_timeout_seconds))
+                    httpx2.AsyncClient(
+                        headers={k: mcp_secret_resolve(v) for k, v in e.headers.items()},
+                        timeout=httpx2.Timeout(e.connect_timeout_seconds),
+                    )
                 )
                 read, write = await stack.enter_async_context(streamable_http_client(e.url, http_client=http))
             session = await stack.enter_async_context(ClientSession(read, write))

@@ -130,14 +130,18 @@ async def test_stdio_server_tools_are_called_recorded_and_survive_a_kill(start_s
             await adapter.stop()
 
 
-async def test_http_server_with_headers_and_hot_reload(start_server, tmp_path):
+async def test_http_server_with_headers_and_hot_reload(start_server, tmp_path, monkeypatch):
+    # A header's secret comes from the environment, by a name the deployment allows (the server
+    # process inherits both variables).
+    monkeypatch.setenv("MAIBOT_MCP_SECRET_ENVS", "MCP_TEST_SECRET")
+    monkeypatch.setenv("MCP_TEST_SECRET", "from-env")
     port = free_port()
     tools = Proc([sys.executable, str(SERVER), "http", str(port)], dict(os.environ), tmp_path / "tools.log")
     try:
         tools.wait_for_output("Uvicorn running", timeout=30)
         entry = (
             f'[[mcp.servers]]\nname = "web_tools"\nurl = "http://127.0.0.1:{port}/mcp"\n'
-            'headers = {X-Test = "from-config"}\ntools = ["shout"]\n'
+            'headers = {X-Test = "${MCP_TEST_SECRET}"}\ntools = ["shout"]\n'
         )
         write_bot_config(tmp_path / "data-web", config(entry))
         with FakeLLM() as fake:
@@ -151,7 +155,7 @@ async def test_http_server_with_headers_and_hot_reload(start_server, tmp_path):
                 await adapter.send(envelope(user_id=10001, text="shout"))
                 assert (await adapter.next_message(timeout=30))["message_segment"]["data"][0]["data"] == "ok"
                 shout = await record("web_tools__shout")
-                assert shout.result == {"ok": True, "result": {"result": "HI [from-config]"}}
+                assert shout.result == {"ok": True, "result": {"result": "HI [from-env]"}}
                 counted = await db(lambda: McpServerState.objects.get(name="web_tools"))
                 assert (counted.calls, counted.failed_calls) == (1, 0) and counted.mean_call_ms > 0
 

@@ -8,7 +8,7 @@ from django.urls import reverse
 
 from chat.components import Tool, registry
 from maibot import reload
-from maibot.config import ConfigError, get_config, parse_config
+from maibot.config import ConfigError, get_config, mcp_secret_resolve, parse_config
 from scheduling.life.models import MemorySlot
 from scheduling.mcp.client import offered_name
 from scheduling.mcp.endpoint_tools import tool_call
@@ -37,6 +37,18 @@ config_file, operator, config_editor = editor_tests.config_file, editor_tests.op
 def test_bad_server_entries_are_refused_naming_the_key(toml, problem):
     with pytest.raises(ConfigError, match=problem.replace("(", r"\(").replace(")", r"\)")):
         parse_config(toml)
+
+
+def test_secrets_come_only_from_the_variables_the_deployment_allows(monkeypatch):
+    toml = '[[mcp.servers]]\nname = "a"\nurl = "http://h/mcp"\nheaders = {Authorization = "${%s}"}\n'
+    with pytest.raises(ConfigError, match="'SECRET_KEY' is not an allowed secret variable"):
+        parse_config(toml % "SECRET_KEY")
+    monkeypatch.setenv("MAIBOT_MCP_SECRET_ENVS", "SEARCH_TOKEN")
+    monkeypatch.setenv("SEARCH_TOKEN", "Bearer s3cret")
+    entry = parse_config(toml % "SEARCH_TOKEN").mcp.servers[0]
+    assert entry.headers == {"Authorization": "${SEARCH_TOKEN}"}  # the file and the editor keep the name
+    assert mcp_secret_resolve(entry.headers["Authorization"]) == "Bearer s3cret"
+    assert mcp_secret_resolve("plain ${NOT_A_REF") == "plain ${NOT_A_REF"
 
 
 def test_a_server_entry_with_its_defaults():
