@@ -494,7 +494,10 @@ class McpServerEntry(Section):
     scopes: list[Annotated[str, Field(pattern=r"^(chat|life)$")]] = Field(
         default_factory=lambda: ["chat"],
         max_length=2,
-        description="Where its tools are offered: chat (the chat planner). life is accepted but not offered yet.",
+        description=(
+            "Where its tools are offered: chat (the chat planner, connected by the server process), life "
+            "(the life loop, connected by each cluster worker on its first turn)."
+        ),
     )
     call_timeout_seconds: float = Field(
         30.0, ge=0.5, le=600, description="How long one tool call may take before it fails with tool_timeout."

@@ -15,11 +15,13 @@ cycle. What each process sees is kept in McpServerState for the admin.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
 import re
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -34,7 +36,7 @@ from jsonschema.exceptions import SchemaError
 from mcp import ClientSession, StdioServerParameters, stdio_client, types
 from mcp.client.streamable_http import streamable_http_client
 
-from chat.components import CHAT, Tool, ToolContext, ToolErrorCode, error, ok, registry
+from chat.components import CHAT, LIFE, Tool, ToolContext, ToolErrorCode, error, ok, registry
 from maibot.config import BotConfig, McpServerEntry, get_config, mcp_secret_resolve
 from maibot.reload import register_reload_callback
 from scheduling.mcp.models import McpLinkState, McpServerState
@@ -69,9 +71,12 @@ def _text(result: types.CallToolResult) -> str:
 class ServerLink:
     """One configured server, kept connected by its own task."""
 
-    def __init__(self, entry: McpServerEntry, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, entry: McpServerEntry, loop: asyncio.AbstractEventLoop, scope: str = CHAT) -> None:
         self.entry = entry
         self.loop = loop
+        self.scope = scope
+        # Set once the first connection attempt has an outcome (its tools offered, or the error).
+        self.settled = threading.Event()
         self.session: ClientSession | None = None
         self.offered: dict[str, str] = {}  # offered name -> the server's tool name
         self.validators: dict[str, Draft202012Validator] = {}
@@ -115,6 +120,7 @@ class ServerLink:
                     self._broken.clear()
                     self._offer(listed.tools)
                     await self._save(state=McpLinkState.READY, tools=sorted(self.offered), connected=True)
+                    self.settled.set()
                     logger.info("MCP server %s connected: %d tools offered", self.entry.name, len(self.offered))
                     backoff = BACKOFF_FIRST
                     await self._watch(session)
@@ -128,6 +134,7 @@ class ServerLink:
                 reason = _reason(exc)
                 logger.warning("MCP server %s is down: %s (retry in %gs)", self.entry.name, reason, backoff)
                 await self._save(state=McpLinkState.DOWN, tools=[], error=reason)
+                self.settled.set()
             else:
                 self._withdraw()
                 await self._save(state=McpLinkState.DOWN, tools=[], error="the connection closed")
@@ -168,7 +175,7 @@ class ServerLink:
                         description=f"[{self.entry.name}] {tool.description or tool.name}"[:1024],
                         parameters=schema,
                         func=self._tool_func(name),
-                        scopes=frozenset({CHAT}),
+                        scopes=frozenset({self.scope}),
                         # The link's own deadline answers first, with a clearer error.
                         timeout=self.entry.call_timeout_seconds + 2,
                     )
@@ -268,9 +275,11 @@ def _reason(exc: BaseException) -> str:
 
 
 class McpClients:
-    """Every configured server's link in this process."""
+    """Every configured server's link in this process, for one scope: the chat planner's in the ASGI
+    server, the life loop's in a cluster worker."""
 
-    def __init__(self) -> None:
+    def __init__(self, scope: str = CHAT) -> None:
+        self.scope = scope
         self.links: dict[str, ServerLink] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -282,26 +291,61 @@ class McpClients:
         self.apply(get_config())
 
     def _on_reload(self, new: BotConfig, old: BotConfig) -> None:
-        if self.loop is not None and new.mcp != old.mcp:
+        if self.loop is not None and not self.loop.is_closed() and new.mcp != old.mcp:
             self.loop.call_soon_threadsafe(self.apply, new)
 
-    def apply(self, config: BotConfig) -> None:
-        """Start, restart and stop links so they match the config (in the loop's thread)."""
-        wanted = {e.name: e for e in config.mcp.servers if e.enabled and CHAT in e.scopes}
+    def apply(self, config: BotConfig) -> list[ServerLink]:
+        """Start, restart and stop links so they match the config (in the loop's thread); returns the
+        links it started."""
+        wanted = {e.name: e for e in config.mcp.servers if e.enabled and self.scope in e.scopes}
         for name, link in list(self.links.items()):
             if wanted.get(name) != link.entry:
                 del self.links[name]
                 self.loop.create_task(link.stop())
+        started = []
         for name, entry in wanted.items():
             if name not in self.links:
-                self.links[name] = ServerLink(entry, self.loop)
+                self.links[name] = ServerLink(entry, self.loop, self.scope)
+                started.append(self.links[name])
+        return started
 
     async def stop(self) -> None:
         links, self.links = list(self.links.values()), {}
         await asyncio.gather(*(link.stop() for link in links), return_exceptions=True)
 
 
-clients = McpClients()
+clients = McpClients(CHAT)
+
+
+class LifeMcpClients(McpClients):
+    """The life loop's servers in a cluster worker (sync code, no event loop of its own): the links
+    live in a loop on a daemon thread of the worker, started by the first turn that needs them."""
+
+    def __init__(self) -> None:
+        super().__init__(LIFE)
+        self._pid: int | None = None
+        self._lock = threading.Lock()
+
+    def ensure(self) -> None:
+        """Make the links match the config; wait (at most each server's connect timeout) for new ones
+        to connect, so a turn that needs their tools is offered them."""
+        config = get_config()
+        if not any(e.enabled and LIFE in e.scopes for e in config.mcp.servers) and not self.links:
+            return
+        with self._lock:
+            if self._pid != os.getpid():  # first use in this (forked) worker
+                self._pid, self.links = os.getpid(), {}
+                self.loop = asyncio.new_event_loop()
+                threading.Thread(target=self.loop.run_forever, name="maibot-mcp-life", daemon=True).start()
+            future = concurrent.futures.Future()
+            self.loop.call_soon_threadsafe(lambda: future.set_result(self.apply(config)))
+            started = future.result(timeout=10)
+        deadline = time.monotonic() + max((link.entry.connect_timeout_seconds for link in started), default=0)
+        for link in started:
+            link.settled.wait(max(0.0, deadline - time.monotonic()))
+
+
+life_clients = LifeMcpClients()
 
 
 def start_mcp_clients_on_first_call(app):

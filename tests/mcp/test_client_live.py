@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from chat.models import PlannerCycle, ToolCallRecord
+from scheduling.life.timers import timer_create
 from scheduling.mcp.models import McpServerState
+from scheduling.services import SYSTEM
 from tests.chat.gateway_helpers import Adapter06, envelope, write_bot_config
 from tests.conftest import Proc, db, free_port, wait_for, wait_for_async
 from tests.fake_llm import FakeLLM
@@ -174,3 +176,23 @@ async def test_http_server_with_headers_and_hot_reload(start_server, tmp_path, m
                 await adapter.stop()
     finally:
         tools.stop()
+
+
+def test_life_loop_turns_in_a_cluster_worker_are_offered_the_servers_tools(make_session, start_qcluster, tmp_path):
+    marker = tmp_path / "calls.txt"
+    entry = stdio_entry(marker, tools='["add"]') + 'scopes = ["life"]\n'
+    write_bot_config(tmp_path / "data-q1", config(entry))
+    with FakeLLM() as fake:
+        fake.script(fake.tool_call("calc__add", {"a": 1, "b": 2}))
+        start_qcluster(OPENAI_BASE_URL=fake.base_url)
+        session = make_session()
+        timer_create(spec="1s", label="count", payload="add things", session=session, acted_by=SYSTEM)
+        assert wait_for(lambda: ToolCallRecord.objects.filter(name="calc__add").exists(), timeout=60)
+        offered = {t["function"]["name"] for t in fake.requests[0]["tools"]}
+        assert "calc__add" in offered and "calc__slow" not in offered and "send_message" in offered
+    record = ToolCallRecord.objects.get(name="calc__add")
+    assert (record.ok, record.result) == (True, {"ok": True, "result": {"result": 3}})
+    assert record.cycle.kind == "life"
+    state = McpServerState.objects.get(name="calc")
+    assert state.state == "ready" and state.tools == ["calc__add"] and state.calls == 1
+    assert [m[0] for m in marks(marker)] == ["add"]
