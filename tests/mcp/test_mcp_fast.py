@@ -115,6 +115,11 @@ def test_admin_pages_show_servers_and_endpoint_calls(admin_client):
     page = admin_client.get(reverse("admin:scheduling_mcpendpointcall_changelist")).content.decode()
     assert "send_message" in page and "missing_anchor" in page and "agent" in page
     assert admin_client.get(reverse("admin:scheduling_mcpserverstate_add")).status_code == 403
+    # The token's page leads to its calls.
+    page = admin_client.get(reverse("admin:chat_apitoken_change", args=[token.pk])).content.decode()
+    calls = reverse("admin:scheduling_mcpendpointcall_changelist") + f"?token__id__exact={token.pk}"
+    assert calls in page
+    assert "missing_anchor" in admin_client.get(calls).content.decode()
 
 
 # --- the config editor: the servers are written in the TOML editor, only with their own permission ----
@@ -145,3 +150,14 @@ def test_an_operator_writes_the_servers_and_the_form_keeps_them(config_file, ope
     assert operator.post("/admin/config/", form_data(operator) | {"chat__max_rounds": "4"}).status_code == 302
     text = config_file.read_text(encoding="utf-8")
     assert SERVER_TOML in text and parse_config(text).mcp.servers == [entry]
+
+
+@pytest.mark.django_db
+def test_tool_calls_count_against_the_tokens_rate_limit(make_session):
+    from maibot import config
+
+    token, _ = api_token_create(name="busy")
+    with config.override(api={"rate_limit_per_minute": 2}):
+        outcomes = [tool_call(token_id=token.pk, name="list_conversations", arguments={}) for _ in range(3)]
+    assert [ok for ok, _ in outcomes] == [True, True, False]
+    assert outcomes[2][1]["code"] == "rate_limited" and "retry in" in outcomes[2][1]["message"]
