@@ -11,6 +11,7 @@ it in this process's event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -29,6 +30,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 
 from maibot.config import get_config
+from maibot.process import call_before_server_shutdown
 from scheduling.mcp import endpoint_tools
 from scheduling.proactive.access import api_token_authenticate
 from scheduling.proactive.errors import ApiError, ApiErrorCode
@@ -209,11 +211,22 @@ class McpEndpoint:
                     ready.set()
                     await asyncio.Event().wait()
 
+            first = self._loop is not loop
             self._manager, self._ready, self._loop = manager, ready, loop
             self._runner = loop.create_task(run(), name="mcp-endpoint")
             self._runner.add_done_callback(_log_end)
+            if first:
+                # Under daphne: the manager's task group is closed before the loop goes away.
+                call_before_server_shutdown(loop, self.stop)
         await self._ready.wait()
         return self._manager
+
+    async def stop(self) -> None:
+        runner = self._runner
+        if runner is not None and not runner.done():
+            runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
