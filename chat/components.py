@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -84,12 +85,24 @@ class Tool:
 class ToolRegistry:
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
+        # Tools come and go while the process runs (an MCP server's, as it connects and drops), in
+        # the event loop's thread while turns read the registry in theirs: writers swap in a new dict.
+        self._lock = threading.Lock()
 
     def register(self, tool: Tool) -> Tool:
-        if tool.name in self._tools:
-            raise ValueError(f"tool {tool.name!r} is already registered")
-        self._tools[tool.name] = tool
+        with self._lock:
+            if tool.name in self._tools:
+                raise ValueError(f"tool {tool.name!r} is already registered")
+            self._tools = {**self._tools, tool.name: tool}
         return tool
+
+    def unregister(self, name: str) -> bool:
+        """Remove a tool; False when there was none by that name."""
+        with self._lock:
+            if name not in self._tools:
+                return False
+            self._tools = {k: v for k, v in self._tools.items() if k != name}
+        return True
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)

@@ -355,12 +355,17 @@ class LLMSpend(models.Model):
 
 
 class ApiScope(models.TextChoices):
-    """What a proactive API token may do."""
+    """What a proactive API (and MCP endpoint) token may do."""
 
     SEND = "send", "Send and schedule messages (and find conversations to send to)"
     READ_OWN = "read_own", "Read the messages it created"
     READ_ALL = "read_all", "Read every proactive message"
     CANCEL = "cancel", "Cancel the pending messages it may read"
+    # The MCP endpoint (/mcp) offers more than the HTTP API: these scopes unlock its other tools.
+    HISTORY = "history", "Read the recent messages of the conversations it may reach (MCP)"
+    MEMORY = "memory", "List, add and remove memory slots (MCP)"
+    TIMERS = "timers", "List, set and cancel timers (MCP)"
+    INNER_STATE = "inner_state", "Read and update the bot's inner state (MCP)"
 
 
 def default_api_scopes() -> list[str]:

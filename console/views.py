@@ -23,6 +23,7 @@ VIEW_CONSOLE = "maibot.view_console"
 CHANGE_CONFIG = "maibot.change_config"
 CHANGE_LLM_PROVIDER = "maibot.change_llm_provider"
 TEST_LLM_MODELS = "maibot.test_llm_models"
+CHANGE_MCP_SERVERS = "maibot.change_mcp_servers"
 
 
 def _require(request: HttpRequest, perm: str) -> None:
@@ -147,8 +148,13 @@ def models_view(request: HttpRequest) -> HttpResponse:
 
 
 def _acting(request: HttpRequest) -> dict:
-    """Who saves, and whether they may point the model calls (and the API key) somewhere else."""
-    return {"user": request.user, "may_change_provider": request.user.has_perm(CHANGE_LLM_PROVIDER)}
+    """Who saves, whether they may point the model calls (and the API key) somewhere else, and whether
+    they may change the MCP servers (programs started, URLs called)."""
+    return {
+        "user": request.user,
+        "may_change_provider": request.user.has_perm(CHANGE_LLM_PROVIDER),
+        "may_change_mcp": request.user.has_perm(CHANGE_MCP_SERVERS),
+    }
 
 
 def _report_saved(request: HttpRequest, result: reload.ReloadResult) -> None:

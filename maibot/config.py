@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -435,6 +436,114 @@ class ApiSection(Section):
     )
 
 
+_ENV_NAME = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+_SECRET_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+
+
+def mcp_secret_variables() -> set[str]:
+    """Environment variables an MCP server's env or headers may name as ${NAME} (set by the deployment)."""
+    return {name.strip() for name in os.environ.get("MAIBOT_MCP_SECRET_ENVS", "").split(",") if name.strip()}
+
+
+def mcp_secret_resolve(value: str) -> str:
+    """A header or env value with a ${NAME} reference replaced by that variable's value."""
+    match = _SECRET_REF.match(value)
+    return os.environ.get(match[1], "") if match else value
+
+
+class McpServerEntry(Section):
+    """One MCP server whose tools the bot may use ([[mcp.servers]])."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=24,
+        pattern=r"^[a-z][a-z0-9_]*$",
+        description="Unique short name; its tools are offered to the model as <name>__<tool>.",
+    )
+    enabled: bool = Field(True, description="false: not started; its tools are not offered.")
+    command: str | None = Field(
+        None, min_length=1, max_length=1024, description="stdio transport: the program to start (give this or url)."
+    )
+    args: list[Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=list, max_length=64, description="stdio transport: the program's arguments."
+    )
+    env: dict[_ENV_NAME, Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=dict,
+        max_length=64,
+        description=(
+            "stdio transport: extra environment variables. A value ${NAME} is read from this process's "
+            "environment, for a NAME the deployment lists in MAIBOT_MCP_SECRET_ENVS (keep secrets out of this file)."
+        ),
+    )
+    url: str | None = Field(
+        None,
+        max_length=2048,
+        pattern=r"^https?://",
+        description="Streamable-HTTP transport: the server's endpoint URL (give this or command).",
+    )
+    headers: dict[Annotated[str, Field(min_length=1, max_length=128)], Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Streamable-HTTP transport: extra request headers (a value ${NAME}: as in env).",
+    )
+    tools: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
+        default_factory=lambda: ["*"],
+        max_length=200,
+        description='The server\'s tools the model is offered (its own names); ["*"]: all of them.',
+    )
+    scopes: list[Annotated[str, Field(pattern=r"^(chat|life)$")]] = Field(
+        default_factory=lambda: ["chat"],
+        max_length=2,
+        description=(
+            "Where its tools are offered: chat (the chat planner, connected by the server process), life "
+            "(the life loop, connected by each cluster worker on its first turn)."
+        ),
+    )
+    call_timeout_seconds: float = Field(
+        30.0, ge=0.5, le=600, description="How long one tool call may take before it fails with tool_timeout."
+    )
+    connect_timeout_seconds: float = Field(
+        20.0, ge=1, le=300, description="How long starting or connecting to the server may take."
+    )
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerEntry:
+        if (self.url is None) == (self.command is None):
+            raise ValueError("give exactly one of command (stdio) or url (streamable HTTP)")
+        # Like llm.api_key_env: whoever edits the config may not send any secret of the environment
+        # to a server of theirs, only those the deployment set aside for MCP servers.
+        allowed = mcp_secret_variables()
+        for value in (*self.env.values(), *self.headers.values()):
+            match = _SECRET_REF.match(value)
+            if match and match[1] not in allowed:
+                raise ValueError(
+                    f"{match[1]!r} is not an allowed secret variable (the deployment lists them in "
+                    "MAIBOT_MCP_SECRET_ENVS)"
+                )
+        return self
+
+
+class McpSection(Section):
+    """MCP servers whose tools join the bot's planner (the bot's own MCP endpoint is /mcp)."""
+
+    servers: list[McpServerEntry] = Field(
+        default_factory=list,
+        max_length=32,
+        description="MCP servers ([[mcp.servers]]: name, command with args and env or url with headers, tools, "
+        "scopes, call_timeout_seconds, connect_timeout_seconds, enabled), edited in the TOML editor.",
+        json_schema_extra=RAW_ONLY,
+    )
+
+    @field_validator("servers")
+    @classmethod
+    def _unique_names(cls, servers: list[McpServerEntry]) -> list[McpServerEntry]:
+        names = [s.name for s in servers]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"server names must be unique; repeated: {', '.join(duplicates)}")
+        return servers
+
+
 class LifeSection(Section):
     """The life loop (timers, inner state) and the model's memory (slots, summaries, scratch notes)."""
 
@@ -525,6 +634,7 @@ class BotConfig(Section):
     api: ApiSection = Field(default_factory=ApiSection)
     life: LifeSection = Field(default_factory=LifeSection)
     console: ConsoleSection = Field(default_factory=ConsoleSection)
+    mcp: McpSection = Field(default_factory=McpSection)
 
     # --- derived values, read through the config so callers never look at os.environ ----------
     @property

@@ -58,6 +58,10 @@ class Console(models.Model):
             ("change_config", "Can edit the bot configuration"),
             ("change_llm_provider", "Can change the model provider (llm.base_url, llm.api_key_env)"),
             ("test_llm_models", "Can test the configured models (each test is a paid call)"),
+            (
+                "change_mcp_servers",
+                "Can change the MCP servers (mcp.servers: the programs the bot starts, the URLs and headers it uses)",
+            ),
         ]
 
 

@@ -178,6 +178,8 @@ def reload_from_file(path: Path | None = None) -> ReloadResult | None:
 
 # Keys that choose where the model calls (and the API key) go: changing them needs its own permission.
 PROVIDER_KEYS = ("llm.base_url", "llm.api_key_env")
+# The MCP servers: programs this machine runs and URLs (with headers) it calls, so a permission of their own.
+MCP_KEYS = ("mcp.servers",)
 
 
 def _model_providers(cfg: BotConfig) -> list[tuple[str, str, str]]:
@@ -201,20 +203,27 @@ def config_save_text(
     expected_digest: str | None = None,
     user: Any = None,
     may_change_provider: bool = True,
+    may_change_mcp: bool = True,
 ) -> ReloadResult:
     """Validate TOML text, write it as the config file (atomically), apply it and record who changed
     what. Raises ConfigError (nothing written, nothing changed) when the text is not a valid config or
-    changes a provider key without `may_change_provider`, and ConfigChanged when `expected_digest` is
-    given and the file no longer has that content."""
+    changes a provider key without `may_change_provider` (an MCP key without `may_change_mcp`), and
+    ConfigChanged when `expected_digest` is given and the file no longer has that content."""
     path = path or bot_config.config_path()
     with _reload_lock:
         cfg = bot_config.parse_config(text, source="bot_config.toml")
         old = bot_config.get_config()
+        changed = _changed_keys(cfg, old)
         provider = provider_changes(cfg, old)
         if provider and not may_change_provider:
             raise ConfigError(
                 f"{', '.join(provider)}: changing the model provider needs the permission "
                 "'Can change the model provider'; nothing was saved"
+            )
+        if not may_change_mcp and any(k in MCP_KEYS for k in changed):
+            raise ConfigError(
+                "mcp.servers: changing the MCP servers needs the permission 'Can change the MCP servers'; "
+                "nothing was saved"
             )
         if expected_digest is not None:
             try:

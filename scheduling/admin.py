@@ -294,4 +294,5 @@ for _model, _base in ((Success, q_admin.TaskAdmin), (Failure, q_admin.FailAdmin)
 # The life loop's admin (timers, inner state, memory, turns) and the API tokens' admin live with their
 # sub-packages; Django's autodiscovery imports only this module.
 from scheduling.life import admin as _life_admin  # noqa: E402, F401
+from scheduling.mcp import admin as _mcp_admin  # noqa: E402, F401
 from scheduling.proactive import admin as _proactive_admin  # noqa: E402, F401

@@ -110,6 +110,7 @@ class ScheduledMessage(models.Model):
         return (self.sent_at - self.send_at).total_seconds()
 
 
-# The life loop's models (timers, firings, inner state, memory, summaries, notes) live in their
-# sub-package; importing them here registers them with this app.
+# The life loop's models (timers, firings, inner state, memory, summaries, notes) and MCP's (server
+# states, endpoint calls) live in their sub-packages; importing them here registers them with this app.
 from scheduling.life.models import *  # noqa: E402, F403
+from scheduling.mcp.models import *  # noqa: E402, F403

@@ -4,6 +4,7 @@ else to Django."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 from urllib.parse import parse_qs
 
 from django.conf import settings
@@ -20,10 +21,13 @@ ADAPTER_PATHS = ("/ws", "/ws/")
 
 class GatewayRouter:
     """Front ASGI app: /ws goes to the adapter gateway (Socket.IO when the query carries EIO=, including
-    its HTTP long-polling requests; the plain websocket otherwise); everything else to Django."""
+    its HTTP long-polling requests; the plain websocket otherwise); the mounted HTTP apps (the MCP
+    endpoint) on their paths; everything else to Django."""
 
-    def __init__(self, *, http, websocket) -> None:
+    def __init__(self, *, http, websocket, http_mounts: dict[tuple[str, ...], Any] | None = None) -> None:
         self.http, self.websocket = http, websocket
+        # Other ASGI apps for exact HTTP paths (the MCP endpoint), given by the composition root.
+        self.http_mounts = {path: app for paths, app in (http_mounts or {}).items() for path in paths}
         allow_protocol_close_codes()
         if not settings.MAIBOT_ADAPTER_TOKENS:
             logger.warning(
@@ -42,5 +46,8 @@ class GatewayRouter:
             if kind == "websocket":
                 return await plain_adapter_app(scope, receive, send)
         if kind == "http":
+            mounted = self.http_mounts.get(scope.get("path"))
+            if mounted is not None:
+                return await mounted(scope, receive, send)
             return await self.http(scope, receive, send)
         return await self.websocket(scope, receive, send)

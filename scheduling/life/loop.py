@@ -35,6 +35,7 @@ from chat.services import message_send
 from maibot.config import format_instant, get_config
 from scheduling.life.memory import inner_state_text, memory_block, summary_block
 from scheduling.life.models import FiringStatus, Timer, TimerFiring, TimerStatus
+from scheduling.mcp.client import life_clients
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +184,11 @@ def _literal_turn(
 
 
 def _model_turn(timer: Timer, firing: TimerFiring, now: datetime) -> TurnResult:
+    try:
+        # The MCP servers offered to the life loop: connected in this worker on first use.
+        life_clients.ensure()
+    except Exception:
+        logger.exception("the life loop's MCP servers could not be started; the turn goes on without them")
     turn = _open(timer, firing, now, build_prompt(timer, now))
     timeout = get_config().life.turn_timeout
     started = time.perf_counter()

@@ -7,6 +7,8 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html
 
 from chat.models import ApiScope, ApiToken, default_api_scopes
 from scheduling.proactive.access import api_token_create, api_token_revoke
@@ -46,10 +48,20 @@ class ApiTokenForm(forms.ModelForm):
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    list_display = ["name", "prefix", "state", "scopes", "created_at", "created_by", "last_used_at", "revoked_at"]
+    list_display = [
+        "name",
+        "prefix",
+        "state",
+        "scopes",
+        "created_at",
+        "created_by",
+        "last_used_at",
+        "revoked_at",
+        "mcp_calls",
+    ]
     list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
     search_fields = ["name", "prefix"]
-    readonly_fields = ["prefix", "created_by", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = ["prefix", "created_by", "created_at", "last_used_at", "revoked_at", "mcp_calls"]
     actions = ["revoke"]
 
     form = ApiTokenForm
@@ -62,6 +74,12 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> list[str]:
         return [] if obj is None else self.readonly_fields
+
+    @admin.display(description="MCP calls")
+    def mcp_calls(self, obj: ApiToken):
+        # The token's recent calls to the bot's MCP endpoint (/mcp), in their own list.
+        url = reverse("admin:scheduling_mcpendpointcall_changelist") + f"?token__id__exact={obj.pk}"
+        return format_html('<a href="{}">recent calls</a>', url)
 
     @admin.display(description="State")
     def state(self, obj: ApiToken) -> str:

@@ -167,6 +167,13 @@ class MessageIn(StrictSchema):
         None, description="ISO 8601 with offset. Absent: sent now, in this request. Else: delivered at that time."
     )
 
+    @field_validator("origin")
+    @classmethod
+    def _not_mcp(cls, value: Origin) -> Origin:
+        if value == Origin.MCP:
+            raise ValueError("origin 'mcp' is recorded by the MCP endpoint only")
+        return value
+
 
 class CancelIn(StrictSchema):
     reason: str | None = Field(None, max_length=255, description="Why; shown with the message.")

@@ -58,6 +58,7 @@ class Origin(StrEnum):
     SCHEDULER = "scheduler"
     CONNECTOR = "connector"
     SYSTEM = "system"
+    MCP = "mcp"  # the MCP endpoint's tools (scheduling.mcp) set it; API clients may not
 
 
 CONTENT_TYPES = ("text", "rich_text", "image")

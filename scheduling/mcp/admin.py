@@ -1,0 +1,87 @@
+"""Operator admin for MCP: the MCP servers the bot uses (state, tools, last error, calls, latency, per
+process) and the calls made to the bot's own endpoint (/mcp; its tokens are the API tokens)."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import reverse
+from django.utils.html import format_html
+
+from chat.admin import ReadOnlyAdmin, badge
+from scheduling.mcp.models import McpEndpointCall, McpLinkState, McpServerState
+
+STATE_COLOURS = {
+    McpLinkState.READY: "#15803d",
+    McpLinkState.STARTING: "#2563eb",
+    McpLinkState.DOWN: "#b91c1c",
+    McpLinkState.STOPPED: "#6b7280",
+}
+
+
+@admin.register(McpServerState)
+class McpServerStateAdmin(ReadOnlyAdmin):
+    list_display = [
+        "name",
+        "process",
+        "transport",
+        "state_badge",
+        "tool_count",
+        "calls",
+        "failed_calls",
+        "mean_latency",
+        "connected_at",
+        "last_error_short",
+        "updated_at",
+    ]
+    list_filter = ["state", "transport", "name"]
+    search_fields = ["name", "process", "last_error"]
+    fields = [
+        "name",
+        "process",
+        "transport",
+        "state",
+        "tools",
+        "connected_at",
+        "calls",
+        "failed_calls",
+        "mean_latency",
+        "last_error",
+        "last_error_at",
+        "updated_at",
+    ]
+    readonly_fields = fields
+
+    @admin.display(description="State", ordering="state")
+    def state_badge(self, obj: McpServerState):
+        return badge(STATE_COLOURS.get(obj.state, "#6b7280"), obj.get_state_display())
+
+    @admin.display(description="Tools offered")
+    def tool_count(self, obj: McpServerState) -> int:
+        return len(obj.tools or [])
+
+    @admin.display(description="Mean call latency")
+    def mean_latency(self, obj: McpServerState) -> str:
+        return f"{obj.mean_call_ms:.0f} ms" if obj.mean_call_ms is not None else "—"
+
+    @admin.display(description="Last error")
+    def last_error_short(self, obj: McpServerState) -> str:
+        return (obj.last_error[:80] + "…") if len(obj.last_error) > 80 else obj.last_error
+
+
+@admin.register(McpEndpointCall)
+class McpEndpointCallAdmin(ReadOnlyAdmin):
+    list_display = ["created_at", "token_link", "tool", "ok", "error_code", "duration"]
+    list_filter = ["ok", "tool", "error_code", "token"]
+    list_select_related = ["token"]
+    date_hierarchy = "created_at"
+
+    @admin.display(description="Token", ordering="token__name")
+    def token_link(self, obj: McpEndpointCall):
+        if obj.token is None:
+            return "—"
+        url = reverse("admin:chat_apitoken_change", args=[obj.token_id])
+        return format_html('<a href="{}">{}</a>', url, obj.token)
+
+    @admin.display(description="Duration", ordering="duration_ms")
+    def duration(self, obj: McpEndpointCall) -> str:
+        return f"{obj.duration_ms:.0f} ms"
