@@ -5,9 +5,10 @@
   {"code": ..., "message": ...}}. The session is implicit: it comes from the context, never from the
   model's arguments. A tool belongs to one or more *scopes*: the chat planner offers the "chat" tools,
   the life loop the "life" tools (chat.agent.engine runs them all the same way).
-* Commands: handlers that read what people type before any model does (the offline planner asks
-  them; plugins' commands will join them). A command gets the turn and one typed text and says
-  whether it handled it.
+* Commands: handlers that read what people type before any model does. The offline planner asks
+  them all; those marked `before_planner` (plugins' commands) are also asked before every chat-planner
+  cycle (chat.commands), and a message one of them handles never reaches the model. A command gets
+  the turn and one typed text and says whether it handled it.
 * Context blocks other apps add to the planner's prompt (inner state, memory slots, summary…): a sync
   function (session) -> str; an empty string means "nothing to say". The planner renders the
   registered blocks in `order` (stable, cache-friendly blocks first).
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from chat.models import ChatSession
+from chat.models import ChatSession, Message
 
 
 class ToolErrorCode(StrEnum):
@@ -114,6 +115,9 @@ class ToolRegistry:
     def names(self) -> list[str]:
         return list(self._tools)
 
+    def unregister(self, name: str) -> Tool | None:
+        return self._tools.pop(name, None)
+
 
 registry = ToolRegistry()
 
@@ -166,10 +170,14 @@ class CommandTurn(Protocol):
     calls) and answer in the chat."""
 
     session: ChatSession
+    message: Message | None  # the message whose text the command is reading
 
     def tool(self, name: str, **arguments: Any) -> dict[str, Any]: ...
 
     def answer(self, text: str, action: str) -> None: ...
+
+    def note(self, outcome: str) -> None:
+        """Record what a command did that is not an answer (e.g. a plugin that sent by itself)."""
 
 
 @dataclass(frozen=True)
@@ -180,6 +188,10 @@ class Command:
     order: int = 100
     # What the command understands, per language ("zh", "en"), for the offline notice.
     help: dict[str, str] = field(default_factory=dict)
+    # Also asked before every chat-planner cycle (not only by the offline planner); `matches(text)`
+    # then says cheaply whether `handle` wants the text, so unmatched messages open no turn.
+    before_planner: bool = False
+    matches: Callable[[str], bool] | None = None
 
 
 _commands: dict[str, Command] = {}
@@ -189,6 +201,10 @@ def register_command(command: Command) -> None:
     if command.name in _commands:
         raise ValueError(f"command {command.name!r} is already registered")
     _commands[command.name] = command
+
+
+def unregister_command(name: str) -> Command | None:
+    return _commands.pop(name, None)
 
 
 def commands() -> list[Command]:

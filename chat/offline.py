@@ -70,8 +70,13 @@ class _CommandTurn:
     def __init__(self, turn: AgentTurn) -> None:
         self.turn = turn
         self.session = turn.session
+        self.message: Message | None = None
         self.actions: list[str] = []
         self.replies: list[str] = []
+        self.outcomes: list[str] = []  # what commands that answer by themselves report
+
+    def note(self, outcome: str) -> None:
+        self.outcomes.append(outcome)
 
     def answer(self, text: str, action: str) -> None:
         self.replies.append(text)
@@ -81,7 +86,7 @@ class _CommandTurn:
         return self.turn.call(name, arguments, call_id=f"offline_{uuid.uuid4().hex[:16]}")
 
 
-def _typed_text(message: Message) -> str:
+def typed_text(message: Message) -> str:
     """What the person typed: the text segments only (an image's "[image]" placeholder is not)."""
 
     def walk(segments) -> str:
@@ -103,7 +108,7 @@ def offline_turn(
     `over_budget`: a model is configured but its daily budget is spent (why): the notice says when it
     is back, and in groups only commands are answered."""
     started = time.perf_counter()
-    typed = [(m, t) for m, t in ((m, _typed_text(m)) for m in new_messages) if t]
+    typed = [(m, t) for m, t in ((m, typed_text(m)) for m in new_messages) if t]
     texts = [t for _, t in typed]
     slash = [t for t in texts if t.startswith("/")]
     if not texts:
@@ -117,9 +122,11 @@ def offline_turn(
     cycle = agent_turn.cycle
     turn = _CommandTurn(agent_turn)
     handlers = commands()
+    handled_any = False
     for message, text in typed:
         if not talk.may_command(message, session):
             continue  # chat.command_operators: only they may use commands; others get the notice
+        turn.message = message
         for command in handlers:
             try:
                 handled = command.handle(turn, text)
@@ -129,7 +136,17 @@ def offline_turn(
                 turn.answer(_sorry(), "offline_error")
                 handled = True
             if handled:
+                handled_any = True
                 break
+    if not turn.replies and handled_any:
+        # A command that answered by itself (a plugin's, through the send service): nothing to add.
+        agent_turn.close(
+            action="command",
+            reasoning=f"offline planner ({over_budget or 'no model configured'})"[:4000],
+            outcome="; ".join(turn.outcomes)[:4000] or "handled by a command",
+            timings={"total_ms": round((time.perf_counter() - started) * 1000, 3)},
+        )
+        return cycle
     if not turn.replies:
         if over_budget and not session.is_private:
             agent_turn.close(action="offline_silent", reasoning=over_budget[:4000], outcome="stayed silent")

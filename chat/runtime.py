@@ -352,6 +352,7 @@ class SessionRuntime(AsyncConsumer):
         return talk.plannable((await self._observe()).messages, self.session)[0]
 
     async def _cycle(self, reason: str) -> None:
+        from chat import commands as chat_commands
         from chat import offline
 
         cfg = get_config()
@@ -379,6 +380,20 @@ class SessionRuntime(AsyncConsumer):
                 self.history.remember_cycle(cycle)
                 self.cycles += 1
             return
+        if chat_commands.planner_commands():
+            # Plugins' commands read the messages first; what they handle never reaches the model.
+            self.busy = True
+            handled, command_cycle = await chat_commands.run_commands(session=session, new_messages=new_messages)
+            if command_cycle is not None:
+                self.history.remember_cycle(command_cycle)
+                self.cycles += 1
+            if handled:
+                new_messages = [m for m in new_messages if m.pk not in handled]
+                if not new_messages and reason == "message":
+                    return
+                mentioned = any(
+                    planner.mentions_bot(m, cfg, seen.bot_message_ids, seen.bot_account) for m in new_messages
+                )
         if not session.is_private:
             if mentioned:
                 self.silent_streak = 0

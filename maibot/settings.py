@@ -61,6 +61,7 @@ INSTALLED_APPS = [
     "maibot",
     "chat",
     "scheduling",
+    "plugins",
     "console",
     "django_q",
 ]

@@ -5,6 +5,7 @@ from django.urls import path
 
 from chat.views import chat_page
 from console import views
+from plugins.views import plugins_view
 from scheduling.proactive.api import api as proactive_api
 
 urlpatterns = [
@@ -14,6 +15,7 @@ urlpatterns = [
     path("admin/config/raw/", admin.site.admin_view(views.config_raw_view), name="console-config-raw"),
     path("admin/logs/", admin.site.admin_view(views.logs_view), name="console-logs"),
     path("admin/models/", admin.site.admin_view(views.models_view), name="console-models"),
+    path("admin/plugins/", admin.site.admin_view(plugins_view), name="console-plugins"),
     path("admin/", admin.site.urls),
     path("api/v1/", proactive_api.urls),
     path("chat/", chat_page, name="chat"),

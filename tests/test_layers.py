@@ -2,9 +2,10 @@
 
 Layers, bottom to top: maibot (settings, bot config, reload, process services) → chat (sessions,
 messages, gateway, send service, agent-turn engine, component registry) → scheduling (scheduled
-messages, the life loop, the proactive API) → console. A module may import its own layer and the ones
-below. The composition root (maibot.urls, maibot.asgi, maibot.routing) wires every app together and
-is exempt, as are migrations. Function-level imports count: a deferred import is still a dependency.
+messages, the life loop, the proactive API) → plugins (the plugin host) → console. A module may
+import its own layer and the ones below. The composition root (maibot.urls, maibot.asgi,
+maibot.routing) wires every app together and is exempt, as are migrations. Function-level imports
+count: a deferred import is still a dependency.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ["maibot", "chat", "scheduling", "console"]
+LAYERS = ["maibot", "chat", "scheduling", "plugins", "console"]
 COMPOSITION_ROOT = {"maibot.urls", "maibot.asgi", "maibot.routing", "maibot.settings"}
 
 

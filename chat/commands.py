@@ -1,0 +1,97 @@
+"""Commands before the chat planner: the registered commands marked `before_planner` (plugins'
+commands) read each new message's typed text first; a message one of them handles never reaches the
+model (and costs no model call). A turn that ran a command is a PlannerCycle with action `command`,
+its tool calls and answers recorded as in the offline planner; messages no command wants open no turn.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+from asgiref.sync import sync_to_async
+
+from chat import talk
+from chat.agent.engine import AgentTurn
+from chat.components import Command, commands
+from chat.models import ChatSession, CycleKind, Message, PlannerCycle, SourceKind
+from chat.offline import typed_text
+from chat.services import message_send
+
+logger = logging.getLogger(__name__)
+
+
+class _Turn:
+    """A chat.components.CommandTurn for commands run before the planner."""
+
+    def __init__(self, turn: AgentTurn) -> None:
+        self.turn = turn
+        self.session = turn.session
+        self.message: Message | None = None
+        self.replies: list[str] = []
+        self.outcomes: list[str] = []
+
+    def answer(self, text: str, action: str) -> None:
+        self.replies.append(text)
+        self.outcomes.append(f"{action}: {text}")
+
+    def note(self, outcome: str) -> None:
+        self.outcomes.append(outcome)
+
+    def tool(self, name: str, **arguments: Any) -> dict[str, Any]:
+        return self.turn.call(name, arguments, call_id=f"command_{uuid.uuid4().hex[:16]}")
+
+
+def planner_commands() -> list[Command]:
+    return [c for c in commands() if c.before_planner]
+
+
+def commands_turn(*, session: ChatSession, new_messages: list[Message]) -> tuple[set[int], PlannerCycle | None]:
+    """Offer each new message's text to the before-planner commands; returns the primary keys of the
+    messages a command handled (the planner must not see them) and the turn's cycle (None: no command
+    matched anything)."""
+    handlers = planner_commands()
+    if not handlers:
+        return set(), None
+    started = time.perf_counter()
+    handled: set[int] = set()
+    agent_turn: AgentTurn | None = None
+    turn: _Turn | None = None
+    for message in new_messages:
+        text = typed_text(message)
+        if not text or not talk.may_command(message, session):
+            continue
+        for command in handlers:
+            if command.matches is not None and not command.matches(text):
+                continue
+            if agent_turn is None:
+                agent_turn = AgentTurn.open(kind=CycleKind.CHAT, session=session, trigger="command")
+                turn = _Turn(agent_turn)
+            turn.message = message
+            try:
+                done = command.handle(turn, text)
+            except Exception:
+                logger.exception("command %s failed on message %s", command.name, message.pk)
+                turn.note(f"{command.name} failed")
+                done = False
+            if done:
+                handled.add(message.pk)
+                break
+    if agent_turn is None:
+        return handled, None
+    for text in turn.replies:
+        message_send(
+            session=session, source_kind=SourceKind.REPLY, text=text, extra={"cycle_id": str(agent_turn.cycle.cycle_id)}
+        )
+    agent_turn.close(
+        action="command" if handled else "command_passed",
+        reasoning=f"{len(handled)} message(s) handled by a command before the planner",
+        outcome="; ".join(turn.outcomes)[:4000],
+        timings={"total_ms": round((time.perf_counter() - started) * 1000, 3)},
+    )
+    return handled, agent_turn.cycle
+
+
+run_commands = sync_to_async(commands_turn)

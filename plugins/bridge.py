@@ -1,0 +1,199 @@
+"""A loaded plugin's components registered into chat's component registry, as built-ins are.
+
+* `@Tool` and `@Action` (the SDK turns an Action into a Tool with `legacy_action`) → planner tools
+  (scope "chat"), run by the agent-turn engine with the same recording, timeout (`chat.tool_timeout`)
+  and error results as built-in tools. The handler gets the model's arguments plus the chat's
+  `stream_id`, `chat_id`, `group_id`, `user_id`, `platform`; an action also gets `action_data` and
+  `reasoning` (as MaiBot passes them). Its result goes back to the model as {"ok": true, "result": …}
+  (a non-dict result as {"content": "…"}); an exception as a `tool_failed` error.
+* `@Command` → a command asked before every planner cycle (and by the offline planner): its
+  `pattern` (regex, searched) or one of its `aliases` (prefix) must match the typed text. The handler
+  gets text, stream_id, group_id, platform, user_id, matched_groups, message; it returns
+  (success, text, intercept) as in MaiBot. When it intercepts, the message never reaches the planner.
+* Every other component type is listed in the admin and skipped with a note.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import TYPE_CHECKING, Any
+
+from chat import components as registry
+from chat.components import CHAT, Command, Tool, ToolContext
+from chat.components import ToolErrorCode as Code
+from maibot.config import get_config
+
+if TYPE_CHECKING:
+    from plugins.host import ComponentInfo, PluginHost, PluginRecord
+
+logger = logging.getLogger(__name__)
+
+MAX_DESCRIPTION = 1024
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what OpenAI-compatible APIs accept as a function name
+COMMAND_ORDER = 0  # plugins' commands are asked before the built-in offline commands
+
+
+def parameters_schema(metadata: dict[str, Any]) -> dict[str, Any]:
+    """The JSON Schema of a tool's arguments from the SDK's declaration (typed parameters or raw)."""
+    typed = metadata.get("parameters") or []
+    if typed:
+        properties: dict[str, Any] = {}
+        required = []
+        for p in typed:
+            prop: dict[str, Any] = {"type": p.get("param_type") or "string"}
+            if p.get("description"):
+                prop["description"] = p["description"]
+            if p.get("enum_values"):
+                prop["enum"] = list(p["enum_values"])
+            if p.get("items_schema"):
+                prop["items"] = p["items_schema"]
+            if p.get("properties"):
+                prop["properties"] = p["properties"]
+            if p.get("default") is not None:
+                prop["default"] = p["default"]
+            properties[p["name"]] = prop
+            if p.get("required"):
+                required.append(p["name"])
+        schema: dict[str, Any] = {"type": "object", "properties": properties}
+        if required:
+            schema["required"] = required
+        return schema
+    raw = metadata.get("parameters_raw") or {}
+    if raw.get("type") == "object":
+        return dict(raw)
+    if raw:
+        return {"type": "object", "properties": dict(raw)}
+    return {"type": "object", "properties": {}}
+
+
+def _chat_args(ctx: ToolContext) -> dict[str, Any]:
+    session = ctx.session
+    if session is None:
+        return {}
+    out = {"stream_id": session.session_id, "chat_id": session.session_id, "platform": session.platform}
+    if session.is_private:
+        out["user_id"] = session.user_id
+    else:
+        out["group_id"] = session.group_id
+    return out
+
+
+def _tool(host: PluginHost, record: PluginRecord, component: ComponentInfo) -> Tool:
+    meta = component.metadata
+    legacy_action = bool(meta.get("legacy_action"))
+    platforms = [str(p) for p in meta.get("platforms") or []]
+
+    def run(ctx: ToolContext, **arguments: Any) -> dict[str, Any]:
+        args = dict(arguments)
+        for key, value in _chat_args(ctx).items():
+            if not args.get(key):
+                args[key] = value
+        if legacy_action:
+            args["action_data"] = dict(arguments)
+            args["reasoning"] = ""
+        timeout = get_config().chat.tool_timeout
+        try:
+            result = host.invoke(record, component, args, timeout)
+        except TimeoutError:
+            return registry.error(Code.TOOL_TIMEOUT, f"{component.name} did not finish within {timeout:g}s")
+        except Exception as exc:
+            return registry.error(Code.TOOL_FAILED, f"{type(exc).__name__}: {exc}"[:500])
+        if not isinstance(result, dict):
+            result = {"content": "" if result is None else str(result)}
+        return registry.ok(result=result)
+
+    description = str(meta.get("description") or meta.get("brief_description") or component.name)
+    return Tool(
+        name=component.name,
+        description=f"{description} (plugin {record.plugin_id})"[:MAX_DESCRIPTION],
+        parameters=parameters_schema(meta),
+        func=run,
+        available=(lambda ctx: ctx.session is not None and ctx.session.platform in platforms)
+        if platforms
+        else (lambda ctx: True),
+        scopes=frozenset({CHAT}),
+    )
+
+
+def _command(host: PluginHost, record: PluginRecord, component: ComponentInfo) -> Command:
+    meta = component.metadata
+    pattern = str(meta.get("command_pattern") or "")
+    compiled = re.compile(pattern) if pattern else None
+    aliases = [str(a) for a in meta.get("aliases") or [] if str(a)]
+
+    def match(text: str) -> dict[str, Any] | None:
+        if compiled is not None and (m := compiled.search(text)):
+            return m.groupdict()
+        if any(text.startswith(a) for a in aliases):
+            return {}
+        return None
+
+    def handle(turn, text: str) -> bool:
+        groups = match(text)
+        if groups is None:
+            return False
+        session = turn.session
+        message = turn.message
+        args = {
+            "text": text,
+            "stream_id": session.session_id,
+            "group_id": session.group_id,
+            "platform": session.platform,
+            "user_id": message.sender_id if message is not None else session.user_id,
+            "is_local_operator": False,
+            "matched_groups": groups,
+        }
+        if message is not None:
+            from plugins.capabilities import _message
+
+            args["message"] = _message(message, session)
+        label = f"plugin command {record.plugin_id}.{component.name}"
+        try:
+            result = host.invoke(record, component, args, get_config().chat.tool_timeout)
+        except Exception as exc:
+            # As MaiBot: a command that raised does not intercept; the message goes on.
+            turn.note(f"{label} failed: {type(exc).__name__}: {exc}"[:500])
+            return False
+        intercept = bool(meta.get("intercept_message_level", 0))
+        success, response = True, None
+        if isinstance(result, list | tuple) and len(result) >= 3:
+            success, response, intercept = bool(result[0]), result[1], bool(result[2])
+        elif result is not None:
+            response = result
+        turn.note(f"{label}: {'ok' if success else 'failed'}" + (f" ({response})" if response else "")[:500])
+        return intercept
+
+    return Command(
+        name=f"plugin:{record.plugin_id}:{component.name}",
+        handle=handle,
+        order=COMMAND_ORDER,
+        before_planner=True,
+        matches=lambda text: match(text) is not None,
+    )
+
+
+def register_components(host: PluginHost, record: PluginRecord) -> None:
+    for component in record.components:
+        kind = component.type
+        try:
+            if kind == "TOOL":
+                if not _TOOL_NAME.fullmatch(component.name):
+                    component.note = "a tool name must be 1–64 letters, digits, _ or -"
+                    continue
+                if registry.registry.get(component.name) is not None:
+                    component.note = f"the tool name {component.name} is already taken"
+                    continue
+                registry.registry.register(_tool(host, record, component))
+                host.on_unregister(lambda name=component.name: registry.registry.unregister(name))
+            elif kind == "COMMAND":
+                command = _command(host, record, component)
+                registry.register_command(command)
+                host.on_unregister(lambda name=command.name: registry.unregister_command(name))
+            else:
+                component.note = f"{component.kind} components are not supported by this host yet"
+                continue
+        except (re.error, ValueError) as exc:
+            component.note = f"not registered: {exc}"
+            continue
+        component.registered = True
