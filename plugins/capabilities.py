@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import connections
+from pydantic import BaseModel
 
 if TYPE_CHECKING:
     from plugins.host import PluginHost, PluginRecord
@@ -174,14 +175,14 @@ async def config_get(record: PluginRecord, args: dict[str, Any]) -> dict[str, An
             if part not in value:
                 return {"success": True, "value": default}
             value = value[part]
-        elif hasattr(value, "model_fields") and part in type(value).model_fields:
+        elif isinstance(value, BaseModel) and part in type(value).model_fields:
             value = getattr(value, part)
         else:
             return {"success": True, "value": default}
-    if hasattr(value, "model_dump"):
+    if isinstance(value, BaseModel):
         value = value.model_dump(mode="json")
     elif isinstance(value, list):
-        value = [v.model_dump(mode="json") if hasattr(v, "model_dump") else v for v in value]
+        value = [v.model_dump(mode="json") if isinstance(v, BaseModel) else v for v in value]
     return {"success": True, "value": value}
 
 

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import tomllib
+import warnings
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -290,7 +291,11 @@ class PluginHost:
                 self._refuse(record, f"depends on plugin {dep.id}, which failed to load")
                 return
         try:
-            module = _import_plugin(record)
+            with warnings.catch_warnings(record=True) as caught:
+                # The SDK warns at import about what it deprecates (e.g. @Action): shown with the plugin.
+                warnings.simplefilter("always")
+                module = _import_plugin(record)
+            record.warnings.extend(sorted({str(w.message) for w in caught}))
             factory = getattr(module, "create_plugin", None)
             if not callable(factory):
                 raise TypeError("plugin.py has no create_plugin() function")

@@ -1,0 +1,39 @@
+"""A plugin host of the test's own, loading copies of the example plugins in tests/plugins/fixtures/
+(written against the real maibot-plugin-sdk) from a temporary plugins directory."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def copy_plugins(target: Path, *names: str) -> Path:
+    target.mkdir(parents=True, exist_ok=True)
+    for name in names or [p.name for p in FIXTURES.iterdir() if p.is_dir() and not p.name.startswith("_")]:
+        shutil.copytree(FIXTURES / name, target / name, ignore=shutil.ignore_patterns("__pycache__"))
+    return target
+
+
+@pytest.fixture
+def load_plugins(tmp_path) -> Iterator[Callable[..., object]]:
+    """load_plugins("weather", ...) → a started PluginHost with those example plugins (all: none named);
+    stopped, and its components unregistered, after the test."""
+    from plugins.host import PluginHost
+
+    hosts = []
+
+    def load(*names: str):
+        directory = copy_plugins(tmp_path / f"plugins-{len(hosts)}", *names)
+        host = PluginHost()
+        hosts.append(host)
+        host.load_all(directory)
+        return host
+
+    yield load
+    for host in hosts:
+        host.stop()
