@@ -115,9 +115,6 @@ class ToolRegistry:
     def names(self) -> list[str]:
         return list(self._tools)
 
-    def unregister(self, name: str) -> Tool | None:
-        return self._tools.pop(name, None)
-
 
 registry = ToolRegistry()
 

@@ -25,7 +25,7 @@ from chat.components import ToolErrorCode as Code
 from maibot.config import get_config
 
 if TYPE_CHECKING:
-    from plugins.host import ComponentInfo, PluginHost, PluginRecord
+    from plugins.records import ComponentHost, ComponentInfo, PluginRecord
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def _chat_args(ctx: ToolContext) -> dict[str, Any]:
     return out
 
 
-def _tool(host: PluginHost, record: PluginRecord, component: ComponentInfo) -> Tool:
+def _tool(host: ComponentHost, record: PluginRecord, component: ComponentInfo) -> Tool:
     meta = component.metadata
     legacy_action = bool(meta.get("legacy_action"))
     platforms = [str(p) for p in meta.get("platforms") or []]
@@ -116,7 +116,7 @@ def _tool(host: PluginHost, record: PluginRecord, component: ComponentInfo) -> T
     )
 
 
-def _command(host: PluginHost, record: PluginRecord, component: ComponentInfo) -> Command:
+def _command(host: ComponentHost, record: PluginRecord, component: ComponentInfo) -> Command:
     meta = component.metadata
     pattern = str(meta.get("command_pattern") or "")
     compiled = re.compile(pattern) if pattern else None
@@ -173,7 +173,7 @@ def _command(host: PluginHost, record: PluginRecord, component: ComponentInfo) -
     )
 
 
-def register_components(host: PluginHost, record: PluginRecord) -> None:
+def register_components(host: ComponentHost, record: PluginRecord) -> None:
     for component in record.components:
         kind = component.type
         try:

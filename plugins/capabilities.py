@@ -24,7 +24,7 @@ from django.db import connections
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
-    from plugins.host import PluginHost, PluginRecord
+    from plugins.records import PluginRecord
 
 logger = logging.getLogger(__name__)
 
@@ -370,7 +370,7 @@ def _timeout(capability: str, args: dict[str, Any], timeout_ms: Any) -> float:
     return min(seconds, MAX_CAPABILITY_TIMEOUT)
 
 
-def make_context(host: PluginHost, record: PluginRecord):
+def make_context(record: PluginRecord):
     """The PluginContext of one plugin: its rpc_call answers `cap.call` with IMPLEMENTATIONS."""
     from maibot_sdk import PluginContext, PluginPaths
 

@@ -18,16 +18,16 @@ import logging
 import re
 import sys
 import threading
-import time
 import tomllib
 import warnings
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from plugins import bridge
 from plugins import manifest as mf
+from plugins.capabilities import SUPPORTED, make_context
+from plugins.records import ComponentInfo, PluginRecord, PluginState
 
 logger = logging.getLogger(__name__)
 
@@ -35,66 +35,6 @@ logger = logging.getLogger(__name__)
 LOAD_TIMEOUT = 30.0
 CAPABILITY_TIMEOUT = 30.0
 MAX_CONFIG_BYTES = 1024 * 1024
-
-
-class PluginState(StrEnum):
-    LOADED = "loaded"
-    REFUSED = "refused"  # never imported: manifest, versions, dependencies
-    FAILED = "failed"  # imported (or tried to) and broke: import error, create_plugin, config, on_load
-
-
-@dataclass
-class ComponentInfo:
-    name: str
-    type: str  # the SDK's: TOOL, COMMAND, EVENT_HANDLER, …
-    handler: str  # the plugin method
-    metadata: dict[str, Any]
-    registered: bool = False
-    note: str = ""  # why it is not registered (unsupported type, name taken…)
-
-    @property
-    def kind(self) -> str:
-        if self.type == "TOOL" and self.metadata.get("legacy_action"):
-            return "ACTION"
-        return self.type
-
-
-@dataclass
-class PluginRecord:
-    folder: Path
-    plugin_id: str = ""
-    state: PluginState = PluginState.REFUSED
-    reason: str = ""
-    manifest: mf.Manifest | None = None
-    instance: Any = None
-    context: Any = None
-    components: list[ComponentInfo] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    calls: int = 0
-    errors: int = 0
-    recent_errors: list[str] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return self.manifest.name if self.manifest else self.folder.name
-
-    @property
-    def version(self) -> str:
-        return self.manifest.version if self.manifest else ""
-
-    @property
-    def declared_capabilities(self) -> list[str]:
-        return list(self.manifest.capabilities) if self.manifest else []
-
-    @property
-    def unsupported_capabilities(self) -> list[str]:
-        from plugins.capabilities import SUPPORTED
-
-        return [c for c in self.declared_capabilities if c not in SUPPORTED]
-
-    def error(self, text: str) -> None:
-        self.errors += 1
-        self.recent_errors = [*self.recent_errors[-19:], f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {text}"]
 
 
 class PluginCallTimeout(TimeoutError):
@@ -220,6 +160,7 @@ class PluginHost:
                 self._refuse(record, str(exc))
                 continue
             record.plugin_id = record.manifest.id
+            record.unsupported_capabilities = [c for c in record.manifest.capabilities if c not in SUPPORTED]
             if record.plugin_id in candidates or record.plugin_id in self.records:
                 other = candidates.pop(record.plugin_id, None) or self.records[record.plugin_id]
                 why = f"the plugin id {record.plugin_id} is used by two folders: {other.folder.name}, {folder.name}"
@@ -282,9 +223,6 @@ class PluginHost:
         return order
 
     def _load(self, record: PluginRecord) -> None:
-        from plugins import bridge
-        from plugins.capabilities import make_context
-
         for dep in record.manifest.plugin_dependencies:
             other = self.records.get(dep.id)
             if other is None or other.state != PluginState.LOADED:
@@ -308,7 +246,7 @@ class PluginHost:
             instance.normalize_plugin_config(config)  # raises with the reason when invalid
             instance.set_plugin_config(config)
             record.instance = instance
-            record.context = make_context(self, record)
+            record.context = make_context(record)
             instance._set_context(record.context)
             if type(instance).on_load is not MaiBotPlugin.on_load:
                 self.run(instance.on_load(), LOAD_TIMEOUT)

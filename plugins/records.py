@@ -1,0 +1,75 @@
+"""What the host knows of each plugin: its state (and why), its components, its call counts."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol
+
+from plugins import manifest as mf
+
+
+class PluginState(StrEnum):
+    LOADED = "loaded"
+    REFUSED = "refused"  # never imported: manifest, versions, dependencies
+    FAILED = "failed"  # imported (or tried to) and broke: import error, create_plugin, config, on_load
+
+
+@dataclass
+class ComponentInfo:
+    name: str
+    type: str  # the SDK's: TOOL, COMMAND, EVENT_HANDLER, …
+    handler: str  # the plugin method
+    metadata: dict[str, Any]
+    registered: bool = False
+    note: str = ""  # why it is not registered (unsupported type, name taken…)
+
+    @property
+    def kind(self) -> str:
+        if self.type == "TOOL" and self.metadata.get("legacy_action"):
+            return "ACTION"
+        return self.type
+
+
+@dataclass
+class PluginRecord:
+    folder: Path
+    plugin_id: str = ""
+    state: PluginState = PluginState.REFUSED
+    reason: str = ""
+    manifest: mf.Manifest | None = None
+    instance: Any = None
+    context: Any = None
+    components: list[ComponentInfo] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    unsupported_capabilities: list[str] = field(default_factory=list)  # declared, not answered here
+    calls: int = 0
+    errors: int = 0
+    recent_errors: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name if self.manifest else self.folder.name
+
+    @property
+    def version(self) -> str:
+        return self.manifest.version if self.manifest else ""
+
+    @property
+    def declared_capabilities(self) -> list[str]:
+        return list(self.manifest.capabilities) if self.manifest else []
+
+    def error(self, text: str) -> None:
+        self.errors += 1
+        self.recent_errors = [*self.recent_errors[-19:], f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {text}"]
+
+
+class ComponentHost(Protocol):
+    """What plugins.bridge needs of the host: calling a component, and undoing a registration."""
+
+    def invoke(self, record: PluginRecord, component: ComponentInfo, args: dict[str, Any], timeout: float) -> Any: ...
+
+    def on_unregister(self, undo: Callable[[], None]) -> None: ...
