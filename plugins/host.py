@@ -226,7 +226,8 @@ class PluginHost:
         for dep in record.manifest.plugin_dependencies:
             other = self.records.get(dep.id)
             if other is None or other.state != PluginState.LOADED:
-                self._refuse(record, f"depends on plugin {dep.id}, which failed to load")
+                why = "is disabled" if other is not None and other.state == PluginState.DISABLED else "failed to load"
+                self._refuse(record, f"depends on plugin {dep.id}, which {why}")
                 return
         try:
             with warnings.catch_warnings(record=True) as caught:
@@ -243,7 +244,14 @@ class PluginHost:
             if not isinstance(instance, MaiBotPlugin):
                 raise TypeError(f"create_plugin() returned {type(instance).__name__}, not a MaiBotPlugin")
             config = _read_config(record.folder)
-            instance.normalize_plugin_config(config)  # raises with the reason when invalid
+            normalized, _ = instance.normalize_plugin_config(config)  # raises with the reason when invalid
+            section = normalized.get("plugin")
+            if isinstance(section, dict) and section.get("enabled") is False:
+                _purge_modules(record)
+                record.state = PluginState.DISABLED
+                record.reason = "disabled in its config.toml ([plugin] enabled = false)"
+                logger.info("plugin %s is disabled in its config.toml", record.plugin_id)
+                return
             instance.set_plugin_config(config)
             record.instance = instance
             record.context = make_context(record)

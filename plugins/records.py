@@ -16,6 +16,7 @@ class PluginState(StrEnum):
     LOADED = "loaded"
     REFUSED = "refused"  # never imported: manifest, versions, dependencies
     FAILED = "failed"  # imported (or tried to) and broke: import error, create_plugin, config, on_load
+    DISABLED = "disabled"  # its config.toml says [plugin] enabled = false
 
 
 @dataclass

@@ -73,6 +73,56 @@ def test_each_broken_plugin_is_refused_with_its_reason_and_the_others_load(load_
     assert not [c for c in commands() if c.name.startswith("plugin:")]
 
 
+def test_a_plugin_disabled_in_its_config_is_not_loaded_nor_are_its_dependents(load_plugins, tmp_path):
+    from tests.plugins.conftest import copy_plugins
+
+    directory = copy_plugins(tmp_path / "disabled", "weather", "needs_weather")
+    config = directory / "weather" / "config.toml"
+    config.write_text(config.read_text().replace("enabled = true", "enabled = false"))
+    host = plugin_host.PluginHost()
+    try:
+        host.load_all(directory)
+        weather = host.records[WEATHER]
+        assert (weather.state, weather.reason) == (
+            PluginState.DISABLED,
+            "disabled in its config.toml ([plugin] enabled = false)",
+        )
+        assert registry.get("get_weather") is None
+        assert host.records["test.maibot.needs-weather"].reason == (
+            "depends on plugin test.maibot.weather, which is disabled"
+        )
+    finally:
+        host.stop()
+
+
+def test_an_invalid_plugin_config_fails_the_plugin_with_the_reason(tmp_path):
+    from tests.plugins.conftest import copy_plugins
+
+    directory = copy_plugins(tmp_path / "bad-config", "weather")
+    bad = '[plugin]\nconfig_version = "1.0.0"\n[hello]\ngreeting = [1]\n'
+    (directory / "weather" / "config.toml").write_text(bad)
+    host = plugin_host.PluginHost()
+    try:
+        host.load_all(directory)
+        weather = host.records[WEATHER]
+        assert weather.state == PluginState.FAILED
+        assert weather.reason.startswith("ValidationError:") and "hello.greeting" in weather.reason
+        assert registry.get("get_weather") is None
+    finally:
+        host.stop()
+
+
+def test_in_offline_mode_a_plugin_command_answers_without_the_offline_notice(load_plugins, make_session):
+    from chat.offline import offline_turn
+
+    load_plugins("weather")
+    session = make_session()
+    hello = inbound_store(session=session, text="/hello Carol")
+    cycle = offline_turn(session=session, new_messages=[hello], mentioned=False)
+    assert cycle.action == "command"
+    assert list(Message.objects.filter(direction=Direction.OUT).values_list("text", flat=True)) == ["Hi, Carol!"]
+
+
 def _plugin_folder(tmp_path, manifest, plugin="from maibot_sdk import MaiBotPlugin\n"):
     folder = tmp_path / "p"
     folder.mkdir()
