@@ -95,15 +95,18 @@ class PluginHost:
             except Exception:
                 logger.exception("unregistering a plugin component failed")
         self._unregister.clear()
+        unloaded = 0
         for record in self.records.values():
             if record.state == PluginState.LOADED and record.instance is not None:
                 self._unload(record)
+                unloaded += 1
             _purge_modules(record)
         if self.loop is not None:
             self.loop.call_soon_threadsafe(self.loop.stop)
             if self._thread is not None:
                 self._thread.join(5)
             self.loop = None
+        logger.info("plugins unloaded (%d)", unloaded)
 
     def _unload(self, record: PluginRecord) -> None:
         from maibot_sdk import MaiBotPlugin

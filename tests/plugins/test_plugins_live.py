@@ -112,3 +112,6 @@ async def test_plugin_tool_and_command_through_a_live_server_while_broken_plugin
         finally:
             await router.stop()
             task.cancel()
+        # SIGTERM: the plugins' on_unload runs before daphne's loop goes away.
+        await asyncio.to_thread(proc.stop)
+        assert "plugins unloaded (2)" in proc.output()
