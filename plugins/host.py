@@ -80,7 +80,9 @@ class PluginHost:
     def run(self, coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
         """Run a plugin coroutine on the plugins' loop and wait at most `timeout` seconds (from any
         thread but that loop's). On timeout the coroutine is cancelled and PluginCallTimeout raised."""
-        assert self.loop is not None, "the plugin host is not started"
+        if self.loop is None:
+            coro.close()  # never started: close it rather than leave it un-awaited
+            raise RuntimeError("the plugin host is not started")
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return future.result(timeout=timeout)
