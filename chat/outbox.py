@@ -480,6 +480,9 @@ class Deliverer:
         released: list[int] = []
         failed: dict[int, DeliveryError] = {}
         gone: set[tuple[str, str]] = set()
+        # The hand-over time recorded (sent_at, and the confirm deadline counted from it): taken before
+        # the first frame is written, so no echo of this batch can carry an earlier time.
+        handed_at = timezone.now()
         try:
             for delivery in batch:
                 key = (delivery.platform, delivery.user_id if delivery.platform == WEB_PLATFORM else "")
@@ -505,6 +508,7 @@ class Deliverer:
                     released=released,
                     failed=failed,
                     awaiting_echo=[d.message_id for d in awaiting],
+                    now=handed_at,
                 )
             )
         if awaiting:
