@@ -8,7 +8,7 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/maibot
 REDIS_TEST_URL ?= redis://127.0.0.1:6379/1
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: run test test-fast test-live test-postgres lint bench venv venv-dev venv-mm07 clean
+.PHONY: dist run test test-fast test-live test-postgres lint bench venv venv-dev venv-mm07 clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,16 @@ venv-mm07: .venv-mm07/.installed
 	test -x .venv-mm07/bin/python || $(PYTHON) -m venv .venv-mm07
 	.venv-mm07/bin/pip install -q -r tests/mm07/requirements.txt
 	touch $@
+
+# dist/maibot.pyz: the project and every dependency in one file (shiv), run with `python3 maibot.pyz`.
+# Dependencies are the wheels pip picks for the building interpreter: build with the CPython (3.11+, Linux
+# x86_64) the file is meant for. Children find the packages through PYTHONPATH (--extend-pythonpath).
+dist: venv-dev
+	rm -rf build dist/maibot.pyz && mkdir -p dist
+	$(BIN)/shiv --quiet -o dist/maibot.pyz -e maibot.cli:main -p "/usr/bin/env python3" --extend-pythonpath \
+		--only-binary=:all: --no-binary=maibot .
+	rm -rf build *.egg-info
+	@ls -l dist/maibot.pyz
 
 run: venv
 	$(BIN)/python manage.py bootstrap
@@ -64,4 +74,4 @@ bench: venv-dev
 	$(BIN)/python bench/api.py
 
 clean:
-	rm -rf .test-data .test-data-pg
+	rm -rf .test-data .test-data-pg build dist *.egg-info

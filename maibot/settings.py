@@ -161,7 +161,8 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
-STATICFILES_DIRS = [BASE_DIR / "templates" / "static"]
+# The project's own static folder holds nothing yet (an installed build leaves the empty folder out).
+STATICFILES_DIRS = [d for d in [BASE_DIR / "templates" / "static"] if d.is_dir()]
 LOGIN_URL = "/admin/login/"
 
 AUTH_PASSWORD_VALIDATORS = [

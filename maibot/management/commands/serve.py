@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
-from maibot import logdb
+from maibot import datadir, logdb
 from maibot.config import get_config
 
 logger = logging.getLogger("maibot.serve")
@@ -72,6 +72,16 @@ def daphne_argv(host: str, port: int, *, keepalive_seconds: float) -> list[str]:
         *keepalive_options(keepalive_seconds),
         ASGI_APPLICATION,
     ]
+
+
+def manage_argv(*args: str) -> list[str]:
+    """A management command as a child process: through manage.py in the repository, else through the
+    installed `maibot` package (pip install, or maibot.pyz, whose shiv bootstrap puts its packages on
+    the children's PYTHONPATH)."""
+    manage_py = settings.BASE_DIR / "manage.py"
+    if manage_py.exists():
+        return [sys.executable, str(manage_py), *args]
+    return [sys.executable, "-m", "maibot", "manage", *args]
 
 
 STOP_GRACE_SECONDS = 30.0
@@ -125,11 +135,14 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options) -> None:
         host, port = options["host"], options["port"]
+        try:
+            datadir.check_not_newer()
+        except datadir.DataDirTooNew as exc:
+            raise CommandError(f"Refusing to start: {exc}") from None
         # The supervisor's own lines (restarts) go to the console's log like the children's.
         logdb.activate("supervisor")
-        manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
         daphne = daphne_argv(host, port, keepalive_seconds=get_config().gateway.keepalive_seconds)
-        children = [Child("web", daphne), Child("cluster", [*manage, "qcluster"])]
+        children = [Child("web", daphne), Child("cluster", manage_argv("qcluster"))]
         for child in children:
             child.start()
         base = f"http://{host}:{port}"
