@@ -45,5 +45,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"maibot: unknown arguments {' '.join(args)!r}\n{USAGE}", file=sys.stderr)
         return 2
     execute_from_command_line(["maibot", "bootstrap", "--setup-page"])
+    sys.stdout.flush()  # the set-up code must reach a log file (systemd, nohup) before serving starts
     execute_from_command_line(["maibot", "serve"])
     return 0

@@ -7,11 +7,12 @@ set-up page in the browser unless DJANGO_SUPERUSER_PASSWORD is given.
 import os
 import secrets
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from maibot import datadir
+from maibot import datadir, setup
 
 
 class Command(BaseCommand):
@@ -35,6 +36,13 @@ class Command(BaseCommand):
         if User.objects.filter(is_superuser=True).exists():
             return
         if options["setup_page"] and not os.environ.get("DJANGO_SUPERUSER_PASSWORD"):
+            code = setup.issue_code()
+            base = f"http://{settings.HOST}:{settings.PORT}"
+            self.stdout.write(
+                self.style.WARNING("First run: finish the set-up in your browser")
+                + f"\n  set-up page:   {base}/setup/"
+                + f"\n  one-time code: {code}  (asked for when the page is opened from another machine)"
+            )
             return
         username = os.environ.get("DJANGO_SUPERUSER_USERNAME") or "admin"
         password = os.environ.get("DJANGO_SUPERUSER_PASSWORD") or secrets.token_urlsafe(12)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from maibot import datadir, logdb
+from maibot import datadir, deployment_env, logdb
 from maibot.config import get_config
 
 logger = logging.getLogger("maibot.serve")
@@ -109,12 +109,31 @@ class Child:
         self.started_at = time.monotonic()
         self.restart_at = None
 
+    def stop(self) -> None:
+        """SIGTERM, the grace period, then its whole group killed."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=STOP_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill_group()
+        if self.proc is not None:
+            self.proc.wait()
+
     def kill_group(self) -> None:
         if self.proc is not None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass  # the group is gone already
+
+
+def _mtime(path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except FileNotFoundError:
+        return None
 
 
 def _describe(returncode: int) -> str:
@@ -155,6 +174,10 @@ class Command(BaseCommand):
             + f"\n  data dir:         {settings.DATA_DIR}"
             + "\nPress Ctrl-C to stop."
         )
+        self.stdout.flush()  # seen at once also when the output goes to a file
+        # The set-up page saves the API key and adapter token there; the cluster reads them at start.
+        secrets_file = settings.DATA_DIR / deployment_env.FILE_NAME
+        secrets_seen = _mtime(secrets_file)
         stopping = False
 
         def stop(signum=None, frame=None) -> None:
@@ -167,6 +190,11 @@ class Command(BaseCommand):
             while not stopping:
                 for child in children:
                     self._supervise(child)
+                if (changed := _mtime(secrets_file)) != secrets_seen:
+                    secrets_seen = changed
+                    logger.info("%s changed: restarting the cluster to apply it", secrets_file.name)
+                    children[1].stop()
+                    children[1].start()
                 time.sleep(TICK_SECONDS)
         finally:
             self._stop_all(children)
