@@ -67,7 +67,8 @@ class Run:
         )
 
     def output(self) -> str:
-        self._fh.flush()
+        if not self._fh.closed:
+            self._fh.flush()
         return self.log.read_text(errors="replace")
 
     def wait_for_output(self, needle: str, timeout: float = 120) -> None:
@@ -215,8 +216,12 @@ def test_the_single_file_sets_up_in_the_browser_replies_stops_upgrades_and_refus
             reply = asyncio.run(_adapter_gets_reply(base))
             assert "pong from the file" in json.dumps(reply, ensure_ascii=False), reply
 
+            # The set-up's key reaches the cluster: it is restarted for the data dir's deployment.env.
+            run.wait_for_output("deployment.env changed: restarting the cluster")
+            run.wait_for_output("dispatcher started", timeout=60)
+            # daphne, the cluster, its workers, monitor and pusher
+            assert wait_for(lambda: len(_descendants(run.popen.pid)) >= 5, timeout=60), _descendants(run.popen.pid)
             started = _descendants(run.popen.pid)
-            assert len(started) >= 3, started  # daphne, the cluster and its workers
         finally:
             code = run.stop()
         assert code == 0, run.output()
