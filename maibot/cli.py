@@ -35,15 +35,15 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] in (["--help"], ["-h"], ["help"]):
         print(f"maibot {__version__}\n{USAGE}")
         return 0
+    if args and args[0] != "manage":
+        print(f"maibot: unknown arguments {' '.join(args)!r}\n{USAGE}", file=sys.stderr)
+        return 2
     _prepare_environment()
     from django.core.management import execute_from_command_line
 
-    if args[:1] == ["manage"]:
+    if args:
         execute_from_command_line(["maibot manage", *args[1:]])
         return 0
-    if args:
-        print(f"maibot: unknown arguments {' '.join(args)!r}\n{USAGE}", file=sys.stderr)
-        return 2
     execute_from_command_line(["maibot", "bootstrap", "--setup-page"])
     sys.stdout.flush()  # the set-up code must reach a log file (systemd, nohup) before serving starts
     execute_from_command_line(["maibot", "serve"])

@@ -78,7 +78,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # On the single file's first run (no operator yet), pages lead to the browser set-up (maibot.setup).
-    "maibot.setup.SetupMiddleware",
+    "maibot.setup.setup_middleware",
 ]
 
 ROOT_URLCONF = "maibot.urls"

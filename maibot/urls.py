@@ -4,8 +4,7 @@ from django.contrib import admin
 from django.urls import path
 
 from chat.views import chat_page
-from console import views
-from maibot import setup
+from console import setup, views
 from plugins.views import plugins_view
 from scheduling.proactive.api import api as proactive_api
 
