@@ -1,7 +1,8 @@
 """The single file, end to end: `make dist` builds dist/maibot.pyz once per session; copied alone into an
 empty folder and run with the system python3 (not the project's venv), it creates ./maibot-data, shows the
 set-up page (headless Chromium: operator, model with the test button, nickname, adapter token), a real
-maim_message adapter gets the bot's reply, SIGTERM stops everything; started again after a migration was
+maim_message adapter gets the bot's reply and, from the cluster's dispatcher, the message the bot scheduled;
+SIGTERM stops everything; started again after a migration was
 rolled back and the stamp made older, it keeps the data and migrates; on a data dir newer than itself (by
 the stamp, or by a migration it does not have) it refuses to start, naming why."""
 
@@ -16,6 +17,7 @@ import sqlite3
 import subprocess
 import sys
 import urllib.request
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -151,13 +153,14 @@ def _set_up_in_browser(base: str, provider: FakeLLM) -> str:
     return tested
 
 
-async def _adapter_gets_reply(base: str) -> dict:
+async def _adapter_gets_reply_and_scheduled_message(base: str) -> list[dict]:
+    """The bot's reply at once, then the message it scheduled, delivered by the cluster's dispatcher."""
     from tests.chat.gateway_helpers import Adapter06, envelope
 
     client = await Adapter06(base, token=TOKEN).start(timeout=30)
     try:
-        await client.send(envelope(text="hello pyz", user_id=4242))
-        return await client.next_message(timeout=60)
+        await client.send(envelope(text="hello pyz, remind me in a moment", user_id=4242))
+        return [await client.next_message(timeout=60), await client.next_message(timeout=60)]
     finally:
         await client.stop()
 
@@ -212,13 +215,20 @@ def test_the_single_file_sets_up_in_the_browser_replies_stops_upgrades_and_refus
             assert (data / "deployment.env").stat().st_mode & 0o077 == 0
             assert 'nickname = "PyzBot"' in (data / "bot_config.toml").read_text()
 
-            provider.script(provider.tool_call("reply", {"text": "pong from the file"}))
-            reply = asyncio.run(_adapter_gets_reply(base))
-            assert "pong from the file" in json.dumps(reply, ensure_ascii=False), reply
-
             # The set-up's key reaches the cluster: it is restarted for the data dir's deployment.env.
             run.wait_for_output("deployment.env changed: restarting the cluster")
-            run.wait_for_output("dispatcher started", timeout=60)
+            assert wait_for(lambda: run.output().count("dispatcher started") >= 2, timeout=60), run.output()
+
+            send_at = (datetime.now(UTC) + timedelta(seconds=8)).replace(microsecond=0).isoformat()
+            provider.script(
+                provider.tool_call(
+                    "schedule_private_message", {"send_at": send_at, "message_text": "scheduled from the file"}
+                ),
+                provider.tool_call("reply", {"text": "pong from the file"}),
+            )
+            reply, scheduled = asyncio.run(_adapter_gets_reply_and_scheduled_message(base))
+            assert "pong from the file" in json.dumps(reply, ensure_ascii=False), reply
+            assert "scheduled from the file" in json.dumps(scheduled, ensure_ascii=False), scheduled
             # daphne, the cluster, its workers, monitor and pusher
             assert wait_for(lambda: len(_descendants(run.popen.pid)) >= 5, timeout=60), _descendants(run.popen.pid)
             started = _descendants(run.popen.pid)
