@@ -37,9 +37,12 @@ venv-mm07: .venv-mm07/.installed
 # Dependencies are the wheels pip picks for the building interpreter: build with the CPython (3.11+, Linux
 # x86_64) the file is meant for. Children find the packages through PYTHONPATH (--extend-pythonpath).
 # --no-compile: pip writes no .pyc (a third quicker); the first start writes them into the extraction.
-dist: venv-dev
+# DIST_PYTHON=python3.12 builds for that interpreter instead (it needs shiv==1.0.8 installed).
+DIST_PYTHON ?=
+SHIV = $(if $(DIST_PYTHON),$(DIST_PYTHON) -m shiv,$(BIN)/shiv)
+dist: $(if $(DIST_PYTHON),,venv-dev)
 	rm -rf build dist/maibot.pyz && mkdir -p dist
-	$(BIN)/shiv --quiet -o dist/maibot.pyz -e maibot.cli:main -p "/usr/bin/env python3" --extend-pythonpath \
+	$(SHIV) --quiet -o dist/maibot.pyz -e maibot.cli:main -p "/usr/bin/env python3" --extend-pythonpath \
 		--only-binary=:all: --no-binary=maibot --no-compile .
 	rm -rf build *.egg-info
 	@ls -l dist/maibot.pyz

@@ -27,6 +27,21 @@ def _prepare_environment() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "maibot.settings")
 
 
+def interpreter_problem() -> str | None:
+    """Why this Python cannot run this build, or None. maibot.pyz holds the compiled dependencies of the
+    CPython it was built with; under another minor version they fail to import with an obscure error."""
+    try:
+        # Two of them (each compiled for one CPython minor version), imported before anything else fails.
+        import _cffi_backend  # noqa: F401
+        import pydantic_core._pydantic_core  # noqa: F401
+    except ImportError as exc:
+        return (
+            f"this build's compiled dependencies do not load on Python {sys.version.split()[0]} ({exc}). "
+            "Run it with the Python it was built with, or build it with yours (make dist DIST_PYTHON=...)."
+        )
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] in (["--version"], ["-V"]):
@@ -38,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     if args and args[0] != "manage":
         print(f"maibot: unknown arguments {' '.join(args)!r}\n{USAGE}", file=sys.stderr)
         return 2
+    if problem := interpreter_problem():
+        print(f"maibot: {problem}", file=sys.stderr)
+        return 3
     _prepare_environment()
     from django.core.management import execute_from_command_line
 

@@ -178,3 +178,11 @@ def test_the_cluster_runs_through_manage_py_in_the_repository_and_the_package_wh
     assert serve.manage_argv("qcluster") == [sys.executable, str(settings.BASE_DIR / "manage.py"), "qcluster"]
     settings.BASE_DIR = tmp_path  # an installed package: no manage.py beside the apps
     assert serve.manage_argv("qcluster") == [sys.executable, "-m", "maibot", "manage", "qcluster"]
+
+
+def test_a_python_the_build_was_not_made_for_is_told_so_before_anything_starts(monkeypatch, capsys):
+    assert cli.interpreter_problem() is None
+    monkeypatch.setitem(sys.modules, "_cffi_backend", None)  # its import now fails as on another Python
+    assert cli.main(["manage", "check"]) == 3
+    err = capsys.readouterr().err
+    assert f"do not load on Python {sys.version.split()[0]}" in err and "DIST_PYTHON" in err
