@@ -11,6 +11,7 @@ from pathlib import Path
 
 import dj_database_url
 
+from maibot import deployment_env
 from maibot.networks import parse_networks
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -18,6 +19,8 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("MAIBOT_DATA_DIR") or BASE_DIR / "data").resolve()
 DATA_DIR.mkdir(parents=True, exist_ok=True)
 MEDIA_ROOT = DATA_DIR / "media"
+# The API key and adapter tokens the set-up page saved (the environment wins over them).
+deployment_env.load_into_environ(DATA_DIR / deployment_env.FILE_NAME)
 MEDIA_URL = "/media/"
 
 HOST = os.environ.get("HOST", "127.0.0.1")
@@ -74,6 +77,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # On the single file's first run (no operator yet), pages lead to the browser set-up (maibot.setup).
+    "maibot.setup.setup_middleware",
 ]
 
 ROOT_URLCONF = "maibot.urls"
@@ -161,7 +166,8 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
-STATICFILES_DIRS = [BASE_DIR / "templates" / "static"]
+# The project's own static folder holds nothing yet (an installed build leaves the empty folder out).
+STATICFILES_DIRS = [d for d in [BASE_DIR / "templates" / "static"] if d.is_dir()]
 LOGIN_URL = "/admin/login/"
 
 AUTH_PASSWORD_VALIDATORS = [

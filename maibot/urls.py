@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.urls import path
 
 from chat.views import chat_page
-from console import views
+from console import setup, views
 from plugins.views import plugins_view
 from scheduling.proactive.api import api as proactive_api
 
@@ -20,4 +20,6 @@ urlpatterns = [
     path("api/v1/", proactive_api.urls),
     path("chat/", chat_page, name="chat"),
     path("healthz", views.healthz, name="healthz"),
+    path("setup/", setup.setup_view, name="setup"),
+    path("setup/test-model/", setup.test_model_view, name="setup-test-model"),
 ]

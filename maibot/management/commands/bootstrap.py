@@ -1,20 +1,48 @@
-"""First-run set-up for `make run`: migrate, then make sure an operator account exists."""
+"""First-run set-up: refuse a data dir newer than this build, migrate, stamp it, and see to the operator account.
+
+`make run` creates the account and prints its credentials once; `maibot` (the single file) leaves it to the
+set-up page in the browser unless DJANGO_SUPERUSER_PASSWORD is given.
+"""
 
 import os
 import secrets
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
+
+from maibot import datadir, setup
 
 
 class Command(BaseCommand):
     help = "Migrate and create the operator account on first run (prints its credentials once)."
 
+    def add_arguments(self, parser) -> None:
+        parser.add_argument(
+            "--setup-page",
+            action="store_true",
+            help="Leave the operator account to the browser set-up page (unless DJANGO_SUPERUSER_PASSWORD is set).",
+        )
+
     def handle(self, *args, **options) -> None:
+        try:
+            datadir.check_not_newer()
+        except datadir.DataDirTooNew as exc:
+            raise CommandError(f"Refusing to start: {exc}") from None
         call_command("migrate", interactive=False, verbosity=0)
+        datadir.write_stamp()
         User = get_user_model()
         if User.objects.filter(is_superuser=True).exists():
+            return
+        if options["setup_page"] and not os.environ.get("DJANGO_SUPERUSER_PASSWORD"):
+            code = setup.issue_code()
+            base = f"http://{settings.HOST}:{settings.PORT}"
+            self.stdout.write(
+                self.style.WARNING("First run: finish the set-up in your browser")
+                + f"\n  set-up page:   {base}/setup/"
+                + f"\n  one-time code: {code}  (asked for when the page is opened from another machine)"
+            )
             return
         username = os.environ.get("DJANGO_SUPERUSER_USERNAME") or "admin"
         password = os.environ.get("DJANGO_SUPERUSER_PASSWORD") or secrets.token_urlsafe(12)

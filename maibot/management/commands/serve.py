@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
-from maibot import logdb
+from maibot import datadir, deployment_env, logdb
 from maibot.config import get_config
 
 logger = logging.getLogger("maibot.serve")
@@ -74,6 +74,16 @@ def daphne_argv(host: str, port: int, *, keepalive_seconds: float) -> list[str]:
     ]
 
 
+def manage_argv(*args: str) -> list[str]:
+    """A management command as a child process: through manage.py in the repository, else through the
+    installed `maibot` package (pip install, or maibot.pyz, whose shiv bootstrap puts its packages on
+    the children's PYTHONPATH)."""
+    manage_py = settings.BASE_DIR / "manage.py"
+    if manage_py.exists():
+        return [sys.executable, str(manage_py), *args]
+    return [sys.executable, "-m", "maibot", "manage", *args]
+
+
 STOP_GRACE_SECONDS = 30.0
 BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0
 STABLE_AFTER_SECONDS = 60.0  # a child that ran this long starts its next backoff from the beginning
@@ -99,12 +109,31 @@ class Child:
         self.started_at = time.monotonic()
         self.restart_at = None
 
+    def stop(self) -> None:
+        """SIGTERM, the grace period, then its whole group killed."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=STOP_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill_group()
+        if self.proc is not None:
+            self.proc.wait()
+
     def kill_group(self) -> None:
         if self.proc is not None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass  # the group is gone already
+
+
+def _mtime(path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except FileNotFoundError:
+        return None
 
 
 def _describe(returncode: int) -> str:
@@ -125,11 +154,14 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options) -> None:
         host, port = options["host"], options["port"]
+        try:
+            datadir.check_not_newer()
+        except datadir.DataDirTooNew as exc:
+            raise CommandError(f"Refusing to start: {exc}") from None
         # The supervisor's own lines (restarts) go to the console's log like the children's.
         logdb.activate("supervisor")
-        manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
         daphne = daphne_argv(host, port, keepalive_seconds=get_config().gateway.keepalive_seconds)
-        children = [Child("web", daphne), Child("cluster", [*manage, "qcluster"])]
+        children = [Child("web", daphne), Child("cluster", manage_argv("qcluster"))]
         for child in children:
             child.start()
         base = f"http://{host}:{port}"
@@ -142,6 +174,10 @@ class Command(BaseCommand):
             + f"\n  data dir:         {settings.DATA_DIR}"
             + "\nPress Ctrl-C to stop."
         )
+        self.stdout.flush()  # seen at once also when the output goes to a file
+        # The set-up page saves the API key and adapter token there; the cluster reads them at start.
+        secrets_file = settings.DATA_DIR / deployment_env.FILE_NAME
+        secrets_seen = _mtime(secrets_file)
         stopping = False
 
         def stop(signum=None, frame=None) -> None:
@@ -154,6 +190,11 @@ class Command(BaseCommand):
             while not stopping:
                 for child in children:
                     self._supervise(child)
+                if (changed := _mtime(secrets_file)) != secrets_seen:
+                    secrets_seen = changed
+                    logger.info("%s changed: restarting the cluster to apply it", secrets_file.name)
+                    children[1].stop()
+                    children[1].start()
                 time.sleep(TICK_SECONDS)
         finally:
             self._stop_all(children)

@@ -1,0 +1,277 @@
+"""The single file, end to end: `make dist` builds dist/maibot.pyz once per session; copied alone into an
+empty folder and run with the system python3 (not the project's venv), it creates ./maibot-data, shows the
+set-up page (headless Chromium: operator, model with the test button, nickname, adapter token), a real
+maim_message adapter gets the bot's reply and, from the cluster's dispatcher, the message the bot scheduled;
+SIGTERM stops everything; started again after a migration was
+rolled back and the stamp made older, it keeps the data and migrates; on a data dir newer than itself (by
+the stamp, or by a migration it does not have) it refuses to start, naming why."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import urllib.request
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from maibot import __version__
+from tests.conftest import CHROMIUM_ARGS, ROOT, free_port, require_chromium, wait_for
+from tests.fake_llm import FakeLLM
+
+# The budget includes the session's one build (the fixture) and the first start's extraction.
+pytestmark = [pytest.mark.live, pytest.mark.browser, pytest.mark.timeout(420)]
+
+OPERATOR, PASSWORD, TOKEN = "operator", "a-long-password-1", "pyz-adapter-token"
+
+
+@pytest.fixture(scope="session")
+def pyz(tmp_path_factory) -> Path:
+    """dist/maibot.pyz, built once per session by `make dist` (pip's cache makes a rebuild quick)."""
+    built = subprocess.run(["make", "dist"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stdout + built.stderr
+    return ROOT / "dist" / "maibot.pyz"
+
+
+def _system_python() -> str:
+    """python3 from PATH, leaving out this virtual environment's bin (the file must not need the venv)."""
+    venv_bin = str(Path(sys.prefix) / "bin")
+    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != venv_bin)
+    found = shutil.which("python3", path=path)
+    assert found, "no python3 on PATH"
+    prefix = subprocess.run([found, "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True).stdout
+    assert Path(prefix.strip()).resolve() != Path(sys.prefix).resolve(), "python3 is the project's venv"
+    return found
+
+
+class Run:
+    """`python3 maibot.pyz ARGS` in `folder`, with only the environment an operator would have."""
+
+    def __init__(self, python: str, folder: Path, *args: str, port: int, shiv_root: Path, name: str) -> None:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": os.environ.get("HOME", str(folder)),
+            "LANG": "C.UTF-8",
+            "PORT": str(port),
+            "SHIV_ROOT": str(shiv_root),
+        }
+        self.log = folder.parent / f"{name}.log"
+        self._fh = self.log.open("wb")
+        self.popen = subprocess.Popen(
+            [python, "maibot.pyz", *args], cwd=folder, env=env, stdout=self._fh, stderr=subprocess.STDOUT
+        )
+
+    def output(self) -> str:
+        if not self._fh.closed:
+            self._fh.flush()
+        return self.log.read_text(errors="replace")
+
+    def wait_for_output(self, needle: str, timeout: float = 120) -> None:
+        def seen() -> bool:
+            if needle in self.output():
+                return True
+            assert self.popen.poll() is None, f"exited ({self.popen.returncode}):\n{self.output()}"
+            return False
+
+        assert wait_for(seen, timeout=timeout, interval=0.2), f"{needle!r} not seen:\n{self.output()}"
+
+    def wait(self, timeout: float = 120) -> int:
+        code = self.popen.wait(timeout=timeout)
+        self._fh.close()
+        return code
+
+    def stop(self) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+        try:
+            return self.wait(timeout=60)
+        finally:
+            if self.popen.poll() is None:
+                self.popen.kill()
+
+
+def _answers(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process whose ancestry leads to `pid`."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _set_up_in_browser(base: str, provider: FakeLLM) -> str:
+    """Fill in the set-up page, test the model; returns what the test button showed."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=require_chromium(), args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page()
+        page.set_default_timeout(30_000)
+        page.goto(f"{base}/admin/")
+        page.wait_for_url(f"{base}/setup/")  # the first page is the set-up page
+        assert page.query_selector("#id_code") is None  # loopback: no code asked
+        page.fill("#id_username", OPERATOR)
+        page.fill("#id_password", PASSWORD)
+        page.fill("#id_password2", PASSWORD)
+        page.fill("#id_llm_base_url", provider.base_url)
+        page.fill("#id_llm_api_key", "sk-test")
+        page.fill("#id_llm_model", "fake-1")
+        page.fill("#id_nickname", "PyzBot")
+        page.fill("#id_adapter_token", TOKEN)
+        page.click("#model-test")
+        page.wait_for_function("document.getElementById('model-test-result').textContent.startsWith('OK')")
+        tested = page.inner_text("#model-test-result")
+        page.click("#setup-submit")
+        page.wait_for_url(f"{base}/admin/")
+        assert OPERATOR.upper() in page.inner_text("#user-tools").upper()  # the admin, logged in as the new operator
+        browser.close()
+    return tested
+
+
+async def _adapter_gets_reply_and_scheduled_message(base: str) -> list[dict]:
+    """The bot's reply at once, then the message it scheduled, delivered by the cluster's dispatcher."""
+    from tests.chat.gateway_helpers import Adapter06, envelope
+
+    client = await Adapter06(base, token=TOKEN).start(timeout=30)
+    try:
+        await client.send(envelope(text="hello pyz, remind me in a moment", user_id=4242))
+        return [await client.next_message(timeout=60), await client.next_message(timeout=60)]
+    finally:
+        await client.stop()
+
+
+def _login_sees_reply(base: str) -> None:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=require_chromium(), args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page()
+        page.set_default_timeout(30_000)
+        page.goto(f"{base}/admin/chat/message/")
+        page.wait_for_url(f"{base}/admin/login/**")  # no set-up page any more: the normal login
+        page.fill("#id_username", OPERATOR)
+        page.fill("#id_password", PASSWORD)
+        page.click("input[type=submit]")
+        page.wait_for_url(f"{base}/admin/chat/message/")
+        assert "pong from the file" in page.content()
+        browser.close()
+
+
+def test_the_single_file_sets_up_in_the_browser_replies_stops_upgrades_and_refuses_newer_data(pyz, tmp_path):
+    require_chromium()
+    python = _system_python()
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    shutil.copy(pyz, folder / "maibot.pyz")
+    shiv_root, data = tmp_path / "shiv", folder / "maibot-data"
+
+    version = subprocess.run(
+        [python, "maibot.pyz", "--version"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"], "SHIV_ROOT": str(shiv_root), "HOME": str(tmp_path)},
+    )
+    assert version.stdout.strip() == f"maibot {__version__}", version
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with FakeLLM() as provider:
+        run = Run(python, folder, port=port, shiv_root=shiv_root, name="first")
+        try:
+            run.wait_for_output("one-time code:")
+            run.wait_for_output(f"operator console: {base}/admin/")
+            assert wait_for(lambda: _answers(f"{base}/healthz") == 200, timeout=90), run.output()
+            assert sorted(p.name for p in folder.iterdir()) == ["maibot-data", "maibot.pyz"]
+
+            tested = _set_up_in_browser(base, provider)
+            assert tested.startswith("OK in ") and tested.endswith(": ok"), tested
+            assert not (data / "setup-code").exists()
+            assert (data / "deployment.env").stat().st_mode & 0o077 == 0
+            assert 'nickname = "PyzBot"' in (data / "bot_config.toml").read_text()
+
+            # The set-up's key reaches the cluster: it is restarted for the data dir's deployment.env.
+            run.wait_for_output("deployment.env changed: restarting the cluster")
+            assert wait_for(lambda: run.output().count("dispatcher started") >= 2, timeout=60), run.output()
+
+            send_at = (datetime.now(UTC) + timedelta(seconds=8)).replace(microsecond=0).isoformat()
+            provider.script(
+                provider.tool_call(
+                    "schedule_private_message", {"send_at": send_at, "message_text": "scheduled from the file"}
+                ),
+                provider.tool_call("reply", {"text": "pong from the file"}),
+            )
+            reply, scheduled = asyncio.run(_adapter_gets_reply_and_scheduled_message(base))
+            assert "pong from the file" in json.dumps(reply, ensure_ascii=False), reply
+            assert "scheduled from the file" in json.dumps(scheduled, ensure_ascii=False), scheduled
+            # daphne, the cluster, its workers, monitor and pusher
+            assert wait_for(lambda: len(_descendants(run.popen.pid)) >= 5, timeout=60), _descendants(run.popen.pid)
+            started = _descendants(run.popen.pid)
+        finally:
+            code = run.stop()
+        assert code == 0, run.output()
+        assert "maibot stopped" in run.output()
+        assert not [pid for pid in started if Path(f"/proc/{pid}").exists()], "processes outlived SIGTERM"
+
+        # Upgrade: the data as an older build left it (one migration behind, an older stamp).
+        rollback = subprocess.run(
+            [python, "maibot.pyz", "manage", "migrate", "maibot", "0002"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            env={"PATH": os.environ["PATH"], "SHIV_ROOT": str(shiv_root), "HOME": str(tmp_path)},
+        )
+        assert rollback.returncode == 0, rollback.stdout + rollback.stderr
+        (data / "maibot-version.json").write_text(json.dumps({"version": "0.0.1"}))
+        again = Run(python, folder, port=port, shiv_root=shiv_root, name="upgrade")
+        try:
+            again.wait_for_output("operator console:")
+            assert wait_for(lambda: _answers(f"{base}/healthz") == 200, timeout=90), again.output()
+            assert "one-time code" not in again.output()
+            _login_sees_reply(base)
+        finally:
+            assert again.stop() == 0, again.output()
+        assert json.loads((data / "maibot-version.json").read_text())["version"] == __version__
+        with sqlite3.connect(data / "db.sqlite3") as db:
+            assert db.execute("SELECT 1 FROM django_migrations WHERE app = 'maibot' AND name LIKE '0003%'").fetchone()
+
+    # Refusal: a newer build's stamp …
+    (data / "maibot-version.json").write_text(json.dumps({"version": "999.0.0"}))
+    newer = Run(python, folder, port=port, shiv_root=shiv_root, name="refused-stamp")
+    assert newer.wait() == 1
+    assert "Refusing to start" in newer.output() and "maibot 999.0.0" in newer.output(), newer.output()
+    assert _answers(f"{base}/healthz") is None
+    # … or a migration this build does not have.
+    (data / "maibot-version.json").write_text(json.dumps({"version": __version__}))
+    with sqlite3.connect(data / "db.sqlite3") as db:
+        db.execute(
+            "INSERT INTO django_migrations (app, name, applied) VALUES ('chat', '9999_from_the_future', '2030-01-01')"
+        )
+    newer = Run(python, folder, port=port, shiv_root=shiv_root, name="refused-migration")
+    assert newer.wait() == 1
+    assert "chat.9999_from_the_future" in newer.output(), newer.output()
