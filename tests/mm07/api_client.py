@@ -32,6 +32,14 @@ def emit(event: dict) -> None:
     sys.stdout.flush()
 
 
+def leave() -> None:
+    """Exit once the client has stopped: 0.6.8's client leaves its log-queue reader blocked in a thread
+    (asyncio.to_thread(queue.get)) after stop(), and asyncio.run() would wait for that thread forever
+    when it shuts its default executor down."""
+    sys.stdout.flush()
+    os._exit(0)
+
+
 async def main(url: str, platform: str, api_key: str) -> None:
     async def on_message(message, metadata) -> None:
         legacy = MessageConverter.from_api_send(message)
@@ -48,7 +56,7 @@ async def main(url: str, platform: str, api_key: str) -> None:
         connecting.cancel()
         await asyncio.gather(connecting, return_exceptions=True)
         await client.stop()
-        return
+        leave()
     await connecting
     emit({"event": "connected", "version": maim_message.__version__, "uuid": client.get_connection_uuid()})
 
@@ -86,11 +94,9 @@ async def main(url: str, platform: str, api_key: str) -> None:
             ok = await client.send_custom_message(cmd["name"], cmd["content"])
         emit({"event": "sent", "ok": bool(ok)})
     await client.stop()
+    leave()
 
 
 if __name__ == "__main__":
     asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3]))
-    # 0.6.8's client leaves its log-queue reader blocked in a thread (asyncio.to_thread(queue.get)) after
-    # stop(), which would keep the interpreter from exiting.
-    sys.stdout.flush()
-    os._exit(0)
+    leave()
