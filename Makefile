@@ -57,7 +57,7 @@ test: venv-dev venv-mm07
 	MAIBOT_DATA_DIR=$(CURDIR)/.test-data $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: venv-dev
-	MAIBOT_DATA_DIR=$(CURDIR)/.test-data $(BIN)/python -m pytest -m "not live" $(PYTEST_ARGS)
+	MAIBOT_DATA_DIR=$(CURDIR)/.test-data $(BIN)/python -m pytest -m "not live" -n 2 $(PYTEST_ARGS)
 
 test-live: venv-dev venv-mm07
 	MAIBOT_DATA_DIR=$(CURDIR)/.test-data $(BIN)/python -m pytest -m live $(PYTEST_ARGS)

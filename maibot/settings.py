@@ -17,6 +17,9 @@ from maibot.networks import parse_networks
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 DATA_DIR = Path(os.environ.get("MAIBOT_DATA_DIR") or BASE_DIR / "data").resolve()
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Parallel test workers (`make test-fast`) each keep their config file, media and databases apart.
+    DATA_DIR = DATA_DIR / os.environ["PYTEST_XDIST_WORKER"]
 DATA_DIR.mkdir(parents=True, exist_ok=True)
 MEDIA_ROOT = DATA_DIR / "media"
 # The API key and adapter tokens the set-up page saved (the environment wins over them).
