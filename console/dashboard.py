@@ -166,8 +166,9 @@ def lateness_charts(stats: dict[str, Any], now: datetime | None = None) -> list:
     ]
 
 
-def llm_usage(days: int = 14, now: datetime | None = None) -> dict[str, Any]:
-    """Tokens and cost per day (bot time zone) and model over the last `days` days."""
+def _llm_per_day(by: str, empty: str, days: int, now: datetime | None) -> dict[str, Any]:
+    """Tokens and cost per day (bot time zone) and `by` (a ledger field; `empty` labels its blank value)
+    over the last `days` days: the chart series and the table rows."""
     tz = get_config().tzinfo
     now = now or timezone.now()
     today = timezone.localtime(now, tz).date()
@@ -176,7 +177,7 @@ def llm_usage(days: int = 14, now: datetime | None = None) -> dict[str, Any]:
         LLMCall.objects.filter(created_at__gte=now - timedelta(days=days + 1))
         .annotate(day=TruncDate("created_at", tzinfo=tz))
         .filter(day__gte=first)
-        .values("day", "model")
+        .values("day", by)
         .annotate(
             prompt=Sum("prompt_tokens"),
             completion=Sum("completion_tokens"),
@@ -185,56 +186,40 @@ def llm_usage(days: int = 14, now: datetime | None = None) -> dict[str, Any]:
             calls=Count("id"),
             errors=Count("id", filter=~Q(error="")),
         )
-        .order_by("day", "model")
-    )
-    day_list = [first + timedelta(days=i) for i in range(days)]
-    tokens: dict[str, dict[date, int]] = defaultdict(lambda: defaultdict(int))
-    cost: dict[str, dict[date, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
-    table = []
-    for row in rows:
-        model = row["model"] or "(none)"
-        tokens[model][row["day"]] += (row["prompt"] or 0) + (row["completion"] or 0)
-        cost[model][row["day"]] += row["cost"] or Decimal(0)
-        table.append({**row, "model": model})
-    return {"days": day_list, "tokens": tokens, "cost": cost, "table": table}
-
-
-def llm_spend(days: int = 14, now: datetime | None = None) -> dict[str, Any]:
-    """Spend per feature: tokens and cost per day (bot time zone) and task over the last `days` days,
-    the chats that spent most today, and today's budgets against their caps."""
-    tz = get_config().tzinfo
-    now = now or timezone.now()
-    today = timezone.localtime(now, tz).date()
-    first = today - timedelta(days=days - 1)
-    rows = (
-        LLMCall.objects.filter(created_at__gte=now - timedelta(days=days + 1))
-        .annotate(day=TruncDate("created_at", tzinfo=tz))
-        .filter(day__gte=first)
-        .values("day", "task")
-        .annotate(
-            prompt=Sum("prompt_tokens"),
-            completion=Sum("completion_tokens"),
-            cached=Sum("cached_tokens"),
-            cost=Sum("cost"),
-            calls=Count("id"),
-            errors=Count("id", filter=~Q(error="")),
-        )
-        .order_by("day", "task")
+        .order_by("day", by)
     )
     tokens: dict[str, dict[date, int]] = defaultdict(lambda: defaultdict(int))
     cost: dict[str, dict[date, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
     table = []
     for row in rows:
-        task = row["task"] or "(unrecorded)"  # calls made before tasks were recorded
-        tokens[task][row["day"]] += (row["prompt"] or 0) + (row["completion"] or 0)
-        cost[task][row["day"]] += row["cost"] or Decimal(0)
-        table.append({**row, "task": task})
+        key = row[by] or empty
+        tokens[key][row["day"]] += (row["prompt"] or 0) + (row["completion"] or 0)
+        cost[key][row["day"]] += row["cost"] or Decimal(0)
+        table.append({**row, by: key})
     return {
         "days": [first + timedelta(days=i) for i in range(days)],
         "tokens": tokens,
         "cost": cost,
         "table": table,
-        "sessions_today": _top_sessions(today, tz),
+        "today": today,
+        "tz": tz,
+    }
+
+
+def llm_usage(days: int = 14, now: datetime | None = None) -> dict[str, Any]:
+    """Tokens and cost per day (bot time zone) and model over the last `days` days."""
+    usage = _llm_per_day("model", "(none)", days, now)
+    return {k: usage[k] for k in ("days", "tokens", "cost", "table")}
+
+
+def llm_spend(days: int = 14, now: datetime | None = None) -> dict[str, Any]:
+    """Spend per feature: tokens and cost per day (bot time zone) and task over the last `days` days,
+    the chats that spent most today, and today's budgets against their caps."""
+    # "(unrecorded)": calls made before tasks were recorded.
+    spend = _llm_per_day("task", "(unrecorded)", days, now)
+    return {
+        **{k: spend[k] for k in ("days", "tokens", "cost", "table")},
+        "sessions_today": _top_sessions(spend["today"], spend["tz"]),
         "budgets": budget_states(),
     }
 
