@@ -129,6 +129,14 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- channels and the task cluster ----------------------------------------------------------------
 REDIS_URL = os.environ.get("REDIS_URL", "")
+if REDIS_URL and os.environ.get("PYTEST_XDIST_WORKER"):
+    # Parallel test workers keep their channel layers and task queues apart too: worker gwN uses the
+    # Redis database after the given one plus N (…/1 → gw0 on …/2, gw1 on …/3).
+    from urllib.parse import urlsplit, urlunsplit
+
+    _url = urlsplit(REDIS_URL)
+    _index = int(_url.path.strip("/") or 0) + 1 + int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
+    REDIS_URL = urlunsplit(_url._replace(path=f"/{_index}"))
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {

@@ -220,7 +220,13 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     """Environment for a child process that must use the same (test) database as this test."""
     from django.conf import settings
 
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "SECRET_KEY": settings.SECRET_KEY, **extra}
+    # A child is not a test worker: it takes the data dir, database and Redis of this worker as given,
+    # never a worker's suffix of its own.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+    env.update(PYTHONUNBUFFERED="1", SECRET_KEY=settings.SECRET_KEY)
+    if settings.REDIS_URL:
+        env["REDIS_URL"] = settings.REDIS_URL
+    env.update(extra)
     sd = connection.settings_dict
     if sd["ENGINE"] == "django.db.backends.sqlite3":
         env["DATABASE_URL"] = f"sqlite:///{sd['NAME']}"

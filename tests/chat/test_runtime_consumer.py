@@ -8,6 +8,7 @@ import os
 import pytest
 from asgiref.sync import sync_to_async
 from channels.layers import InMemoryChannelLayer, get_channel_layer
+from django.conf import settings
 
 from chat.models import PlannerCycle
 from chat.runtime import session_group, wake_session, wake_session_from_sync_process, wake_session_soon
@@ -124,7 +125,7 @@ async def test_a_wake_through_a_separate_redis_layer_reaches_the_runtime(fake_ll
     runtime = await live_runtime(runtimes, private, fake_llm)
     assert isinstance(get_channel_layer(), RedisChannelLayer)
     # Another layer instance (its own client prefix and connection pool), as the cluster process has.
-    cluster = RedisChannelLayer(hosts=[os.environ["REDIS_URL"]])
+    cluster = RedisChannelLayer(hosts=[settings.REDIS_URL])
     assert cluster is not get_channel_layer() and cluster.client_prefix != get_channel_layer().client_prefix
     try:
         await sync_to_async(inbound_store)(session=private, text="from the cluster")
