@@ -16,17 +16,27 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import openai
 from asgiref.sync import sync_to_async
-from openai import AsyncOpenAI, OpenAI
 
 from chat.agent import budget
 from chat.models import LLMCall
 from maibot.config import BotConfig, LLMModel, get_config
 
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI, OpenAI
+
 logger = logging.getLogger(__name__)
+
+
+def _openai():
+    """The openai SDK, imported at the first model call: it is a third of every process's start-up
+    (servers, clusters and commands that never call a model do not pay for it)."""
+    import openai
+
+    return openai
+
 
 # One client per event loop and provider settings: the SDK's HTTP pool is bound to its loop.
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, AsyncOpenAI]] = weakref.WeakKeyDictionary()
@@ -49,7 +59,7 @@ def get_client(cfg: BotConfig | None = None, model: LLMModel | None = None) -> A
     per_loop = _clients.setdefault(asyncio.get_running_loop(), {})
     client = per_loop.get(key)
     if client is None:
-        client = AsyncOpenAI(base_url=model.base_url, api_key=model.api_key, max_retries=cfg.llm.max_retries)
+        client = _openai().AsyncOpenAI(base_url=model.base_url, api_key=model.api_key, max_retries=cfg.llm.max_retries)
         per_loop[key] = client
     return client
 
@@ -66,7 +76,7 @@ def get_sync_client(cfg: BotConfig | None = None, model: LLMModel | None = None)
     with _sync_lock:
         client = _sync_clients.get(key)
         if client is None:
-            client = OpenAI(base_url=model.base_url, api_key=model.api_key, max_retries=cfg.llm.max_retries)
+            client = _openai().OpenAI(base_url=model.base_url, api_key=model.api_key, max_retries=cfg.llm.max_retries)
             _sync_clients[key] = client
     return client
 
@@ -220,14 +230,15 @@ def _read(response: Any, result: LLMResult) -> None:
 
 
 # What a failed call looks like on the result (and in the ledger): provider trouble never raises.
-_CALL_ERRORS = (openai.OpenAIError, ValueError, AttributeError, TypeError)
+def _call_errors() -> tuple[type[Exception], ...]:
+    return (_openai().OpenAIError, ValueError, AttributeError, TypeError)
 
 
 def _failed(exc: Exception, result: LLMResult, timeout: float) -> None:
-    if isinstance(exc, openai.APITimeoutError):
+    if isinstance(exc, _openai().APITimeoutError):
         result.error = f"timeout after {timeout:g}s"
         result.timed_out = True
-    elif isinstance(exc, openai.APIStatusError):
+    elif isinstance(exc, _openai().APIStatusError):
         result.error = f"HTTP {exc.status_code}: {str(exc)[:500]}"
     else:
         result.error = f"{type(exc).__name__}: {str(exc)[:500]}"
@@ -309,7 +320,7 @@ async def complete(
         async with _async_gate(model):
             try:
                 _read(await get_client(cfg, model).chat.completions.create(**kwargs), result)
-            except _CALL_ERRORS as exc:
+            except _call_errors() as exc:
                 _failed(exc, result, kwargs["timeout"])
         _finish(result, started, purpose, model.model)
         result.call_id = await sync_to_async(_record)(
@@ -364,7 +375,7 @@ def complete_sync(
                 if hard_timeout:
                     client = client.with_options(max_retries=0)
                 _read(client.chat.completions.create(**kwargs), result)
-            except _CALL_ERRORS as exc:
+            except _call_errors() as exc:
                 _failed(exc, result, kwargs["timeout"])
         _finish(result, started, purpose, model.model)
         result.call_id = _record(
@@ -424,7 +435,7 @@ def model_test(model: LLMModel) -> ModelTest:
     try:
         client = get_sync_client(cfg, model).with_options(max_retries=0)
         _read(client.chat.completions.create(**kwargs), result)
-    except _CALL_ERRORS as exc:
+    except _call_errors() as exc:
         _failed(exc, result, timeout)
     _finish(result, started, "model_test", model.model)
     result.call_id = _record(

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx2
 from channels.db import database_sync_to_async
@@ -33,13 +33,14 @@ from django.db.models import F
 from django.utils import timezone
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
-from mcp import ClientSession, StdioServerParameters, stdio_client, types
-from mcp.client.streamable_http import streamable_http_client
 
 from chat.components import CHAT, LIFE, Tool, ToolContext, ToolErrorCode, error, ok, registry
 from maibot.config import BotConfig, McpServerEntry, get_config, mcp_secret_resolve
 from maibot.reload import register_reload_callback
 from scheduling.mcp.models import McpLinkState, McpServerState
+
+if TYPE_CHECKING:  # the SDK itself is imported when a link first connects (see scheduling.mcp)
+    from mcp import ClientSession, types
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ def _process() -> str:
 
 
 def _text(result: types.CallToolResult) -> str:
+    from mcp import types
+
     parts = []
     for block in result.content:
         parts.append(block.text if isinstance(block, types.TextContent) else f"[{block.type}]")
@@ -91,6 +94,9 @@ class ServerLink:
 
     @contextlib.asynccontextmanager
     async def _connect(self) -> AsyncIterator[ClientSession]:
+        from mcp import ClientSession, StdioServerParameters, stdio_client
+        from mcp.client.streamable_http import streamable_http_client
+
         e = self.entry
         async with contextlib.AsyncExitStack() as stack:
             if e.command:

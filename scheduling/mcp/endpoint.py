@@ -37,7 +37,6 @@ from scheduling.proactive.errors import ApiError, ApiErrorCode
 
 logger = logging.getLogger(__name__)
 
-PATHS = ("/mcp", "/mcp/")
 SCOPE_TOKEN_KEY = "maibot.api_token_id"
 _HISTORY_URI = re.compile(r"^maibot://conversations/(?P<conversation_id>[^/]{1,128})/messages$")
 
