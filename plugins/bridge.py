@@ -23,6 +23,7 @@ from chat import components as registry
 from chat.components import CHAT, Command, Tool, ToolContext
 from chat.components import ToolErrorCode as Code
 from maibot.config import get_config
+from plugins import api_registry
 
 if TYPE_CHECKING:
     from plugins.records import ComponentHost, ComponentInfo, PluginRecord
@@ -190,6 +191,8 @@ def register_components(host: ComponentHost, record: PluginRecord) -> None:
                 command = _command(host, record, component)
                 registry.register_command(command)
                 host.on_unregister(lambda name=command.name: registry.unregister_command(name))
+            elif kind == "API":
+                api_registry.register_api(host, record, component)
             else:
                 component.note = f"{component.kind} components are not supported by this host yet"
                 continue
