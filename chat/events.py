@@ -208,6 +208,8 @@ def _run_blocking(handler: EventHandler, kwargs: dict[str, Any]) -> Any:
         # The handler gets `timeout` itself (a plugin's call is cut there); the grace covers the hop.
         return future.result(timeout=timeout + 2.0)
     except FutureTimeout:
+        if future.done():
+            return future.result()  # the handler's own TimeoutError (e.g. a plugin call's): re-raised as is
         future.cancel()
         raise TimeoutError(f"did not finish within {timeout:g}s") from None
 

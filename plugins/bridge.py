@@ -105,11 +105,11 @@ def _tool(host: ComponentHost, record: PluginRecord, component: ComponentInfo) -
         host.on_unregister(lambda: plugin_cache.drop(record.plugin_id, component.name))
 
     def run(ctx: ToolContext, **arguments: Any) -> dict[str, Any]:
-        key = ""
+        cache_key = ""
         if cache is not None:
             stream_id = ctx.session.session_id if ctx.session is not None and cache_policy.scope == "chat" else ""
-            key = plugin_cache.cache_key(arguments, stream_id)
-            hit, cached = plugin_cache.lookup(cache, key)
+            cache_key = plugin_cache.cache_key(arguments, stream_id)
+            hit, cached = plugin_cache.lookup(cache, cache_key)
             if hit:
                 return registry.ok(result=cached, cached=True)
         args = dict(arguments)
@@ -129,7 +129,7 @@ def _tool(host: ComponentHost, record: PluginRecord, component: ComponentInfo) -
         if not isinstance(result, dict):
             result = {"content": "" if result is None else str(result)}
         if cache is not None:
-            cache.put(key, result, cache_policy.ttl)
+            cache.put(cache_key, result, cache_policy.ttl)
         return registry.ok(result=result)
 
     description = str(meta.get("description") or meta.get("brief_description") or component.name)
