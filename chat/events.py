@@ -120,6 +120,8 @@ _handlers: dict[str, EventHandler] = {}
 _lock = threading.Lock()
 recent_failures: deque[Failure] = deque(maxlen=200)
 _pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="maibot-event")
+# Observe handlers run in a pool of their own: stuck observers never delay the blocking chain.
+_observers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="maibot-event-observe")
 # emit_background's emits wait on _pool: they run in a pool of their own, so they never starve it.
 _background = ThreadPoolExecutor(max_workers=2, thread_name_prefix="maibot-event-bg")
 _backlog = 0
@@ -273,7 +275,7 @@ def _observe(handler: EventHandler, point: str, kwargs: dict[str, Any]) -> None:
             with _backlog_lock:
                 _backlog -= 1
 
-    _pool.submit(run)
+    _observers.submit(run)
 
 
 def emit_background(point: str, make_kwargs: Callable[[], list[dict[str, Any]]]) -> None:
