@@ -79,6 +79,7 @@ bench: venv-dev
 	$(BIN)/python bench/planner.py
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/api.py
+	$(BIN)/python bench/plugins.py
 
 clean:
 	rm -rf .test-data .test-data-pg build dist *.egg-info

@@ -46,6 +46,7 @@ from django.db.models.functions import Coalesce
 from django.dispatch import receiver
 from django.utils import timezone
 
+from chat import events
 from chat.delivery_errors import DeliveryError
 from chat.models import AdapterConnection, AdapterPlatform, ChatSession, DeliveryStatus, Direction, Message
 from chat.services import outbound_created
@@ -516,7 +517,15 @@ class Deliverer:
             first = min(window * 2 ** max(0, d.attempts - 1) for d in awaiting)
             self._next_deadline = min(self._next_deadline, self._loop.time() + first)
         self.sent_total += len(sent)
+        if sent:
+            events.emit_background(events.Point.AFTER_SEND, lambda: _after_send_kwargs(sent))
         return len(batch) >= BATCH_SIZE and not gone
+
+
+def _after_send_kwargs(message_ids: list[int]) -> list[dict[str, Any]]:
+    """The `send_service.after_send` kwargs of messages just handed over (read in the emitter's thread)."""
+    rows = Message.objects.select_related("session").filter(pk__in=message_ids).order_by("id")
+    return [{"message": m, "session": m.session} for m in rows]
 
 
 # --- wake-ups from the send service -------------------------------------------------------------

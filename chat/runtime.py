@@ -49,11 +49,11 @@ from channels.exceptions import StopConsumer
 from channels.layers import BaseChannelLayer, get_channel_layer
 from django.db import close_old_connections, connections
 
-from chat import planner, talk
+from chat import events, planner, talk
 from chat.accounts import bot_account
 from chat.agent import budget
 from chat.models import ChatSession, Direction, Message
-from chat.services import inbound_stored
+from chat.services import inbound_stored, message_hooks_apply
 from maibot.config import get_config
 from maibot.process import call_before_server_shutdown
 
@@ -158,6 +158,7 @@ def observe(*, session_pk: int, after_pk: int, platform: str = "") -> _Observed:
 
 
 _observe = sync_to_async(observe)
+_hooks_apply = sync_to_async(message_hooks_apply)
 _blocked = sync_to_async(budget.blocked)
 
 
@@ -349,7 +350,31 @@ class SessionRuntime(AsyncConsumer):
         return seen
 
     async def _observe_more(self) -> list[Message]:
-        return talk.plannable((await self._observe()).messages, self.session)[0]
+        return await self._receive_points(talk.plannable((await self._observe()).messages, self.session)[0])
+
+    async def _receive_points(self, messages: list[Message]) -> list[Message]:
+        """The receive hook points (chat.events) for each new message: a handler may rewrite its text
+        (stored) or stop it (stored, never planned). Free when nobody listens."""
+        points = (events.Point.RECEIVE_BEFORE_PROCESS, events.Point.RECEIVE_AFTER_PROCESS)
+        if not messages or not any(events.has_handlers(p) for p in points):
+            return messages
+        kept = []
+        for message in messages:
+            text, aborted_by = message.text, ""
+            for point in points:
+                emission = await events.aemit(point, message=message, session=self.session, text=text)
+                if isinstance(emission.kwargs.get("text"), str):
+                    text = emission.kwargs["text"]
+                if emission.aborted:
+                    aborted_by = emission.aborted_by
+                    break
+            if text != message.text or aborted_by:
+                await _hooks_apply(message=message, text=text, aborted_by=aborted_by)
+            if aborted_by:
+                logger.info("message %s stopped by %s", message.pk, aborted_by)
+            else:
+                kept.append(message)
+        return kept
 
     async def _cycle(self, reason: str) -> None:
         from chat import commands as chat_commands
@@ -364,6 +389,7 @@ class SessionRuntime(AsyncConsumer):
         session = self.session
         # Ignored chats and people, and commands of those who may not use them: stored, never planned.
         new_messages, _ = talk.plannable(seen.messages, session, cfg)
+        new_messages = await self._receive_points(new_messages)
         if reason == "message" and not new_messages:
             return
         mentioned = any(planner.mentions_bot(m, cfg, seen.bot_message_ids, seen.bot_account) for m in new_messages)

@@ -177,6 +177,20 @@ def message_send(
     return messages_send([item])[0]
 
 
+def message_hooks_apply(*, message: Message, text: str | None = None, aborted_by: str = "") -> None:
+    """What the receive hook points (chat.events) did to an inbound message: its text rewritten, or
+    the handler that stopped it (kept in `extra["hook_aborted_by"]`; the message is never planned)."""
+    fields = []
+    if text is not None and text != message.text:
+        message.text = text
+        fields.append("text")
+    if aborted_by:
+        message.extra = {**(message.extra or {}), "hook_aborted_by": aborted_by[:200]}
+        fields.append("extra")
+    if fields:
+        message.save(update_fields=fields)
+
+
 def messages_resend(*, message_ids: Iterable[int], by: str, now: datetime | None = None) -> list[Message]:
     """Put unconfirmed or failed outbound messages back in the outbox with a fresh attempt budget.
 

@@ -20,9 +20,12 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from chat import components as registry
-from chat.components import CHAT, Command, Tool, ToolContext
+from chat.components import CHAT, LIFE, Command, Tool, ToolContext
 from chat.components import ToolErrorCode as Code
 from maibot.config import get_config
+from plugins import api_registry
+from plugins import cache as plugin_cache
+from plugins import events as plugin_events
 
 if TYPE_CHECKING:
     from plugins.records import ComponentHost, ComponentInfo, PluginRecord
@@ -79,12 +82,36 @@ def _chat_args(ctx: ToolContext) -> dict[str, Any]:
     return out
 
 
+def tool_scopes(metadata: dict[str, Any]) -> frozenset[str]:
+    """The agent turns that offer a plugin tool: the chat planner, and the life loop when the
+    declaration says `life_loop=True` (`life_loop="only"`: the life loop alone)."""
+    life_loop = metadata.get("life_loop")
+    if life_loop == "only":
+        return frozenset({LIFE})
+    return frozenset({CHAT, LIFE}) if life_loop is True else frozenset({CHAT})
+
+
 def _tool(host: ComponentHost, record: PluginRecord, component: ComponentInfo) -> Tool:
     meta = component.metadata
     legacy_action = bool(meta.get("legacy_action"))
     platforms = [str(p) for p in meta.get("platforms") or []]
 
+    cache_policy = plugin_cache.policy(meta)
+    if isinstance(cache_policy, str):
+        component.note = f"registered without a cache: {cache_policy}"
+        cache_policy = None
+    cache = plugin_cache.component_cache(record.plugin_id, component.name) if cache_policy else None
+    if cache is not None:
+        host.on_unregister(lambda: plugin_cache.drop(record.plugin_id, component.name))
+
     def run(ctx: ToolContext, **arguments: Any) -> dict[str, Any]:
+        cache_key = ""
+        if cache is not None:
+            stream_id = ctx.session.session_id if ctx.session is not None and cache_policy.scope == "chat" else ""
+            cache_key = plugin_cache.cache_key(arguments, stream_id)
+            hit, cached = plugin_cache.lookup(cache, cache_key)
+            if hit:
+                return registry.ok(result=cached, cached=True)
         args = dict(arguments)
         for key, value in _chat_args(ctx).items():
             if not args.get(key):
@@ -101,6 +128,8 @@ def _tool(host: ComponentHost, record: PluginRecord, component: ComponentInfo) -
             return registry.error(Code.TOOL_FAILED, f"{type(exc).__name__}: {exc}"[:500])
         if not isinstance(result, dict):
             result = {"content": "" if result is None else str(result)}
+        if cache is not None:
+            cache.put(cache_key, result, cache_policy.ttl)
         return registry.ok(result=result)
 
     description = str(meta.get("description") or meta.get("brief_description") or component.name)
@@ -112,7 +141,7 @@ def _tool(host: ComponentHost, record: PluginRecord, component: ComponentInfo) -
         available=(lambda ctx: ctx.session is not None and ctx.session.platform in platforms)
         if platforms
         else (lambda ctx: True),
-        scopes=frozenset({CHAT}),
+        scopes=tool_scopes(meta),
     )
 
 
@@ -190,6 +219,12 @@ def register_components(host: ComponentHost, record: PluginRecord) -> None:
                 command = _command(host, record, component)
                 registry.register_command(command)
                 host.on_unregister(lambda name=command.name: registry.unregister_command(name))
+            elif kind == "API":
+                api_registry.register_api(host, record, component)
+            elif kind in ("EVENT_HANDLER", "HOOK_HANDLER"):
+                if why := plugin_events.register(host, record, component):
+                    component.note = why
+                    continue
             else:
                 component.note = f"{component.kind} components are not supported by this host yet"
                 continue

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from plugins import bridge
+from plugins import events as plugin_events
 from plugins import manifest as mf
 from plugins.capabilities import SUPPORTED, make_context
 from plugins.records import ComponentInfo, PluginRecord, PluginState
@@ -402,6 +403,7 @@ def start() -> PluginHost:
                 host.load_all()
             except Exception:
                 logger.exception("loading plugins failed; the bot runs without them")
+            plugin_events.emit_start()
         return host
 
 
@@ -409,6 +411,7 @@ def stop() -> None:
     global host
     with _lock:
         if host is not None:
+            plugin_events.emit_stop()
             host.stop()
             host = None
 

@@ -14,6 +14,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.utils import timezone
 
+from chat import events
 from chat.agent import llm
 from chat.agent.engine import AgentTurn, ToolOutcome, abandon_cycle, close_cycle
 from chat.agent.prompt import prompt_manager
@@ -183,6 +184,17 @@ class Stopwatch:
         self.timings["total_ms"] = round((time.perf_counter() - self._t0) * 1000, 3)
 
 
+async def _before_request(
+    session: ChatSession, messages: list[dict[str, Any]], schemas: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The `maisaka.planner.before_request` point: handlers may change the request's messages and tool
+    definitions (free when nobody listens)."""
+    emission = await events.aemit(
+        events.Point.PLANNER_BEFORE_REQUEST, session=session, messages=messages, tool_definitions=schemas
+    )
+    return emission.kwargs["messages"], emission.kwargs["tool_definitions"]
+
+
 async def run_cycle(
     *,
     session: ChatSession,
@@ -253,8 +265,7 @@ async def run_cycle(
     try:
         if isinstance(prepared, Exception):
             raise prepared
-        conversation = list(prepared.messages)
-        schemas = turn.schemas(prepared.tools)
+        conversation, schemas = await _before_request(session, list(prepared.messages), turn.schemas(prepared.tools))
         t = watch.add("prompt_ms", t)
         tools_ran = False
         round_no = 0
@@ -284,8 +295,9 @@ async def run_cycle(
                         mentioned=mentioned,
                         history_cache=history_cache,
                     )
-                    conversation = list(prepared.messages)
-                    schemas = turn.schemas(prepared.tools)
+                    conversation, schemas = await _before_request(
+                        session, list(prepared.messages), turn.schemas(prepared.tools)
+                    )
                     t = watch.add("prompt_ms", t)
                     round_no += 1
                     continue

@@ -65,7 +65,7 @@ async def test_plugin_tool_and_command_through_a_live_server_while_broken_plugin
                 return router.check_connection("qq")
 
             await wait_for_async(connected, what="the adapter to connect")
-            await asyncio.to_thread(proc.wait_for_output, "plugins loaded: 2 of 8", 60)
+            await asyncio.to_thread(proc.wait_for_output, "plugins loaded: 4 of 10", 60)
             log = proc.output()
             assert "refused: dependency cycle: test.maibot.cycle-a -> test.maibot.cycle-b -> test.maibot.cycle-a" in log
             assert "failed: ImportError: this plugin needs a module that is not there" in log
@@ -97,6 +97,14 @@ async def test_plugin_tool_and_command_through_a_live_server_while_broken_plugin
             assert record.ok and record.arguments == {"city": "Paris"}
             assert record.result["result"]["content"] == "麦麦: light rain, 14°C"
 
+            # The example events plugin saw the process start and the reply handed to the adapter.
+            await asyncio.to_thread(proc.wait_for_output, "saw after_send: Light rain in Paris today.", 30)
+            assert "saw on_start: True" in proc.output()
+            assert fake.requests[0]["messages"][-1] == {
+                "role": "system",
+                "content": "plugin note: the user likes haiku",
+            }  # its maisaka.planner.before_request hook
+
             await say("/hello Bob")
             frame = await asyncio.wait_for(received.get(), timeout=30)
             assert texts_of(frame) == ["Hi, Bob!"]
@@ -114,4 +122,4 @@ async def test_plugin_tool_and_command_through_a_live_server_while_broken_plugin
             task.cancel()
         # SIGTERM: the plugins' on_unload runs before daphne's loop goes away.
         await asyncio.to_thread(proc.stop)
-        assert "plugins unloaded (2)" in proc.output()
+        assert "plugins unloaded (4)" in proc.output()
