@@ -51,23 +51,27 @@ run: venv
 	$(BIN)/python manage.py bootstrap
 	HOST=$(HOST) PORT=$(PORT) $(BIN)/python manage.py serve
 
+# Tests run on PYTEST_WORKERS parallel workers (pytest-xdist), each with its own data dir, test database
+# and Redis database: most live tests wait on servers, so two workers finish in about half the time.
+PYTEST_WORKERS ?= 2
+
 # Both tiers. The fast tier alone (in-process, no servers, clusters or browser): `make test-fast`;
 # the live tier alone: `make test-live`. PYTEST_ARGS adds pytest options (e.g. PYTEST_ARGS=-x).
 test: venv-dev venv-mm07
-	MAIBOT_DATA_DIR=$(CURDIR)/.test-data $(BIN)/python -m pytest $(PYTEST_ARGS)
+	MAIBOT_DATA_DIR=$(CURDIR)/.test-data $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-fast: venv-dev
-	MAIBOT_DATA_DIR=$(CURDIR)/.test-data $(BIN)/python -m pytest -m "not live" -n 2 $(PYTEST_ARGS)
+	MAIBOT_DATA_DIR=$(CURDIR)/.test-data $(BIN)/python -m pytest -m "not live" -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-live: venv-dev venv-mm07
-	MAIBOT_DATA_DIR=$(CURDIR)/.test-data $(BIN)/python -m pytest -m live $(PYTEST_ARGS)
+	MAIBOT_DATA_DIR=$(CURDIR)/.test-data $(BIN)/python -m pytest -m live -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The same suite on PostgreSQL (and Redis for the channel layer and the task broker).
 # tests/test_pyz.py is left to `make test`: the single file brings its own SQLite data dir (it uses
 # neither suite's database), and one build at a time in this folder.
 test-postgres: venv-dev venv-mm07
 	MAIBOT_DATA_DIR=$(CURDIR)/.test-data-pg DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS_TEST_URL) $(BIN)/python -m pytest \
-		--ignore=tests/test_pyz.py $(PYTEST_ARGS)
+		-n $(PYTEST_WORKERS) --ignore=tests/test_pyz.py $(PYTEST_ARGS)
 
 lint: venv-dev
 	$(BIN)/ruff check .

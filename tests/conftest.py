@@ -40,7 +40,7 @@ LIVE_FIXTURES = {"start_server", "start_qcluster", "shared_server", "shared_qclu
 
 def pytest_collection_modifyitems(config, items) -> None:
     """Check the `live` marks, then order: the fast tier, the live tier, and last the tests that use the
-    shared cluster (it keeps running until the session ends)."""
+    shared cluster (it keeps running until the session ends); `long` tests first within each."""
     unmarked = [
         item.nodeid
         for item in items
@@ -49,10 +49,13 @@ def pytest_collection_modifyitems(config, items) -> None:
     if unmarked:
         raise pytest.UsageError("tests that start real processes must be marked live:\n  " + "\n  ".join(unmarked))
 
-    def tier(item) -> int:
+    def tier(item) -> tuple[int, int]:
+        # Within a tier the `long` tests go first: with parallel workers (pytest-xdist) the suite then
+        # never waits at its end for one worker's single long test.
+        long = 0 if item.get_closest_marker("long") else 1
         if item.get_closest_marker("live") is None:
-            return 0
-        return 2 if "shared_qcluster" in getattr(item, "fixturenames", ()) else 1
+            return 0, long
+        return (2 if "shared_qcluster" in getattr(item, "fixturenames", ()) else 1), long
 
     items.sort(key=tier)
 

@@ -87,6 +87,7 @@ def test_the_log_websocket_refuses_visitors_and_other_sites(shared_server):
         connect(ws_url, origin="http://evil.example", additional_headers={"Cookie": operator_cookie()})
 
 
+@pytest.mark.long
 def test_healthz_follows_the_cluster_heartbeat(start_server, start_qcluster):
     _, base = start_server()
     status, body = healthz(base)

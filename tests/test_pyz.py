@@ -27,7 +27,7 @@ from tests.conftest import CHROMIUM_ARGS, ROOT, free_port, require_chromium, wai
 from tests.fake_llm import FakeLLM
 
 # The budget includes the session's one build (the fixture) and the first start's extraction.
-pytestmark = [pytest.mark.live, pytest.mark.browser, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.live, pytest.mark.long, pytest.mark.browser, pytest.mark.timeout(420)]
 
 OPERATOR, PASSWORD, TOKEN = "operator", "a-long-password-1", "pyz-adapter-token"
 

@@ -49,6 +49,7 @@ def _answers(url: str) -> bool:
         return False
 
 
+@pytest.mark.long
 def test_a_killed_cluster_is_restarted_while_the_server_serves_and_stop_leaves_nothing(tmp_path):
     port = free_port()
     env = subprocess_env(MAIBOT_DATA_DIR=str(tmp_path / "data"), LOG_LEVEL="INFO")

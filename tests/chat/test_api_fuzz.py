@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 ST = Path(sys.executable).with_name("st")
 
 
+@pytest.mark.long
 def test_schemathesis_finds_no_server_error(start_server, make_session, tmp_path):
     data_dir = tmp_path / "data-fuzz"
     data_dir.mkdir()

@@ -242,6 +242,7 @@ async def test_outbound_follows_the_adapters_accept_format_and_inlines_media(ser
         await adapter.stop()
 
 
+@pytest.mark.long
 async def test_two_server_processes_never_send_a_message_twice(start_server, make_session):
     _, first_base = start_server("web1", MAIBOT_ADAPTER_TOKENS=TOKEN)
     _, second_base = start_server("web2", MAIBOT_ADAPTER_TOKENS=TOKEN)

@@ -66,6 +66,7 @@ async def record(name: str) -> ToolCallRecord:
     )
 
 
+@pytest.mark.long
 async def test_stdio_server_tools_are_called_recorded_and_survive_a_kill(start_server, tmp_path):
     marker = tmp_path / "calls.txt"
     write_bot_config(tmp_path / "data-web", config(stdio_entry(marker)))

@@ -85,6 +85,7 @@ def race_in_rounds(n: int, batch: int, tmp_path: Path, *, rounds: int = 1000) ->
     return claims
 
 
+@pytest.mark.long
 def test_four_processes_racing_send_every_message_exactly_once(make_session, tmp_path):
     ids = make_due_tasks(make_session, 400)
     claims = race_in_rounds(4, 7, tmp_path)  # small batches: many interleaved claims

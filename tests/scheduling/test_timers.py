@@ -276,6 +276,7 @@ def test_two_clusters_fire_a_timer_due_in_two_seconds_exactly_once(make_session,
 
 @pytest.mark.live
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.long
 def test_two_clusters_fire_each_due_cron_instant_once_and_keep_it_active(make_session, start_qcluster):
     start_qcluster("a")
     start_qcluster("b")
