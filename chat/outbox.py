@@ -51,6 +51,7 @@ from chat.delivery_errors import DeliveryError
 from chat.models import AdapterConnection, AdapterPlatform, ChatSession, DeliveryStatus, Direction, Message
 from chat.services import outbound_created
 from chat.wire.outbound import adapter_envelope, browser_frame
+from maibot.aio import wait_event
 from maibot.config import get_config
 
 logger = logging.getLogger(__name__)
@@ -436,10 +437,7 @@ class Deliverer:
             config = get_config().gateway  # read each round: a reload applies without a restart
             poll = config.outbox_poll_seconds_with_redis if settings.REDIS_URL else config.outbox_poll_seconds
             wait = min(poll, max(0.0, self._next_deadline - self._loop.time()))
-            try:
-                await asyncio.wait_for(self._event.wait(), timeout=wait)
-            except TimeoutError:
-                pass
+            await wait_event(self._event, wait)
             self._event.clear()
             try:
                 if self._loop.time() - last_sweep >= config.outbox_sweep_seconds:

@@ -16,7 +16,6 @@ One `Gateway` per event loop, started on the first ASGI call (daphne has no life
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -47,6 +46,7 @@ from chat.wire.inbound import (
     parse_envelope,
 )
 from chat.wire.outbound import api_server_ack, api_server_package
+from maibot.aio import wait_event
 from maibot.config import get_config
 
 logger = logging.getLogger(__name__)
@@ -147,8 +147,7 @@ class Gateway(outbox.Sink):
         if self._channel_ready is not None and not self._channel_ready.is_set():
             # The record must name this process's channel, or a later replacement elsewhere cannot
             # reach this socket; the first connection can arrive before the channel exists.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._channel_ready.wait(), 5)
+            await wait_event(self._channel_ready, 5)
         conn.opened_at = timezone.now()
         old = self.adapters.get(conn.platform)
         self.adapters[conn.platform] = conn

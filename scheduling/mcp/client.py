@@ -35,6 +35,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from chat.components import CHAT, LIFE, Tool, ToolContext, ToolErrorCode, error, ok, registry
+from maibot.aio import wait_event
 from maibot.config import BotConfig, McpServerEntry, get_config, mcp_secret_resolve
 from maibot.reload import register_reload_callback
 from scheduling.mcp.models import McpLinkState, McpServerState
@@ -150,11 +151,8 @@ class ServerLink:
     async def _watch(self, session: ClientSession) -> None:
         """Return when the connection is gone: a ping unanswered, or a call that found it broken."""
         while True:
-            try:
-                await asyncio.wait_for(self._broken.wait(), PING_SECONDS)
+            if await wait_event(self._broken, PING_SECONDS):
                 raise ConnectionError("a call found the connection broken")
-            except TimeoutError:
-                pass
             await asyncio.wait_for(session.send_ping(), PING_SECONDS)
 
     def _offer(self, tools: list[types.Tool]) -> None:
