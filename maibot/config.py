@@ -544,6 +544,72 @@ class McpSection(Section):
         return servers
 
 
+class PluginsSection(Section):
+    """MaiBot SDK plugins ($MAIBOT_DATA_DIR/plugins/): their runner subprocesses, hot reload, dependencies."""
+
+    load_timeout: float = Field(
+        30.0, gt=0, le=600, description="A plugin's runner must start and finish on_load within this (seconds)."
+    )
+    cancel_grace: float = Field(
+        2.0,
+        gt=0,
+        le=60,
+        description="A runner must confirm a cancelled call (timed out) within this, or it is stuck and restarted "
+        "(seconds).",
+    )
+    restart_backoff_seconds: float = Field(
+        1.0, gt=0, le=600, description="Wait before restarting a crashed runner; doubles on each crash (seconds)."
+    )
+    restart_backoff_max_seconds: float = Field(
+        60.0, gt=0, le=3600, description="The longest wait before restarting a crashed runner (seconds)."
+    )
+    max_restarts: int = Field(
+        5,
+        ge=0,
+        le=100,
+        description="Crashes within restart_window_seconds after which a plugin is left failed (reload to retry).",
+    )
+    restart_window_seconds: float = Field(
+        600.0, ge=1, le=86_400, description="The window max_restarts counts crashes in (seconds)."
+    )
+    runner_memory_mb: int = Field(
+        2048,
+        ge=0,
+        le=65_536,
+        description="Address-space limit of each plugin runner (MB; 0: none). A plugin over it gets MemoryError.",
+    )
+    hot_reload: bool = Field(
+        True,
+        description="Reload a plugin when one of its files or its config.toml changes.",
+        json_schema_extra={"requires_restart": True},
+    )
+    reload_debounce_ms: int = Field(
+        500,
+        ge=10,
+        le=10_000,
+        description="Plugin file changes are applied once the folder has been quiet this long (milliseconds).",
+        json_schema_extra={"requires_restart": True},
+    )
+    auto_install_dependencies: bool = Field(
+        False, description="At load, pip-install a plugin's missing Python dependencies into the bot's environment."
+    )
+    pip_args: list[str] = Field(
+        default_factory=list,
+        max_length=20,
+        description="Extra arguments for pip install (e.g. an index URL or --no-index --find-links DIR).",
+    )
+    install_timeout: float = Field(
+        300.0, gt=0, le=3600, description="One dependency installation may take this long (seconds)."
+    )
+
+    @field_validator("pip_args")
+    @classmethod
+    def _bounded_args(cls, args: list[str]) -> list[str]:
+        if any(len(a) > 500 or "\x00" in a for a in args):
+            raise ValueError("each pip argument must be at most 500 characters, without NUL")
+        return args
+
+
 class LifeSection(Section):
     """The life loop (timers, inner state) and the model's memory (slots, summaries, scratch notes)."""
 
@@ -635,6 +701,7 @@ class BotConfig(Section):
     life: LifeSection = Field(default_factory=LifeSection)
     console: ConsoleSection = Field(default_factory=ConsoleSection)
     mcp: McpSection = Field(default_factory=McpSection)
+    plugins: PluginsSection = Field(default_factory=PluginsSection)
 
     # --- derived values, read through the config so callers never look at os.environ ----------
     @property

@@ -1,45 +1,62 @@
-"""The plugin host: finds the plugins in $MAIBOT_DATA_DIR/plugins/<folder>/, checks and orders them,
-imports each folder as a package, creates the plugin (`create_plugin()`), gives it its PluginContext
-and runs its coroutines on the host's own event loop (a thread of its own, never the ASGI server's
-loop), with a timeout on every call.
+"""The plugin host: finds the plugins in $MAIBOT_DATA_DIR/plugins/<folder>/, checks and orders them, and
+runs each loaded plugin in a runner subprocess of its own (plugins/runner.py, spoken to through
+plugins/supervisor.py), never in this process: a plugin that raises, blocks its loop, leaks memory or
+exits its process costs an error result, never the bot, another plugin or a planner cycle.
 
-Every refusal and failure is kept with its reason (`host.records`) and logged; a broken plugin never
-stops the others or the process. Components become our mechanisms (plugins.bridge): tools and
-actions are planner tools, commands run before the planner.
+One runner per plugin (MaiBot 1.x runs one runner per group of plugins): a crash, a stuck loop or a
+reload touches that plugin only, and a reload is simply a fresh process (no module purging). The cost is
+one interpreter per plugin (about 30 MB each).
+
+Every call has a timeout. A call past it is cancelled in the runner; a runner that cannot even confirm
+the cancellation (`plugins.cancel_grace`) is stuck and killed. A runner that dies is restarted with
+exponential backoff (`plugins.restart_backoff_seconds` doubling up to `restart_backoff_max_seconds`),
+and left failed after `plugins.max_restarts` crashes within `restart_window_seconds`. A reload (file
+change, config edit, admin action) starts the new version in a new runner first; only when it loaded is
+it swapped in, so a failed reload keeps the previous version running and shows why.
+
+The host's own event loop (a thread, never the ASGI server's loop) talks to the runners and answers
+their capability calls with plugins.capabilities. Every refusal and failure is kept with its reason
+(`host.records`) and logged. Components become our mechanisms (plugins.bridge).
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.machinery
-import importlib.util
+import hashlib
 import logging
-import re
-import sys
+import os
 import threading
-import tomllib
-import warnings
+import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plugins import bridge
+from plugins import bridge, deps
 from plugins import events as plugin_events
 from plugins import manifest as mf
 from plugins.capabilities import SUPPORTED, make_context
-from plugins.records import ComponentInfo, PluginRecord, PluginState
+from plugins.records import ComponentInfo, PluginRecord, PluginState, now_iso
+from plugins.supervisor import RunnerGone, RunnerProcess
 
 logger = logging.getLogger(__name__)
 
-# Seconds a plugin's on_load may take, and the default for one capability call (MaiBot's RPC default).
+# Seconds a plugin's on_unload may take when its runner stops.
+UNLOAD_TIMEOUT = 10.0
+# Kept for callers of the in-process host's names.
 LOAD_TIMEOUT = 30.0
-CAPABILITY_TIMEOUT = 30.0
+CONFIG_FILE = "config.toml"
 MAX_CONFIG_BYTES = 1024 * 1024
 
 
 class PluginCallTimeout(TimeoutError):
     pass
+
+
+@dataclass
+class ReloadOutcome:
+    ok: bool
+    message: str
 
 
 def plugins_dir() -> Path:
@@ -48,20 +65,30 @@ def plugins_dir() -> Path:
     return Path(settings.DATA_DIR) / "plugins"
 
 
-def module_prefix(plugin_id: str) -> str:
-    safe = re.sub(r"[^0-9A-Za-z_]", "_", plugin_id)
-    return f"_maibot_plugin_{safe}"
+def text_digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _settings():
+    from maibot.config import get_config
+
+    return get_config().plugins
 
 
 class PluginHost:
     def __init__(self, host_version: str = mf.HOST_APPLICATION_VERSION) -> None:
         self.host_version = host_version
-        self.records: dict[str, PluginRecord] = {}  # by plugin id (or folder name when it has none)
+        self.records: dict[str, PluginRecord] = {}  # by plugin id (or "folder:<name>" when it has none)
+        self.directory: Path | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._unregister: list[Callable[[], None]] = []
+        self._undo: dict[str, list[Callable[[], None]]] = {}  # by plugin id: undo its registrations
+        self._registering = ""
+        self._reload_lock = threading.RLock()  # one load / reload / swap at a time
+        self._stopping = False
+        self.watcher: PluginWatcher | None = None
 
-    # --- the plugins' event loop --------------------------------------------------------------------
+    # --- the host's event loop -----------------------------------------------------------------------
 
     def _start_loop(self) -> None:
         if self.loop is not None:
@@ -79,8 +106,8 @@ class PluginHost:
         ready.wait()
 
     def run(self, coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
-        """Run a plugin coroutine on the plugins' loop and wait at most `timeout` seconds (from any
-        thread but that loop's). On timeout the coroutine is cancelled and PluginCallTimeout raised."""
+        """Run a coroutine on the host's loop and wait at most `timeout` seconds (from any thread but
+        that loop's). On timeout the coroutine is cancelled and PluginCallTimeout raised."""
         if self.loop is None:
             coro.close()  # never started: close it rather than leave it un-awaited
             raise RuntimeError("the plugin host is not started")
@@ -92,50 +119,70 @@ class PluginHost:
             raise PluginCallTimeout(f"did not finish within {timeout:g}s") from None
 
     def stop(self) -> None:
-        for undo in reversed(self._unregister):
+        self._stopping = True
+        if self.watcher is not None:
+            self.watcher.stop()
+            self.watcher = None
+        with self._reload_lock:
+            for plugin_id in list(self._undo):
+                self._unregister(plugin_id)
+            runners = [r.process for r in self.records.values() if r.process is not None]
+            unloaded = sum(1 for r in self.records.values() if r.state == PluginState.LOADED)
+            if self.loop is not None and runners:
+                try:
+                    self.run(_gather(*(p.stop(UNLOAD_TIMEOUT) for p in runners)), UNLOAD_TIMEOUT + 15)
+                except Exception:
+                    logger.exception("stopping the plugin runners failed")
+                    for p in runners:
+                        self.loop.call_soon_threadsafe(p.kill)
+            for record in self.records.values():
+                record.process = None
+                if record.runner_state:
+                    record.runner_state = "stopped"
+            if self.loop is not None:
+                self.loop.call_soon_threadsafe(self.loop.stop)
+                if self._thread is not None:
+                    self._thread.join(5)
+                self.loop = None
+        logger.info("plugins unloaded (%d)", unloaded)
+
+    def on_unregister(self, undo: Callable[[], None]) -> None:
+        self._undo.setdefault(self._registering, []).append(undo)
+
+    def _unregister(self, plugin_id: str) -> None:
+        for undo in reversed(self._undo.pop(plugin_id, [])):
             try:
                 undo()
             except Exception:
-                logger.exception("unregistering a plugin component failed")
-        self._unregister.clear()
-        unloaded = 0
-        for record in self.records.values():
-            if record.state == PluginState.LOADED and record.instance is not None:
-                self._unload(record)
-                unloaded += 1
-            _purge_modules(record)
-        if self.loop is not None:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            if self._thread is not None:
-                self._thread.join(5)
-            self.loop = None
-        logger.info("plugins unloaded (%d)", unloaded)
-
-    def _unload(self, record: PluginRecord) -> None:
-        from maibot_sdk import MaiBotPlugin
-
-        if type(record.instance).on_unload is MaiBotPlugin.on_unload:
-            return
-        try:
-            self.run(record.instance.on_unload(), LOAD_TIMEOUT)
-        except Exception:
-            logger.exception("plugin %s: on_unload failed", record.plugin_id)
-
-    def on_unregister(self, undo: Callable[[], None]) -> None:
-        self._unregister.append(undo)
+                logger.exception("unregistering a component of plugin %s failed", plugin_id)
 
     # --- loading -----------------------------------------------------------------------------------
 
     def load_all(self, directory: Path | None = None) -> list[PluginRecord]:
-        """Discover, check, order and load every plugin of `directory` (default: the data dir's)."""
+        """Discover, check, order and load every plugin of `directory` (default: the data dir's).
+        Plugins whose dependencies have loaded start together (their runners start in parallel)."""
         directory = directory or plugins_dir()
+        self.directory = directory
         self._start_loop()
         if not directory.is_dir():
             logger.info("no plugins directory at %s: no plugins", directory)
             return []
-        candidates = self._discover(directory)
-        for record in self._ordered(candidates):
-            self._load(record)
+        with self._reload_lock:
+            candidates = self._discover(directory)
+            order = self._ordered(candidates)
+            level: dict[str, int] = {}
+            for record in order:
+                level[record.plugin_id] = 1 + max(
+                    (level.get(d.id, 0) for d in record.manifest.plugin_dependencies), default=0
+                )
+            for wave in sorted(set(level.values())):
+                batch = [r for r in order if level[r.plugin_id] == wave and self._dependencies_loaded(r)]
+                started = self.run(
+                    _gather(*(self._start_runner(r) for r in batch), return_exceptions=True),
+                    _settings().load_timeout + 30,
+                )
+                for record, outcome in zip(batch, started, strict=True):
+                    self._settle_load(record, outcome)
         loaded = [r for r in self.records.values() if r.state == PluginState.LOADED]
         logger.info(
             "plugins loaded: %d of %d (%s)",
@@ -150,6 +197,25 @@ class PluginHost:
         record.reason = reason
         record.error(reason)
         logger.error("plugin %s (%s) %s: %s", record.plugin_id or "?", record.folder.name, state, reason)
+
+    def _check(self, record: PluginRecord) -> str:
+        """Read and check the manifest, host and SDK ranges and Python dependencies (installing them
+        when `plugins.auto_install_dependencies`); the reason it cannot load, or ""."""
+        try:
+            record.manifest = mf.read_manifest(record.folder)
+        except mf.ManifestError as exc:
+            return str(exc)
+        record.plugin_id = record.manifest.id
+        record.unsupported_capabilities = [c for c in record.manifest.capabilities if c not in SUPPORTED]
+        try:
+            record.warnings = mf.check_compatibility(record.manifest, host_version=self.host_version)
+        except mf.ManifestError as exc:
+            return str(exc)
+        if (wanted := deps.missing_requirements(record.manifest)) and _settings().auto_install_dependencies:
+            record.last_install = deps.install(wanted)
+        if missing := mf.missing_packages(record.manifest):
+            return "missing Python dependencies: " + ", ".join(missing)
+        return ""
 
     def _discover(self, directory: Path) -> dict[str, PluginRecord]:
         candidates: dict[str, PluginRecord] = {}
@@ -166,7 +232,6 @@ class PluginHost:
                 self._refuse(record, str(exc))
                 continue
             record.plugin_id = record.manifest.id
-            record.unsupported_capabilities = [c for c in record.manifest.capabilities if c not in SUPPORTED]
             if record.plugin_id in candidates or record.plugin_id in self.records:
                 other = candidates.pop(record.plugin_id, None) or self.records[record.plugin_id]
                 why = f"the plugin id {record.plugin_id} is used by two folders: {other.folder.name}, {folder.name}"
@@ -175,13 +240,8 @@ class PluginHost:
                 self._refuse(record, why)
                 continue
             self.records[record.plugin_id] = record
-            try:
-                record.warnings.extend(mf.check_compatibility(record.manifest, host_version=self.host_version))
-            except mf.ManifestError as exc:
-                self._refuse(record, str(exc))
-                continue
-            if missing := mf.missing_packages(record.manifest):
-                self._refuse(record, "missing Python dependencies: " + ", ".join(missing))
+            if reason := self._check(record):
+                self._refuse(record, reason)
                 continue
             candidates[record.plugin_id] = record
         return candidates
@@ -228,91 +288,421 @@ class PluginHost:
                 self._refuse(pending[pid], "depends on plugins caught in a dependency cycle")
         return order
 
-    def _load(self, record: PluginRecord) -> None:
+    def _dependencies_loaded(self, record: PluginRecord) -> bool:
         for dep in record.manifest.plugin_dependencies:
             other = self.records.get(dep.id)
             if other is None or other.state != PluginState.LOADED:
                 why = "is disabled" if other is not None and other.state == PluginState.DISABLED else "failed to load"
                 self._refuse(record, f"depends on plugin {dep.id}, which {why}")
-                return
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                # The SDK warns at import about what it deprecates (e.g. @Action): shown with the plugin.
-                warnings.simplefilter("always")
-                module = _import_plugin(record)
-            record.warnings.extend(sorted({str(w.message) for w in caught}))
-            factory = getattr(module, "create_plugin", None)
-            if not callable(factory):
-                raise TypeError("plugin.py has no create_plugin() function")
-            instance = factory()
-            from maibot_sdk import MaiBotPlugin
+                return False
+        return True
 
-            if not isinstance(instance, MaiBotPlugin):
-                raise TypeError(f"create_plugin() returned {type(instance).__name__}, not a MaiBotPlugin")
-            config = _read_config(record.folder)
-            normalized, _ = instance.normalize_plugin_config(config)  # raises with the reason when invalid
-            section = normalized.get("plugin")
-            if isinstance(section, dict) and section.get("enabled") is False:
-                _purge_modules(record)
-                record.state = PluginState.DISABLED
-                record.reason = "disabled in its config.toml ([plugin] enabled = false)"
-                logger.info("plugin %s is disabled in its config.toml", record.plugin_id)
-                return
-            instance.set_plugin_config(config)
-            record.instance = instance
+    # --- runners -----------------------------------------------------------------------------------
+
+    async def _start_runner(self, record: PluginRecord, config_text: str | None = None) -> tuple[RunnerProcess, dict]:
+        """A new runner for `record` with the plugin loaded in it (or found disabled); raises with the
+        reason when it cannot load. Does not touch the record: the caller swaps it in."""
+        from django.conf import settings as django_settings
+
+        settings = _settings()
+        if record.context is None:
             record.context = make_context(record)
-            instance._set_context(record.context)
-            if type(instance).on_load is not MaiBotPlugin.on_load:
-                self.run(instance.on_load(), LOAD_TIMEOUT)
+        base = Path(django_settings.DATA_DIR)
+        process = RunnerProcess(
+            folder=record.folder,
+            plugin_id=record.plugin_id,
+            data_dir=base / "plugin-data" / record.plugin_id,
+            runtime_dir=base / "plugin-runtime" / record.plugin_id,
+            memory_mb=settings.runner_memory_mb,
+            call_handler=lambda method, payload, timeout_ms: self._answer_call(record, method, payload, timeout_ms),
+            on_exit=lambda proc: self._on_runner_exit(record, proc),
+        )
+        try:
+            await asyncio.wait_for(process.start(), settings.load_timeout)
+            message: dict[str, Any] = {"type": "load"}
+            if config_text is not None:
+                message["config_text"] = config_text
+            reply = await process.request(message, settings.load_timeout)
+        except BaseException as exc:
+            await asyncio.shield(process.discard())
+            if isinstance(exc, TimeoutError):
+                raise PluginCallTimeout(f"did not load within {settings.load_timeout:g}s") from None
+            raise
+        if reply.get("disabled"):
+            await process.stop(UNLOAD_TIMEOUT)
+        return process, reply
+
+    async def _answer_call(self, record: PluginRecord, method: str, payload: dict, timeout_ms: Any) -> Any:
+        # The capabilities module answers exactly as it did for in-process plugins.
+        return await record.context._rpc_call(method, record.plugin_id, payload, timeout_ms)
+
+    def _settle_load(self, record: PluginRecord, outcome: Any) -> bool:
+        """Record what starting a runner for a not-yet-loaded plugin gave (the runner, or an exception)."""
+        if isinstance(outcome, BaseException):
+            self._refuse(record, f"{type(outcome).__name__}: {outcome}"[:2000], PluginState.FAILED)
+            return False
+        process, reply = outcome
+        self._apply(record, process, reply)
+        return record.state == PluginState.LOADED
+
+    def _apply(self, record: PluginRecord, process: RunnerProcess, reply: dict) -> None:
+        """Swap a freshly loaded runner in: the old one's components out, the new ones in, the old runner
+        stopped (on_unload) in the background."""
+        old = record.process
+        self._unregister(record.plugin_id)
+        record.warnings = sorted(set(record.warnings) | set(reply.get("warnings") or []))
+        record.config = dict(reply.get("config") or {})
+        record.config_digest = text_digest(str(reply.get("config_text") or ""))
+        record.allow_hot_reload = bool(reply.get("allow_hot_reload", True))
+        record.reloaded_at = now_iso()
+        record.reload_error = ""
+        if reply.get("disabled"):
+            record.process = None
+            record.components = []
+            record.runner_state = "stopped"
+            record.state = PluginState.DISABLED
+            record.reason = "disabled in its config.toml ([plugin] enabled = false)"
+            logger.info("plugin %s is disabled in its config.toml", record.plugin_id)
+        else:
+            record.process = process
+            record.runner_state = "running"
             record.components = [
                 ComponentInfo(
-                    name=str(c.get("name", "")),
-                    type=str(c.get("type", "")),
-                    handler=str(c.get("metadata", {}).get("handler_name", "")),
-                    metadata=dict(c.get("metadata", {})),
+                    name=c["name"],
+                    type=c["type"],
+                    handler=str(c["metadata"].get("handler_name", "")),
+                    metadata=c["metadata"],
                 )
-                for c in instance.get_components()
+                for c in reply.get("components") or []
             ]
-        except Exception as exc:
-            _purge_modules(record)
-            record.instance = None
-            self._refuse(record, f"{type(exc).__name__}: {exc}"[:2000], PluginState.FAILED)
-            logger.debug("plugin %s failed to load", record.plugin_id, exc_info=True)
+            record.state = PluginState.LOADED
+            record.reason = ""
+            self._registering = record.plugin_id
+            try:
+                bridge.register_components(self, record)
+            finally:
+                self._registering = ""
+            for warning in record.warnings:
+                logger.warning("plugin %s: %s", record.plugin_id, warning)
+            logger.info(
+                "plugin %s %s loaded (runner pid %s): %s",
+                record.plugin_id,
+                record.version,
+                process.pid,
+                ", ".join(_describe(c) for c in record.components) or "no components",
+            )
+        if old is not None and old is not process:
+            asyncio.run_coroutine_threadsafe(old.stop(UNLOAD_TIMEOUT), self.loop)
+
+    def _on_runner_exit(self, record: PluginRecord, process: RunnerProcess) -> None:
+        """On the host's loop: a runner died without being asked to. Restart it with backoff, or leave
+        the plugin failed after too many crashes."""
+        if self._stopping or record.process is not process:
             return
-        record.state = PluginState.LOADED
-        record.reason = ""
-        bridge.register_components(self, record)
-        for warning in record.warnings:
-            logger.warning("plugin %s: %s", record.plugin_id, warning)
-        logger.info(
-            "plugin %s %s loaded: %s",
-            record.plugin_id,
-            record.version,
-            ", ".join(_describe(c) for c in record.components) or "no components",
-        )
+        settings = _settings()
+        now = time.monotonic()
+        record.crash_times = [t for t in record.crash_times if now - t < settings.restart_window_seconds] + [now]
+        crashes = len(record.crash_times)
+        why = f"its runner (pid {process.pid}) exited with code {process.exit_code}"
+        if crashes > settings.max_restarts:
+            self._unregister(record.plugin_id)
+            record.process = None
+            record.runner_state = "crashed"
+            self._refuse(
+                record,
+                f"{why}; {crashes} crashes within {settings.restart_window_seconds:g}s, "
+                "not restarted (reload to retry)",
+                PluginState.FAILED,
+            )
+            return
+        delay = min(settings.restart_backoff_seconds * 2 ** (crashes - 1), settings.restart_backoff_max_seconds)
+        record.runner_state = "restarting"
+        record.error(f"{why}; restarting in {delay:g}s (crash {crashes} of at most {settings.max_restarts})")
+        logger.error("plugin %s: %s; restarting in %gs", record.plugin_id, why, delay)
+        self.loop.call_later(delay, lambda: asyncio.ensure_future(self._restart(record, process)))
+
+    async def _restart(self, record: PluginRecord, crashed: RunnerProcess) -> None:
+        if self._stopping or record.process is not crashed:
+            return  # reloaded, disabled or stopped meanwhile
+        try:
+            process, reply = await self._start_runner(record)
+        except Exception as exc:
+            record.error(f"restarting its runner failed: {type(exc).__name__}: {exc}"[:500])
+            self._on_runner_exit(record, crashed)  # counts as another crash (backoff grows)
+            return
+        await asyncio.to_thread(self._apply_restart, record, crashed, process, reply)
+
+    def _apply_restart(self, record: PluginRecord, crashed: RunnerProcess, process: RunnerProcess, reply: dict) -> None:
+        with self._reload_lock:
+            if record.process is not crashed:
+                asyncio.run_coroutine_threadsafe(process.stop(UNLOAD_TIMEOUT), self.loop)
+                return
+            record.process = None  # the crashed one needs no stopping
+            self._apply(record, process, reply)
+            record.restarts += 1
+            logger.info("plugin %s: runner restarted (pid %s)", record.plugin_id, process.pid)
+
+    # --- reloading -----------------------------------------------------------------------------------
+
+    def reload(self, plugin_id: str, *, config_text: str | None = None, source: str = "reload") -> ReloadOutcome:
+        """Load the plugin's current files (and `config_text`, written to its config.toml only when it
+        loads) in a new runner and swap it in. When that fails, the running version stays and the error
+        is kept (`reload_error`); a plugin that was not loaded stays failed with the reason."""
+        with self._reload_lock:
+            record = self.records.get(plugin_id)
+            if record is None:
+                return ReloadOutcome(False, f"there is no plugin {plugin_id}")
+            was_loaded = record.state == PluginState.LOADED
+            reason = self._check(record)
+            if not reason and record.manifest.id != plugin_id:
+                reason = f"its manifest id changed to {record.manifest.id}; restart the bot to load it under that id"
+            if not reason:
+                for dep in record.manifest.plugin_dependencies:
+                    other = self.records.get(dep.id)
+                    if other is None or other.state != PluginState.LOADED:
+                        reason = f"depends on plugin {dep.id}, which is not loaded"
+                        break
+            outcome: Any
+            if reason:
+                outcome = ValueError(reason)
+            else:
+                try:
+                    outcome = self.run(self._start_runner(record, config_text), _settings().load_timeout * 2 + 10)
+                except Exception as exc:
+                    outcome = exc
+            if isinstance(outcome, BaseException):
+                text = reason or f"{type(outcome).__name__}: {outcome}"[:2000]
+                if was_loaded:
+                    record.reload_error = f"{now_iso()} {source}: {text}"
+                    record.error(f"{source} failed, the previous version keeps running: {text}")
+                    logger.error(
+                        "plugin %s: %s failed, the previous version keeps running: %s", plugin_id, source, text
+                    )
+                    return ReloadOutcome(False, f"{source} failed (the previous version keeps running): {text}")
+                self._refuse(record, text, PluginState.REFUSED if reason else PluginState.FAILED)
+                return ReloadOutcome(False, f"{source} failed: {text}")
+            process, reply = outcome
+            if config_text is not None:
+                _write_atomic(record.folder / CONFIG_FILE, config_text)
+            self._apply(record, process, reply)
+            record.crash_times = []
+            logger.info("plugin %s: %s → %s", plugin_id, source, record.state)
+            return ReloadOutcome(True, f"{source}: {record.state}")
+
+    def set_enabled(self, plugin_id: str, enabled: bool) -> ReloadOutcome:
+        """Enable or disable a plugin as MaiBot does: `[plugin] enabled` in its config.toml (kept across
+        restarts), applied at once."""
+        import tomlkit
+
+        record = self.records.get(plugin_id)
+        if record is None:
+            return ReloadOutcome(False, f"there is no plugin {plugin_id}")
+        path = record.folder / CONFIG_FILE
+        try:
+            document = tomlkit.parse(path.read_text(encoding="utf-8")) if path.is_file() else tomlkit.document()
+        except Exception as exc:
+            return ReloadOutcome(False, f"config.toml cannot be read: {exc}")
+        section = document.get("plugin")
+        if section is None:
+            section = tomlkit.table()
+            document["plugin"] = section
+        section["enabled"] = enabled
+        return self.reload(plugin_id, config_text=tomlkit.dumps(document), source="enable" if enabled else "disable")
+
+    def install_dependencies(self, plugin_id: str) -> ReloadOutcome:
+        """pip-install the plugin's missing Python dependencies, then load it (or reload it)."""
+        record = self.records.get(plugin_id)
+        if record is None or record.manifest is None:
+            return ReloadOutcome(False, f"there is no plugin {plugin_id} with a valid manifest")
+        wanted = deps.missing_requirements(record.manifest)
+        if not wanted:
+            return ReloadOutcome(True, "every Python dependency is already installed")
+        record.last_install = deps.install(wanted)
+        if not record.last_install.ok:
+            record.error(record.last_install.summary)
+            return ReloadOutcome(False, record.last_install.summary)
+        if record.state == PluginState.LOADED:
+            return ReloadOutcome(True, record.last_install.summary)
+        loaded = self.reload(plugin_id, source="install dependencies")
+        return ReloadOutcome(loaded.ok, f"{record.last_install.summary}; {loaded.message}")
+
+    def add_folder(self, folder: Path) -> ReloadOutcome:
+        """A plugin folder that appeared while running: check it and load it."""
+        with self._reload_lock:
+            plugin_id = _raw_id(folder)
+            if plugin_id and plugin_id in self.records:
+                return self.reload(plugin_id, source="file change")
+            record = PluginRecord(folder=folder, plugin_id=plugin_id or "")
+            self.records[plugin_id or f"folder:{folder.name}"] = record
+            if not plugin_id:
+                reason = self._check(record)
+                self._refuse(record, reason or "_manifest.json has no id")
+                return ReloadOutcome(False, record.reason)
+            return self.reload(plugin_id, source="new plugin")
+
+    def validate_config(self, plugin_id: str, text: str) -> ReloadOutcome:
+        """Apply a config.toml edited in the admin: the plugin is reloaded with it, and the file written
+        only when the plugin loads with it. Invalid: the reason, nothing written, the old config stays."""
+        record = self.records.get(plugin_id)
+        if record is None:
+            return ReloadOutcome(False, f"there is no plugin {plugin_id}")
+        if len(text.encode("utf-8")) > MAX_CONFIG_BYTES:
+            return ReloadOutcome(False, f"config.toml is larger than {MAX_CONFIG_BYTES} bytes")
+        return self.reload(plugin_id, config_text=text, source="config edit")
+
+    def record_for_path(self, path: Path) -> tuple[Path | None, PluginRecord | None]:
+        """The plugin folder a changed path is in, and its record (None for a new folder)."""
+        if self.directory is None:
+            return None, None
+        try:
+            relative = path.resolve().relative_to(self.directory.resolve())
+        except ValueError:
+            return None, None
+        if not relative.parts:
+            return None, None
+        folder = self.directory / relative.parts[0]
+        for record in self.records.values():
+            if record.folder.resolve() == folder.resolve():
+                return folder, record
+        return folder, None
 
     # --- invoking components -----------------------------------------------------------------------
 
     def invoke(self, record: PluginRecord, component: ComponentInfo, args: dict[str, Any], timeout: float) -> Any:
-        """Call a component's handler with `args` (as MaiBot's runner does: keyword arguments)."""
-        handler = getattr(record.instance, component.handler or component.name, None)
-        if handler is None:
-            handler = getattr(record.instance, f"handle_{component.name}", None)
-        if handler is None or not callable(handler):
-            raise LookupError(f"plugin {record.plugin_id} has no handler for {component.name}")
+        """Call a component's handler in the plugin's runner with `args` (keyword arguments)."""
+        process = record.process
+        if process is None or not process.alive:
+            raise RunnerGone(f"plugin {record.plugin_id} is not running ({record.runner_state or record.state})")
         record.calls += 1
-
-        async def call() -> Any:
-            result = handler(**args)
-            if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
-                result = await result
-            return result
-
+        started = time.monotonic()
         try:
-            return self.run(call(), timeout)
+            return self.run(
+                self._invoke(record, process, component, args, timeout), timeout + _settings().cancel_grace + 10
+            )
         except Exception as exc:
             record.error(f"{component.kind} {component.name}: {type(exc).__name__}: {exc}"[:500])
             raise
+        finally:
+            record.latency_ms_total += (time.monotonic() - started) * 1000
+
+    async def _invoke(
+        self, record: PluginRecord, process: RunnerProcess, component: ComponentInfo, args: dict, timeout: float
+    ) -> Any:
+        request = {"type": "invoke", "component": component.name, "handler": component.handler, "args": args}
+        try:
+            return await process.request(request, timeout)
+        except TimeoutError as exc:
+            (request_id,) = exc.args
+            grace = _settings().cancel_grace
+            if not await process.cancel(request_id, grace):
+                logger.error(
+                    "plugin %s: %s did not stop within %gs of being cancelled: its runner is stuck, killing it",
+                    record.plugin_id,
+                    component.name,
+                    grace,
+                )
+                record.error(f"{component.kind} {component.name} blocked its runner; the runner was killed")
+                process.kill()  # the exit handler restarts it
+            raise PluginCallTimeout(f"did not finish within {timeout:g}s") from None
+
+
+async def _gather(*coros: Coroutine, return_exceptions: bool = False) -> list[Any]:
+    return await asyncio.gather(*coros, return_exceptions=return_exceptions)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class PluginWatcher:
+    """Reloads a plugin when one of its files or its config.toml changes (watchfiles, like the bot
+    config's watcher). Our own config writes are recognised by their digest and skipped; a plugin with
+    `allow_hot_reload = false` is left alone (reload it from the admin)."""
+
+    WATCHED_SUFFIXES = (".py", ".toml", ".json")
+
+    def __init__(self, host: PluginHost, directory: Path, *, debounce_ms: int) -> None:
+        self.host = host
+        self.directory = directory
+        self.debounce_ms = debounce_ms
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.ready = threading.Event()
+
+    def _is_relevant(self, change: Any, path: str) -> bool:
+        name = os.path.basename(path)
+        return (
+            "__pycache__" not in path
+            and not name.startswith(".")
+            and (name.endswith(self.WATCHED_SUFFIXES) or os.path.isdir(path))
+        )
+
+    def start(self) -> PluginWatcher:
+        self._thread = threading.Thread(target=self._run, name="maibot-plugin-watcher", daemon=True)
+        self._thread.start()
+        self.ready.wait(10)
+        return self
+
+    def _run(self) -> None:
+        import watchfiles
+
+        logger.info("watching %s for plugin changes", self.directory)
+        try:
+            self.ready.set()
+            for changes in watchfiles.watch(
+                self.directory,
+                watch_filter=self._is_relevant,
+                debounce=self.debounce_ms,
+                step=50,
+                stop_event=self._stop,
+                rust_timeout=200,
+                yield_on_timeout=False,
+            ):
+                self.handle({Path(p) for _, p in changes})
+        except Exception:
+            logger.exception("plugin watcher on %s stopped", self.directory)
+
+    def handle(self, paths: set[Path]) -> list[ReloadOutcome]:
+        by_folder: dict[Path, set[Path]] = {}
+        for path in paths:
+            folder, _ = self.host.record_for_path(path)
+            if folder is not None:
+                by_folder.setdefault(folder, set()).add(path)
+        outcomes = []
+        for folder, changed in sorted(by_folder.items()):
+            _, record = self.host.record_for_path(folder)
+            if record is None:
+                if (folder / mf.MANIFEST_FILE).is_file():
+                    outcomes.append(self.host.add_folder(folder))
+                continue
+            if not folder.is_dir():
+                continue  # removed: keeps running until the next restart
+            config = folder / CONFIG_FILE
+            if changed == {config} and config.is_file():
+                try:
+                    if text_digest(config.read_text(encoding="utf-8")) == record.config_digest:
+                        continue  # our own write (an admin edit, the generated default)
+                except OSError:
+                    continue
+            if not record.allow_hot_reload and record.state == PluginState.LOADED:
+                record.reload_error = (
+                    f"{now_iso()} files changed on disk; not reloaded (allow_hot_reload = false): use Reload"
+                )
+                logger.info("plugin %s changed on disk; hot reload is off for it", record.plugin_id)
+                continue
+            if not record.plugin_id:
+                outcomes.append(self.host.add_folder(folder))
+                continue
+            names = ", ".join(sorted(p.name for p in changed))
+            outcomes.append(self.host.reload(record.plugin_id, source=f"hot reload ({names})"))
+        return outcomes
+
+    def stop(self, timeout: float = 5) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
 
 
 def _describe(component: ComponentInfo) -> str:
@@ -350,57 +740,22 @@ def _find_cycle(start: str, edges: dict[str, list[str]]) -> list[str]:
     return walk(start)
 
 
-def _import_plugin(record: PluginRecord) -> Any:
-    """Import the folder as a package (so `from .helpers import x` works) and return its plugin module."""
-    prefix = module_prefix(record.plugin_id)
-    _purge_modules(record)
-    init = record.folder / "__init__.py"
-    if init.is_file():
-        spec = importlib.util.spec_from_file_location(prefix, init, submodule_search_locations=[str(record.folder)])
-    else:
-        spec = importlib.machinery.ModuleSpec(prefix, None, is_package=True)
-        spec.submodule_search_locations = [str(record.folder)]
-    package = importlib.util.module_from_spec(spec)
-    sys.modules[prefix] = package
-    if spec.loader is not None:
-        spec.loader.exec_module(package)
-    return importlib.import_module(f"{prefix}.plugin")
-
-
-def _purge_modules(record: PluginRecord) -> None:
-    if not record.plugin_id:
-        return
-    prefix = module_prefix(record.plugin_id)
-    for name in [n for n in sys.modules if n == prefix or n.startswith(prefix + ".")]:
-        del sys.modules[name]
-    importlib.invalidate_caches()
-
-
-def _read_config(folder: Path) -> dict[str, Any]:
-    path = folder / "config.toml"
-    if not path.is_file():
-        return {}
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise ValueError(f"config.toml is larger than {MAX_CONFIG_BYTES} bytes")
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"config.toml: {exc}") from None
-
-
 # The host of this process (the ASGI server's); None until started.
 host: PluginHost | None = None
 _lock = threading.Lock()
 
 
 def start() -> PluginHost:
-    """Load the data dir's plugins into this process (once)."""
+    """Load the data dir's plugins into this process (once), and watch their folder for changes."""
     global host
     with _lock:
         if host is None:
             host = PluginHost()
             try:
                 host.load_all()
+                settings = _settings()
+                if settings.hot_reload and host.directory is not None and host.directory.is_dir():
+                    host.watcher = PluginWatcher(host, host.directory, debounce_ms=settings.reload_debounce_ms).start()
             except Exception:
                 logger.exception("loading plugins failed; the bot runs without them")
             plugin_events.emit_start()

@@ -42,8 +42,18 @@ class PluginRecord:
     state: PluginState = PluginState.REFUSED
     reason: str = ""
     manifest: mf.Manifest | None = None
-    instance: Any = None
-    context: Any = None
+    context: Any = None  # the host-side PluginContext whose rpc_call answers the runner's cap.call
+    process: Any = None  # its runner (plugins.supervisor.RunnerProcess) while one runs
+    config: dict[str, Any] = field(default_factory=dict)  # its config.toml as its config_model normalized it
+    config_digest: str = ""  # of the config.toml text in force (the watcher skips our own writes)
+    allow_hot_reload: bool = True
+    runner_state: str = ""  # running / restarting / crashed / stopped
+    restarts: int = 0
+    crash_times: list[float] = field(default_factory=list)
+    reloaded_at: str = ""
+    reload_error: str = ""  # the last failed reload (the previous version kept running)
+    last_install: Any = None  # plugins.deps.InstallOutcome of the last dependency installation
+    latency_ms_total: float = 0.0
     components: list[ComponentInfo] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     unsupported_capabilities: list[str] = field(default_factory=list)  # declared, not answered here
@@ -60,12 +70,24 @@ class PluginRecord:
         return self.manifest.version if self.manifest else ""
 
     @property
+    def runner_pid(self) -> int | None:
+        return self.process.pid if self.process is not None and self.process.alive else None
+
+    @property
+    def mean_latency_ms(self) -> float:
+        return self.latency_ms_total / self.calls if self.calls else 0.0
+
+    @property
     def declared_capabilities(self) -> list[str]:
         return list(self.manifest.capabilities) if self.manifest else []
 
     def error(self, text: str) -> None:
         self.errors += 1
-        self.recent_errors = [*self.recent_errors[-19:], f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {text}"]
+        self.recent_errors = [*self.recent_errors[-19:], f"{now_iso()} {text}"]
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 class ComponentHost(Protocol):

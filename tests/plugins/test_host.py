@@ -6,6 +6,7 @@ planner, the capabilities answer with our data (or say they are not supported), 
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -66,7 +67,8 @@ def test_each_broken_plugin_is_refused_with_its_reason_and_the_others_load(load_
     assert kinds["get_weather"] == ("TOOL", True) and kinds["wave"] == ("ACTION", True)
     assert kinds["hello"] == ("COMMAND", True)
     assert weather.unsupported_capabilities == ["emoji.get_random"]
-    assert weather.instance.config.hello.greeting == "Hi"  # its config.toml, validated by its config_model
+    assert weather.config["hello"]["greeting"] == "Hi"  # its config.toml, validated by its config_model
+    assert weather.runner_pid and weather.runner_pid != os.getpid()  # its code runs in a runner of its own
     assert registry.get("get_weather") is not None
     host.stop()
     assert registry.get("get_weather") is None

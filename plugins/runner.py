@@ -1,0 +1,319 @@
+"""A plugin runner: the subprocess one plugin's code runs in (`python -m plugins.runner <folder> <id> …`).
+
+It imports the plugin folder as a package, creates the plugin, gives it a PluginContext whose
+`rpc_call` sends `cap.call` back to the host over the pipe, and runs the components the host invokes
+on its own event loop. The host speaks to it with plugins.ipc frames on its stdin/stdout; the plugin's
+own prints and logs go to stderr, which the host logs. When the host goes away (stdin closes), the
+runner exits, even if a plugin blocks its loop. Never imports Django: a runner is a bare interpreter
+with the SDK.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import re
+import sys
+import threading
+import tomllib
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from plugins import ipc
+
+logger = logging.getLogger("maibot.plugin_runner")
+
+MAX_CONFIG_BYTES = 1024 * 1024
+EXIT_GRACE = 5.0  # seconds the runner waits for its loop to stop once the host has gone, then exits
+
+
+def module_prefix(plugin_id: str) -> str:
+    safe = re.sub(r"[^0-9A-Za-z_]", "_", plugin_id)
+    return f"_maibot_plugin_{safe}"
+
+
+def import_plugin(folder: Path, plugin_id: str) -> Any:
+    """Import the folder as a package (so `from .helpers import x` works) and return its plugin module."""
+    prefix = module_prefix(plugin_id)
+    init = folder / "__init__.py"
+    if init.is_file():
+        spec = importlib.util.spec_from_file_location(prefix, init, submodule_search_locations=[str(folder)])
+    else:
+        spec = importlib.machinery.ModuleSpec(prefix, None, is_package=True)
+        spec.submodule_search_locations = [str(folder)]
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[prefix] = package
+    if spec.loader is not None:
+        spec.loader.exec_module(package)
+    return importlib.import_module(f"{prefix}.plugin")
+
+
+def parse_config(text: str) -> dict[str, Any]:
+    if len(text.encode("utf-8")) > MAX_CONFIG_BYTES:
+        raise ValueError(f"config.toml is larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config.toml: {exc}") from None
+
+
+def default_config_text(instance: Any) -> str:
+    """config.toml as the plugin's config_model's defaults (what MaiBot writes on first load)."""
+    import tomlkit
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {str(k): clean(v) for k, v in value.items() if v is not None}
+        if isinstance(value, list | tuple):
+            return [clean(v) for v in value if v is not None]
+        return value
+
+    data = clean(type(instance).build_default_config())
+    if not data:
+        return ""
+    return "# Generated from the plugin's config_model on first load; edit it (or in the admin) to configure.\n" + (
+        tomlkit.dumps(data)
+    )
+
+
+def _error(exc: BaseException) -> dict[str, str]:
+    return {"type": type(exc).__name__, "message": str(exc)[:2000]}
+
+
+class Runner:
+    def __init__(self, folder: Path, plugin_id: str, data_dir: Path, runtime_dir: Path, out: BinaryIO) -> None:
+        self.folder = folder
+        self.plugin_id = plugin_id
+        self.data_dir = data_dir
+        self.runtime_dir = runtime_dir
+        self.out = out
+        self.instance: Any = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.tasks: dict[int, asyncio.Task] = {}
+        self.calls: dict[int, asyncio.Future] = {}
+        self._next_call = 0
+        self._write_lock = threading.Lock()
+        self.stopped: asyncio.Event | None = None
+
+    # --- the pipe ------------------------------------------------------------------------------------
+
+    def send(self, message: dict[str, Any]) -> None:
+        try:
+            frame = ipc.encode(message)
+        except (ipc.FrameError, TypeError, ValueError) as exc:
+            if "id" not in message:
+                return
+            frame = ipc.encode({"type": "reply", "id": message["id"], "ok": False, "error": _error(exc)})
+        with self._write_lock:
+            self.out.write(frame)
+            self.out.flush()
+
+    def read_frames(self, stream: BinaryIO) -> None:
+        """The reader thread: frames from the host to the loop; on EOF, stop (and exit if the loop is stuck)."""
+        try:
+            while True:
+                header = stream.read(ipc.HEADER_SIZE)
+                if len(header) < ipc.HEADER_SIZE:
+                    break
+                body = stream.read(ipc.length(header))
+                message = ipc.decode(body)
+                self.loop.call_soon_threadsafe(self.dispatch, message)
+        except Exception:
+            logger.exception("plugin runner %s: reading from the host failed", self.plugin_id)
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.stopped.set)
+        threading.Timer(EXIT_GRACE, lambda: os._exit(0)).start()
+
+    def dispatch(self, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        if kind == "reply":
+            future = self.calls.pop(int(message.get("id", -1)), None)
+            if future is not None and not future.done():
+                if message.get("ok"):
+                    future.set_result(message.get("result"))
+                else:
+                    error = message.get("error") or {}
+                    future.set_exception(RuntimeError(str(error.get("message") or "the host call failed")))
+            return
+        if kind == "cancel":
+            task = self.tasks.get(int(message.get("id", -1)))
+            if task is not None:
+                task.cancel()
+            else:
+                self.send({"type": "cancelled", "id": message.get("id")})
+            return
+        handler = {"load": self.load, "invoke": self.invoke, "unload": self.unload}.get(str(kind))
+        if handler is None:
+            self.send(
+                {
+                    "type": "reply",
+                    "id": message.get("id"),
+                    "ok": False,
+                    "error": {"type": "ValueError", "message": f"unknown request {kind!r}"},
+                }
+            )
+            return
+        request_id = int(message.get("id", -1))
+        task = asyncio.ensure_future(self._answer(request_id, handler(message)))
+        self.tasks[request_id] = task
+        task.add_done_callback(lambda _t, rid=request_id: self.tasks.pop(rid, None))
+
+    async def _answer(self, request_id: int, work) -> None:
+        try:
+            result = await work
+        except asyncio.CancelledError:
+            self.send({"type": "cancelled", "id": request_id})
+            return
+        except BaseException as exc:
+            logger.debug("plugin %s: request %s failed", self.plugin_id, request_id, exc_info=True)
+            self.send({"type": "reply", "id": request_id, "ok": False, "error": _error(exc)})
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self.send({"type": "reply", "id": request_id, "ok": True, "result": result})
+
+    async def rpc_call(self, method: str, plugin_id: str = "", payload: dict[str, Any] | None = None, timeout_ms=None):
+        """The PluginContext's rpc_call: the request goes to the host, which answers it (capabilities)."""
+        self._next_call += 1
+        call_id = self._next_call
+        future = self.loop.create_future()
+        self.calls[call_id] = future
+        self.send({"type": "call", "id": call_id, "method": method, "payload": payload or {}, "timeout_ms": timeout_ms})
+        try:
+            # The host applies the capability's own timeout and always answers; this only guards a lost answer.
+            return await asyncio.wait_for(future, 330)
+        finally:
+            self.calls.pop(call_id, None)
+
+    # --- requests ------------------------------------------------------------------------------------
+
+    async def load(self, message: dict[str, Any]) -> dict[str, Any]:
+        from maibot_sdk import MaiBotPlugin, PluginContext, PluginPaths
+
+        with warnings.catch_warnings(record=True) as caught:
+            # The SDK warns at import about what it deprecates (e.g. @Action): shown with the plugin.
+            warnings.simplefilter("always")
+            module = import_plugin(self.folder, self.plugin_id)
+        found_warnings = sorted({str(w.message) for w in caught})
+        factory = getattr(module, "create_plugin", None)
+        if not callable(factory):
+            raise TypeError("plugin.py has no create_plugin() function")
+        instance = factory()
+        if not isinstance(instance, MaiBotPlugin):
+            raise TypeError(f"create_plugin() returned {type(instance).__name__}, not a MaiBotPlugin")
+        path = self.folder / "config.toml"
+        config_text = message.get("config_text")
+        wrote_default = False
+        if config_text is None:
+            if path.is_file():
+                if path.stat().st_size > MAX_CONFIG_BYTES:
+                    raise ValueError(f"config.toml is larger than {MAX_CONFIG_BYTES} bytes")
+                config_text = path.read_text(encoding="utf-8")
+            else:
+                config_text = default_config_text(instance)
+                if config_text and message.get("write_default", True):
+                    tmp = path.with_name(".config.toml.tmp")
+                    tmp.write_text(config_text, encoding="utf-8")
+                    os.replace(tmp, path)
+                    wrote_default = True
+        config = parse_config(config_text)
+        normalized, _ = instance.normalize_plugin_config(config)  # raises with the reason when invalid
+        section = normalized.get("plugin")
+        allow_hot_reload = bool(getattr(instance, "allow_hot_reload", True))
+        if isinstance(section, dict) and "allow_hot_reload" in section:
+            allow_hot_reload = bool(section["allow_hot_reload"])
+        result: dict[str, Any] = {
+            "warnings": found_warnings,
+            "config_text": config_text,
+            "wrote_default_config": wrote_default,
+            "config": normalized,
+            "allow_hot_reload": allow_hot_reload,
+            "disabled": isinstance(section, dict) and section.get("enabled") is False,
+            "components": [],
+        }
+        if result["disabled"]:
+            return result
+        instance.set_plugin_config(config)
+        paths = PluginPaths(data_dir=self.data_dir, runtime_dir=self.runtime_dir)
+        instance._set_context(PluginContext(self.plugin_id, rpc_call=self.rpc_call, paths=paths))
+        self.instance = instance
+        if type(instance).on_load is not MaiBotPlugin.on_load:
+            await instance.on_load()
+        result["components"] = [
+            {"name": str(c.get("name", "")), "type": str(c.get("type", "")), "metadata": dict(c.get("metadata", {}))}
+            for c in instance.get_components()
+        ]
+        return result
+
+    async def invoke(self, message: dict[str, Any]) -> Any:
+        """Call a component's handler with keyword arguments (as MaiBot's runner does)."""
+        name = str(message.get("component") or "")
+        handler_name = str(message.get("handler") or "")
+        handler = getattr(self.instance, handler_name or name, None) if handler_name or name else None
+        if handler is None:
+            handler = getattr(self.instance, f"handle_{name}", None)
+        if handler is None or not callable(handler):
+            raise LookupError(f"plugin {self.plugin_id} has no handler for {name}")
+        result = handler(**dict(message.get("args") or {}))
+        if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+            result = await result
+        return result
+
+    async def unload(self, message: dict[str, Any]) -> None:
+        from maibot_sdk import MaiBotPlugin
+
+        instance, self.instance = self.instance, None
+        if instance is not None and type(instance).on_unload is not MaiBotPlugin.on_unload:
+            await instance.on_unload()
+        self.loop.call_soon(self.stopped.set)
+
+    async def serve(self, stream: BinaryIO) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.stopped = asyncio.Event()
+        threading.Thread(target=self.read_frames, args=(stream,), name="runner-reader", daemon=True).start()
+        self.send({"type": "hello", "pid": os.getpid()})
+        await self.stopped.wait()
+        await asyncio.sleep(0)  # let the last reply be written
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m plugins.runner")
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("plugin_id")
+    parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument("--runtime-dir", type=Path, required=True)
+    parser.add_argument("--memory-mb", type=int, default=0)
+    args = parser.parse_args(argv)
+    # The protocol owns the original stdin/stdout; the plugin's prints go to stderr, its input is empty.
+    proto_in = os.fdopen(os.dup(0), "rb", buffering=0)
+    proto_out = os.fdopen(os.dup(1), "wb", buffering=0)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.memory_mb > 0:
+        import resource
+
+        limit = args.memory_mb * 1024 * 1024
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    runner = Runner(args.folder, args.plugin_id, args.data_dir, args.runtime_dir, proto_out)
+    try:
+        asyncio.run(runner.serve(proto_in))
+    except Exception:
+        traceback.print_exc()
+        os._exit(1)
+    os._exit(0)  # never wait on the reader thread or a plugin's leftover threads
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,298 @@
+"""One plugin runner subprocess seen from the host: spawn it, talk to it (plugins.ipc frames over its
+pipes), answer its capability calls, notice when it dies. Lives on the host's plugin event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import itertools
+import logging
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from plugins import ipc
+
+logger = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+MAX_STDERR_LINE = 4000
+
+
+class RunnerGone(RuntimeError):
+    """The runner process exited (or was killed) before it answered."""
+
+
+class PluginError(Exception):
+    """An exception the plugin raised in its runner, re-raised in the host under the plugin's type name."""
+
+
+_remote_types: dict[str, type[Exception]] = {}
+
+
+def remote_error(error: dict[str, Any]) -> Exception:
+    """The plugin's exception as the host raises it: the builtin class when it is one (ValueError…),
+    otherwise a PluginError subclass of the same name, so the planner's error result reads as before."""
+    name = str(error.get("type") or "Exception")[:100]
+    message = str(error.get("message") or "")
+    cls = getattr(builtins, name, None)
+    if isinstance(cls, type) and issubclass(cls, Exception) and not issubclass(cls, TimeoutError | OSError):
+        with contextlib.suppress(Exception):
+            return cls(message)
+    if not name.isidentifier():
+        name = "PluginError"
+    if name not in _remote_types:
+        _remote_types[name] = type(name, (PluginError,), {})
+    return _remote_types[name](message)
+
+
+def runner_env() -> dict[str, str]:
+    """The runner sees the host's packages: the project root and the host's sys.path."""
+    env = dict(os.environ)
+    paths = [str(PROJECT_ROOT), *(p for p in sys.path if p and os.path.isdir(p))]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env["PYTHONUNBUFFERED"] = "1"
+    env.pop("DJANGO_SETTINGS_MODULE", None)  # a runner never configures Django
+    return env
+
+
+CallHandler = Callable[[str, dict[str, Any], Any], Awaitable[Any]]
+
+
+class RunnerProcess:
+    """A running runner. `call_handler(method, payload, timeout_ms)` answers the plugin's host calls."""
+
+    _ids = itertools.count(1)
+
+    def __init__(
+        self,
+        *,
+        folder: Path,
+        plugin_id: str,
+        data_dir: Path,
+        runtime_dir: Path,
+        memory_mb: int,
+        call_handler: CallHandler,
+        on_exit: Callable[[RunnerProcess], None] | None = None,
+    ) -> None:
+        self.folder = folder
+        self.plugin_id = plugin_id
+        self.data_dir = data_dir
+        self.runtime_dir = runtime_dir
+        self.memory_mb = memory_mb
+        self.call_handler = call_handler
+        self.on_exit = on_exit
+        self.proc: asyncio.subprocess.Process | None = None
+        self.pending: dict[int, asyncio.Future] = {}
+        self.stopping = False
+        self.exit_code: int | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._hello: asyncio.Future | None = None
+        self._done: asyncio.Event = asyncio.Event()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.exit_code is None
+
+    async def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.runtime_dir.mkdir(parents=True, exist_ok=True)
+        self._hello = asyncio.get_running_loop().create_future()
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "plugins.runner",
+            str(self.folder),
+            self.plugin_id,
+            "--data-dir",
+            str(self.data_dir),
+            "--runtime-dir",
+            str(self.runtime_dir),
+            "--memory-mb",
+            str(self.memory_mb),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=str(self.runtime_dir),
+            env=runner_env(),
+            limit=ipc.MAX_FRAME + ipc.HEADER_SIZE,
+        )
+        self._spawn(self._read_frames())
+        self._spawn(self._read_stderr())
+        self._spawn(self._wait_exit())
+        await self._hello  # raises RunnerGone when it died first
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # --- requests ----------------------------------------------------------------------------------
+
+    async def request(self, message: dict[str, Any], timeout: float) -> Any:
+        """Send a request and wait for its answer. On timeout the runner is told to cancel it, and
+        TimeoutError raised; the caller decides whether the runner is stuck (see cancel())."""
+        if not self.alive:
+            raise RunnerGone(f"the runner of plugin {self.plugin_id} is not running")
+        request_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self.pending[request_id] = future
+        try:
+            self._write({**message, "id": request_id})
+            return await asyncio.wait_for(asyncio.shield(future), timeout)
+        except TimeoutError:
+            raise TimeoutError(request_id) from None
+        finally:
+            if future.done():
+                self.pending.pop(request_id, None)
+
+    async def cancel(self, request_id: int, grace: float) -> bool:
+        """Ask the runner to cancel a request; True when it confirmed within `grace` seconds (its loop
+        is alive), False when it did not (a plugin blocks its loop: the caller kills it)."""
+        future = self.pending.get(request_id)
+        if future is None or future.done():
+            self.pending.pop(request_id, None)
+            return True
+        try:
+            self._write({"type": "cancel", "id": request_id})
+            await asyncio.wait_for(asyncio.shield(future), grace)
+        except asyncio.CancelledError:
+            return True  # the runner confirmed ("cancelled")
+        except TimeoutError:
+            return False
+        except Exception:
+            return self.alive
+        finally:
+            self.pending.pop(request_id, None)
+        return True
+
+    def _write(self, message: dict[str, Any]) -> None:
+        if self.proc is None or self.proc.stdin is None or self.proc.stdin.is_closing():
+            raise RunnerGone(f"the runner of plugin {self.plugin_id} is not running")
+        self.proc.stdin.write(ipc.encode(message))
+
+    # --- what the runner says ----------------------------------------------------------------------
+
+    async def _read_frames(self) -> None:
+        stdout = self.proc.stdout
+        try:
+            while True:
+                header = await stdout.readexactly(ipc.HEADER_SIZE)
+                body = await stdout.readexactly(ipc.length(header))
+                self._on_message(ipc.decode(body))
+        except asyncio.IncompleteReadError:
+            pass
+        except Exception:
+            logger.exception("plugin %s: bad frame from its runner; stopping it", self.plugin_id)
+            self.kill()
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        if kind == "hello":
+            if self._hello is not None and not self._hello.done():
+                self._hello.set_result(message.get("pid"))
+        elif kind in ("reply", "cancelled"):
+            future = self.pending.get(int(message.get("id") or -1))
+            if future is None or future.done():
+                return
+            if kind == "cancelled":
+                future.cancel()
+            elif message.get("ok"):
+                future.set_result(message.get("result"))
+            else:
+                future.set_exception(remote_error(message.get("error") or {}))
+        elif kind == "call":
+            self._spawn(self._answer_call(message))
+
+    async def _answer_call(self, message: dict[str, Any]) -> None:
+        call_id = message.get("id")
+        try:
+            payload = message.get("payload")
+            result = await self.call_handler(
+                str(message.get("method") or ""),
+                payload if isinstance(payload, dict) else {},
+                message.get("timeout_ms"),
+            )
+            reply = {"type": "reply", "id": call_id, "ok": True, "result": result}
+        except Exception as exc:
+            reply = {
+                "type": "reply",
+                "id": call_id,
+                "ok": False,
+                "error": {"type": type(exc).__name__, "message": str(exc)},
+            }
+        with contextlib.suppress(Exception):
+            self._write(reply)
+
+    async def _read_stderr(self) -> None:
+        plugin_logger = logging.getLogger(f"plugins.runner.{self.plugin_id}")
+        stderr = self.proc.stderr
+        while True:
+            try:
+                line = await stderr.readline()
+            except ValueError:  # a line longer than the stream's limit
+                continue
+            if not line:
+                return
+            text = line.decode("utf-8", "replace").rstrip()[:MAX_STDERR_LINE]
+            if text:
+                plugin_logger.info("%s", text)
+
+    async def _wait_exit(self) -> None:
+        code = await self.proc.wait()
+        self.exit_code = code
+        gone = RunnerGone(f"the runner of plugin {self.plugin_id} exited (code {code})")
+        for future in self.pending.values():
+            if not future.done():
+                future.set_exception(gone)
+        self.pending.clear()
+        if self._hello is not None and not self._hello.done():
+            self._hello.set_exception(gone)
+        self._done.set()
+        if self.on_exit is not None and not self.stopping:
+            try:
+                self.on_exit(self)
+            except Exception:
+                logger.exception("plugin %s: handling its runner's exit failed", self.plugin_id)
+
+    # --- stopping ----------------------------------------------------------------------------------
+
+    def kill(self) -> None:
+        if self.proc is not None and self.exit_code is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+
+    async def stop(self, timeout: float) -> None:
+        """on_unload (at most `timeout` seconds), then the process ends; killed when it does not."""
+        self.stopping = True
+        if self.alive:
+            with contextlib.suppress(Exception):
+                await self.request({"type": "unload"}, timeout)
+            with contextlib.suppress(Exception):
+                self.proc.stdin.close()
+            try:
+                await asyncio.wait_for(self._done.wait(), timeout)
+            except TimeoutError:
+                self.kill()
+        await self.discard()
+
+    async def discard(self) -> None:
+        """Kill it (if still running) and release its pipes."""
+        self.stopping = True
+        self.kill()
+        if self.proc is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._done.wait(), 5)
+            transport = getattr(self.proc, "_transport", None)
+            if transport is not None:
+                transport.close()
+        for task in list(self._tasks):
+            task.cancel()
