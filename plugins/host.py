@@ -87,6 +87,13 @@ class PluginHost:
         self._reload_lock = threading.RLock()  # one load / reload / swap at a time
         self._stopping = False
         self.watcher: PluginWatcher | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    def _background(self, coro: Coroutine) -> None:
+        """Run `coro` on the host's loop (called on it), keeping a reference until it is done."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # --- the host's event loop -----------------------------------------------------------------------
 
@@ -98,8 +105,17 @@ class PluginHost:
         def run() -> None:
             self.loop = asyncio.new_event_loop()
             asyncio.set_event_loop(self.loop)
+            loop = self.loop
             ready.set()
-            self.loop.run_forever()
+            try:
+                loop.run_forever()
+            finally:
+                # Closed here, not by the garbage collector (whose ResourceWarnings, raised while
+                # CPython 3.11 builds an AST elsewhere, end in "AST constructor recursion depth mismatch").
+                for task in asyncio.all_tasks(loop):
+                    task.cancel()
+                loop.run_until_complete(asyncio.sleep(0))
+                loop.close()
 
         self._thread = threading.Thread(target=run, name="maibot-plugins", daemon=True)
         self._thread.start()
@@ -397,6 +413,7 @@ class PluginHost:
     def _on_runner_exit(self, record: PluginRecord, process: RunnerProcess) -> None:
         """On the host's loop: a runner died without being asked to. Restart it with backoff, or leave
         the plugin failed after too many crashes."""
+        self._background(process.discard())  # its pipes closed now, not by the garbage collector
         if self._stopping or record.process is not process:
             return
         settings = _settings()
@@ -419,7 +436,7 @@ class PluginHost:
         record.runner_state = "restarting"
         record.error(f"{why}; restarting in {delay:g}s (crash {crashes} of at most {settings.max_restarts})")
         logger.error("plugin %s: %s; restarting in %gs", record.plugin_id, why, delay)
-        self.loop.call_later(delay, lambda: asyncio.ensure_future(self._restart(record, process)))
+        self.loop.call_later(delay, lambda: self._background(self._restart(record, process)))
 
     async def _restart(self, record: PluginRecord, crashed: RunnerProcess) -> None:
         if self._stopping or record.process is not crashed:
@@ -650,19 +667,28 @@ class PluginWatcher:
 
         logger.info("watching %s for plugin changes", self.directory)
         try:
-            self.ready.set()
             for changes in watchfiles.watch(
                 self.directory,
                 watch_filter=self._is_relevant,
-                debounce=self.debounce_ms,
-                step=50,
+                # `step`: wait this long for more changes before yielding; `debounce`: the hard cap.
+                step=self.debounce_ms,
+                debounce=max(self.debounce_ms * 10, 1600),
                 stop_event=self._stop,
-                rust_timeout=200,
-                yield_on_timeout=False,
+                rust_timeout=200,  # also how soon start() knows it is watching
+                yield_on_timeout=True,
+                raise_interrupt=False,
             ):
-                self.handle({Path(p) for _, p in changes})
+                self.ready.set()
+                if not changes:
+                    continue  # the periodic timeout: lets the loop notice stop()
+                try:
+                    self.handle({Path(p) for _, p in changes})
+                except Exception:
+                    logger.exception("reloading changed plugins failed")
         except Exception:
             logger.exception("plugin watcher on %s stopped", self.directory)
+        finally:
+            self.ready.set()
 
     def handle(self, paths: set[Path]) -> list[ReloadOutcome]:
         by_folder: dict[Path, set[Path]] = {}

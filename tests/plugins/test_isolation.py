@@ -1,0 +1,166 @@
+"""Plugin code runs in runner subprocesses: a plugin that exits its process, blocks its loop, exhausts its
+memory or never answers costs one error result, never the host, another plugin or the planner cycle; a
+crashed runner comes back (with backoff, a bounded number of times). Hot reload of code and config
+(a failed reload keeps the running version), the generated config.toml, allow_hot_reload = false."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from chat.agent.engine import AgentTurn
+from chat.agent.llm import ToolCallRequest
+from chat.components import registry
+from chat.models import CycleKind
+from maibot import config
+from plugins.host import PluginState, PluginWatcher
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+UNRULY = "test.maibot.unruly"
+FAST_RESTARTS = {"cancel_grace": 1.0, "restart_backoff_seconds": 0.05, "runner_memory_mb": 512}
+
+
+def call(turn: AgentTurn, name: str, arguments: dict | None = None) -> dict:
+    arguments = arguments or {}
+    request = ToolCallRequest(id=f"call_{name}", name=name, raw_arguments=json.dumps(arguments), arguments=arguments)
+    return turn.execute([request])[0].result
+
+
+def status(host) -> dict:
+    record = host.records[UNRULY]
+    component = next(c for c in record.components if c.name == "unruly_status")
+    return host.invoke(record, component, {}, 20)
+
+
+def running_again(record, not_pid: int) -> bool:
+    return record.runner_state == "running" and record.runner_pid not in (None, not_pid)
+
+
+def test_a_plugin_that_crashes_blocks_leaks_or_hangs_costs_one_error_result_and_its_runner_comes_back(
+    load_plugins, make_session
+):
+    with config.override(chat={"tool_timeout": 2.0}, plugins=FAST_RESTARTS):
+        host = load_plugins("weather", "unruly")
+        record = host.records[UNRULY]
+        turn = AgentTurn.open(kind=CycleKind.CHAT, session=make_session(), trigger="test")
+        first = call(turn, "unruly_status")["result"]["pid"]
+        assert first == record.runner_pid and first != os.getpid()
+
+        crashed = call(turn, "unruly_crash")
+        assert crashed["error"]["code"] == "tool_failed"
+        assert "exited (code 3)" in crashed["error"]["message"]
+        # The other plugin and the cycle go on.
+        assert call(turn, "get_weather", {"city": "Paris"})["result"]["content"] == "麦麦: light rain, 14°C"
+        assert wait_for(lambda: running_again(record, first), timeout=30), record.recent_errors
+        assert record.restarts == 1 and record.state == PluginState.LOADED
+        assert any("exited with code 3; restarting" in e for e in record.recent_errors)
+        second = call(turn, "unruly_status")["result"]["pid"]
+        assert second == record.runner_pid != first
+
+        # Blocking the runner's loop: the call times out, the runner cannot confirm the cancellation,
+        # so it is killed and restarted.
+        assert call(turn, "unruly_block")["error"]["code"] == "tool_timeout"
+        assert wait_for(lambda: running_again(record, second), timeout=30), record.recent_errors
+        assert any("blocked its runner; the runner was killed" in e for e in record.recent_errors)
+        third = call(turn, "unruly_status")["result"]["pid"]
+
+        # Awaiting forever: cancelled in the runner, which stays.
+        assert call(turn, "unruly_hang")["error"]["code"] == "tool_timeout"
+        # Memory past the runner's limit: MemoryError in the plugin, the runner stays.
+        leaked = call(turn, "unruly_leak")
+        assert leaked["error"] == {"code": "tool_failed", "message": "MemoryError: "}
+        assert call(turn, "unruly_status")["result"]["pid"] == third == record.runner_pid
+        assert record.restarts == 2
+        weather = host.records["test.maibot.weather"]
+        assert weather.runner_state == "running" and weather.restarts == 0
+
+
+def test_a_runner_crashing_too_often_is_left_failed_until_reloaded(load_plugins, make_session):
+    with config.override(plugins={**FAST_RESTARTS, "max_restarts": 0}):
+        host = load_plugins("unruly")
+        record = host.records[UNRULY]
+        turn = AgentTurn.open(kind=CycleKind.CHAT, session=make_session(), trigger="test")
+        assert call(turn, "unruly_crash")["error"]["code"] == "tool_failed"
+        assert wait_for(lambda: record.state == PluginState.FAILED, timeout=20)
+        assert record.reason.endswith("1 crashes within 600s, not restarted (reload to retry)")
+        assert record.runner_state == "crashed" and registry.get("unruly_status") is None
+
+        outcome = host.reload(UNRULY)
+        assert outcome.ok and record.state == PluginState.LOADED
+        assert registry.get("unruly_status") is not None and status(host)["version"] == "1"
+
+
+def test_hot_reload_of_code_and_config_and_a_failed_reload_keeps_the_running_version(load_plugins):
+    host = load_plugins("unruly")
+    record = host.records[UNRULY]
+    folder = record.folder
+    # config.toml was generated from the config_model on first load.
+    generated = (folder / "config.toml").read_text()
+    assert '[mood]\nword = "calm"' in generated and status(host)["mood"] == "calm"
+    watcher = PluginWatcher(host, host.directory, debounce_ms=50).start()
+    try:
+        source = (folder / "plugin.py").read_text()
+        (folder / "plugin.py").write_text(source.replace('VERSION = "1"', 'VERSION = "2"'))
+        assert wait_for(lambda: status(host)["version"] == "2", timeout=30), record.reload_error
+
+        (folder / "plugin.py").write_text(source + "\nthis is not python (\n")
+        assert wait_for(lambda: "SyntaxError" in record.reload_error, timeout=30), record.recent_errors
+        assert "hot reload (plugin.py)" in record.reload_error
+        assert record.state == PluginState.LOADED and status(host)["version"] == "2"  # the old one runs on
+
+        (folder / "plugin.py").write_text(source.replace('VERSION = "1"', 'VERSION = "3"'))
+        assert wait_for(lambda: status(host)["version"] == "3", timeout=30), record.reload_error
+        assert record.reload_error == ""
+
+        (folder / "config.toml").write_text(generated.replace('"calm"', '"stormy"'))
+        assert wait_for(lambda: status(host)["mood"] == "stormy", timeout=30), record.reload_error
+        assert record.config["mood"]["word"] == "stormy"
+
+        (folder / "config.toml").write_text(generated.replace('"calm"', "[1]"))
+        assert wait_for(lambda: "mood.word" in record.reload_error, timeout=30), record.recent_errors
+        assert status(host)["mood"] == "stormy"
+    finally:
+        watcher.stop()
+
+
+def test_a_plugin_that_forbids_hot_reload_is_left_alone_until_reloaded_by_hand(load_plugins):
+    host = load_plugins("unruly")
+    record = host.records[UNRULY]
+    path = record.folder / "plugin.py"
+    source = path.read_text()
+    path.write_text(
+        source.replace(
+            "    config_model = UnrulyConfig", "    config_model = UnrulyConfig\n    allow_hot_reload = False"
+        )
+    )
+    assert host.reload(UNRULY).ok and not record.allow_hot_reload
+    path.write_text(path.read_text().replace('VERSION = "1"', 'VERSION = "2"'))
+    watcher = PluginWatcher(host, host.directory, debounce_ms=50)
+    # What the watcher does with the change (called directly: no waiting on the file system here).
+    assert watcher.handle({path}) == []
+    assert "allow_hot_reload = false" in record.reload_error and status(host)["version"] == "1"
+    assert host.reload(UNRULY, source="reload").ok and status(host)["version"] == "2"
+
+
+def test_an_edited_plugin_config_is_validated_by_its_model_and_written_only_when_valid(load_plugins):
+    host = load_plugins("unruly")
+    record = host.records[UNRULY]
+    path = record.folder / "config.toml"
+    before = path.read_text()
+    bad = host.validate_config(UNRULY, before.replace('"calm"', "[1]"))
+    assert not bad.ok and "mood.word" in bad.message
+    assert path.read_text() == before and status(host)["mood"] == "calm"
+    assert not host.validate_config(UNRULY, "[mood\n").ok and path.read_text() == before
+
+    good = host.validate_config(UNRULY, before.replace('"calm"', '"sunny"'))
+    assert good.ok and path.read_text() == before.replace('"calm"', '"sunny"')
+    assert status(host)["mood"] == "sunny"
+
+    assert host.set_enabled(UNRULY, False).ok
+    assert record.state == PluginState.DISABLED and registry.get("unruly_status") is None
+    assert "enabled = false" in path.read_text()
+    assert host.set_enabled(UNRULY, True).ok and status(host)["mood"] == "sunny"
