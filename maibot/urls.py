@@ -5,7 +5,7 @@ from django.urls import path
 
 from chat.views import chat_page
 from console import setup, views
-from plugins.views import plugins_view
+from plugins.views import plugin_action_view, plugin_config_view, plugins_view
 from scheduling.proactive.api import api as proactive_api
 
 urlpatterns = [
@@ -16,6 +16,16 @@ urlpatterns = [
     path("admin/logs/", admin.site.admin_view(views.logs_view), name="console-logs"),
     path("admin/models/", admin.site.admin_view(views.models_view), name="console-models"),
     path("admin/plugins/", admin.site.admin_view(plugins_view), name="console-plugins"),
+    path(
+        "admin/plugins/<str:plugin_id>/config/",
+        admin.site.admin_view(plugin_config_view),
+        name="console-plugin-config",
+    ),
+    path(
+        "admin/plugins/<str:plugin_id>/<str:action>/",
+        admin.site.admin_view(plugin_action_view),
+        name="console-plugin-action",
+    ),
     path("admin/", admin.site.urls),
     path("api/v1/", proactive_api.urls),
     path("chat/", chat_page, name="chat"),

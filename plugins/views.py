@@ -1,24 +1,42 @@
-"""The admin's Plugins page (read-only): each plugin of this server process, its state and why."""
+"""The admin's Plugins page: each plugin of this server process, its state and why, its runner, and the
+operator actions (enable, disable, reload, install dependencies, edit config.toml), each behind its own
+permission. The views only translate HTTP to the host's methods."""
 
 from __future__ import annotations
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect
 from django.template.response import TemplateResponse
+from django.views.decorators.http import require_POST
 
 from plugins import host as plugin_host
 from plugins import manifest as mf
 
 VIEW_CONSOLE = "maibot.view_console"
+# Each action and the permission it needs.
+ACTIONS = {
+    "enable": "plugins.enable_plugin",
+    "disable": "plugins.disable_plugin",
+    "reload": "plugins.reload_plugin",
+    "install-deps": "plugins.install_plugin_dependencies",
+}
+CHANGE_PLUGIN_CONFIG = "plugins.change_plugin_config"
+MAX_CONFIG_CHARS = 1024 * 1024
+
+
+def _require(request: HttpRequest, perm: str) -> None:
+    # admin_view() already requires an active staff user; each page and action needs its permission.
+    if not request.user.has_perm(perm):
+        raise PermissionDenied
 
 
 def plugins_view(request: HttpRequest) -> HttpResponse:
-    # admin_view() already requires an active staff user; the page also needs the console's permission.
-    if not request.user.has_perm(VIEW_CONSOLE):
-        raise PermissionDenied
+    _require(request, VIEW_CONSOLE)
     current = plugin_host.host
     records = sorted(current.records.values(), key=lambda r: r.plugin_id or r.folder.name) if current else []
+    allowed = {action for action, perm in ACTIONS.items() if request.user.has_perm(perm)}
     return TemplateResponse(
         request,
         "admin/plugins/plugins.html",
@@ -30,5 +48,70 @@ def plugins_view(request: HttpRequest) -> HttpResponse:
             "plugins_dir": plugin_host.plugins_dir(),
             "host_version": mf.HOST_APPLICATION_VERSION,
             "sdk_version": mf.sdk_version() or "(not installed)",
+            "allowed": allowed,
+            "can_edit_config": request.user.has_perm(CHANGE_PLUGIN_CONFIG),
+        },
+    )
+
+
+def _record(plugin_id: str):
+    current = plugin_host.host
+    record = current.records.get(plugin_id) if current else None
+    if record is None:
+        raise Http404("no such plugin in this server process")
+    return current, record
+
+
+@require_POST
+def plugin_action_view(request: HttpRequest, plugin_id: str, action: str) -> HttpResponse:
+    perm = ACTIONS.get(action)
+    if perm is None:
+        raise Http404("no such action")
+    _require(request, perm)
+    current, _ = _record(plugin_id)
+    if action == "enable":
+        outcome = current.set_enabled(plugin_id, True)
+    elif action == "disable":
+        outcome = current.set_enabled(plugin_id, False)
+    elif action == "reload":
+        outcome = current.reload(plugin_id, source="reload from the admin")
+    else:
+        outcome = current.install_dependencies(plugin_id)
+    (messages.success if outcome.ok else messages.error)(request, f"{plugin_id}: {outcome.message}")
+    return redirect("console-plugins")
+
+
+def plugin_config_view(request: HttpRequest, plugin_id: str) -> HttpResponse:
+    """A plugin's config.toml: applied (the plugin reloaded with it) only when its config_model accepts
+    it and the plugin loads with it; otherwise the reason is shown and nothing is written."""
+    _require(request, CHANGE_PLUGIN_CONFIG)
+    current, record = _record(plugin_id)
+    path = record.folder / plugin_host.CONFIG_FILE
+    error = ""
+    if request.method == "POST":
+        text = request.POST.get("toml", "").replace("\r\n", "\n")
+        if len(text) > MAX_CONFIG_CHARS:
+            error = f"config.toml is longer than {MAX_CONFIG_CHARS} characters"
+        else:
+            outcome = current.validate_config(plugin_id, text)
+            if outcome.ok:
+                messages.success(request, f"{plugin_id}: config.toml saved and applied ({outcome.message})")
+                return redirect("console-plugin-config", plugin_id=plugin_id)
+            error = outcome.message
+    else:
+        try:
+            text = path.read_text(encoding="utf-8") if path.is_file() else ""
+        except (OSError, UnicodeDecodeError) as exc:
+            text, error = "", f"config.toml cannot be read: {exc}"
+    return TemplateResponse(
+        request,
+        "admin/plugins/plugin_config.html",
+        {
+            **admin.site.each_context(request),
+            "title": f"Plugin config: {record.name}",
+            "record": record,
+            "path": path,
+            "toml": text,
+            "error": error,
         },
     )

@@ -143,3 +143,72 @@ def test_the_custom_permissions_grant_exactly_their_action(viewer, model, action
     viewer.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
     viewer = User.objects.get(pk=viewer.pk)
     assert list(admin.site._registry[model].get_actions(_request(viewer))) == [action]
+
+
+# --- the Plugins page's actions (a custom admin page, not ModelAdmin actions) --------------------------
+
+PLUGIN_ACTIONS = {
+    "disable": "plugins.disable_plugin",
+    "enable": "plugins.enable_plugin",
+    "reload": "plugins.reload_plugin",
+    "install-deps": "plugins.install_plugin_dependencies",
+    "config": "plugins.change_plugin_config",
+}
+
+
+@pytest.fixture
+def plugin_host_with_one_plugin(tmp_path, monkeypatch):
+    from plugins import host as plugin_host
+    from tests.plugins.conftest import copy_plugins
+
+    host = plugin_host.PluginHost()
+    host.load_all(copy_plugins(tmp_path / "plugins", "unruly"))
+    monkeypatch.setattr(plugin_host, "host", host)
+    yield host
+    host.stop()
+
+
+def _post_plugin_action(client, action: str):
+    url = (
+        "/admin/plugins/test.maibot.unruly/config/"
+        if action == "config"
+        else f"/admin/plugins/test.maibot.unruly/{action}/"
+    )
+    data = {"toml": '[plugin]\nconfig_version = "1.0.0"\nenabled = true\n[mood]\nword = "changed"\n'}
+    return client.post(url, data if action == "config" else {})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_view_only_user_can_take_no_plugin_action(plugin_host_with_one_plugin, viewer, client):
+    host = plugin_host_with_one_plugin
+    record = host.records["test.maibot.unruly"]
+    config_text, pid = (record.folder / "config.toml").read_text(), record.runner_pid
+    client.force_login(viewer)
+    page = client.get("/admin/plugins/").content.decode()
+    assert "test.maibot.unruly" in page and 'name="action"' not in page and "config.toml</a>" not in page
+    for action in PLUGIN_ACTIONS:
+        assert _post_plugin_action(client, action).status_code == 403, action
+    assert client.get("/admin/plugins/test.maibot.unruly/config/").status_code == 403
+    assert (record.folder / "config.toml").read_text() == config_text
+    assert record.runner_pid == pid and record.state == "loaded"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_each_plugin_permission_grants_exactly_its_action(plugin_host_with_one_plugin, viewer, client):
+    host = plugin_host_with_one_plugin
+    record = host.records["test.maibot.unruly"]
+    client.force_login(viewer)
+    for action, permission in PLUGIN_ACTIONS.items():
+        viewer.user_permissions.set(
+            [
+                *Permission.objects.filter(codename__startswith="view_"),
+                Permission.objects.get(content_type__app_label="plugins", codename=permission.split(".")[1]),
+            ]
+        )
+        for other in PLUGIN_ACTIONS:
+            if other != action:
+                assert _post_plugin_action(client, other).status_code == 403, (action, other)
+        assert _post_plugin_action(client, action).status_code == 302, action
+        expected = {"disable": "disabled", "enable": "loaded", "reload": "loaded", "install-deps": "loaded"}
+        assert record.state == expected.get(action, "loaded"), (action, record.reason)
+    assert record.config["mood"]["word"] == "changed"
