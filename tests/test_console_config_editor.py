@@ -90,10 +90,16 @@ def test_form_has_a_fieldset_per_section_with_help_text_and_the_restart_flag(ope
     assert 'name="bot__alias_names"' in page and "MaiBot\n麦麦" in page  # list[str]: one per line
     assert 'type="checkbox" name="console__health_requires_adapter"' in page
     assert 'type="number" name="llm__temperature"' in page
-    for field in ("console__reload_debounce_ms", "gateway__keepalive_seconds"):
+    restart_fields = (
+        "console__reload_debounce_ms",
+        "gateway__keepalive_seconds",
+        "plugins__hot_reload",
+        "plugins__reload_debounce_ms",
+    )
+    for field in restart_fields:
         restart_row = page.split(f'field-{field}"', 1)[1].split("form-row", 1)[0]
         assert "Needs a restart" in restart_row
-    assert page.count("Needs a restart") == 2
+    assert page.count("Needs a restart") == 4
 
 
 def test_saving_the_form_changes_values_keeps_comments_and_applies_at_once(operator, config_file):
