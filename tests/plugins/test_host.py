@@ -305,3 +305,14 @@ def test_admin_plugins_page_lists_states_reasons_and_unanswered_capabilities(loa
     assert "host_application needs MaiBot &gt;= 2.0.0" in page
     assert "ImportError: this plugin needs a module that is not there" in page
     assert "emoji.get_random" in page and "ACTION <code>wave</code>" in page
+    assert "test.maibot.unruly" in page and "running, pid" in page
+    assert 'name="action"' not in page  # a viewer is offered no action
+
+    admin = User.objects.create_superuser("root", password="pw")
+    client.force_login(admin)
+    page = client.get("/admin/plugins/").content.decode()
+    assert (
+        f'action="/admin/plugins/{WEATHER}/reload/"' in page and f'action="/admin/plugins/{WEATHER}/disable/"' in page
+    )
+    assert f'href="/admin/plugins/{WEATHER}/config/"' in page
+    assert 'action="/admin/plugins/test.maibot.needs-package/install-deps/"' in page

@@ -2,7 +2,8 @@
 loads the plugins, the broken ones refused with their reasons) → the planner offers the plugin's tool
 to the real openai client talking to FakeLLM → the tool runs in the plugin, is recorded, its result
 goes back to the model → the reply reaches the adapter; a plugin command answers without any model
-call; the bot keeps answering whatever the broken plugins did."""
+call; the bot keeps answering whatever the broken plugins did, and when a plugin exits its runner
+process in the middle of a planner cycle."""
 
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ async def test_plugin_tool_and_command_through_a_live_server_while_broken_plugin
         fake.script(
             fake.tool_call("get_weather", {"city": "Paris"}),
             fake.tool_call("reply", {"text": "Light rain in Paris today."}),
+            fake.tool_call("unruly_crash", {}),
+            fake.tool_call("reply", {"text": "Still here."}),
         )
         proc, base = start_server(
             OPENAI_BASE_URL=fake.base_url, MAIBOT_LLM_MODEL="fake-model", MAIBOT_ADAPTER_TOKENS=TOKEN
@@ -65,7 +68,7 @@ async def test_plugin_tool_and_command_through_a_live_server_while_broken_plugin
                 return router.check_connection("qq")
 
             await wait_for_async(connected, what="the adapter to connect")
-            await asyncio.to_thread(proc.wait_for_output, "plugins loaded: 4 of 10", 60)
+            await asyncio.to_thread(proc.wait_for_output, "plugins loaded: 5 of 11", 60)
             log = proc.output()
             assert "refused: dependency cycle: test.maibot.cycle-a -> test.maibot.cycle-b -> test.maibot.cycle-a" in log
             assert "failed: ImportError: this plugin needs a module that is not there" in log
@@ -117,9 +120,20 @@ async def test_plugin_tool_and_command_through_a_live_server_while_broken_plugin
             assert len(fake.requests) == 2
             assert await db(lambda: LLMCall.objects.count()) == 2
             assert proc.popen.poll() is None
+
+            # A plugin that exits its runner process: the cycle gets an error tool result and goes on,
+            # the bot answers, the runner is restarted.
+            await say("please crash")
+            frame = await asyncio.wait_for(received.get(), timeout=30)
+            assert texts_of(frame) == ["Still here."]
+            crashed = fake.requests[3]["messages"][-1]
+            assert crashed["role"] == "tool" and "exited (code 3)" in crashed["content"]
+            await asyncio.to_thread(proc.wait_for_output, "plugin test.maibot.unruly: runner restarted", 60)
+            assert "test.maibot.unruly: its runner (pid" in proc.output()
+            assert proc.popen.poll() is None
         finally:
             await router.stop()
             task.cancel()
         # SIGTERM: the plugins' on_unload runs before daphne's loop goes away.
         await asyncio.to_thread(proc.stop)
-        assert "plugins unloaded (4)" in proc.output()
+        assert "plugins unloaded (5)" in proc.output()
