@@ -226,17 +226,20 @@ class Runner:
                     wrote_default = True
         config = parse_config(config_text)
         normalized, _ = instance.normalize_plugin_config(config)  # raises with the reason when invalid
-        section = normalized.get("plugin")
+        # [plugin] enabled / allow_hot_reload are read from the file as written too: a config_model that
+        # does not declare them drops them (the SDK's models ignore unknown keys).
+        sections = [s for s in (config.get("plugin"), normalized.get("plugin")) if isinstance(s, dict)]
         allow_hot_reload = bool(getattr(instance, "allow_hot_reload", True))
-        if isinstance(section, dict) and "allow_hot_reload" in section:
-            allow_hot_reload = bool(section["allow_hot_reload"])
+        for section in sections:
+            if "allow_hot_reload" in section:
+                allow_hot_reload = bool(section["allow_hot_reload"])
         result: dict[str, Any] = {
             "warnings": found_warnings,
             "config_text": config_text,
             "wrote_default_config": wrote_default,
             "config": normalized,
             "allow_hot_reload": allow_hot_reload,
-            "disabled": isinstance(section, dict) and section.get("enabled") is False,
+            "disabled": any(section.get("enabled") is False for section in sections),
             "components": [],
         }
         if result["disabled"]:

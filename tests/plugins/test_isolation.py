@@ -130,20 +130,26 @@ def test_hot_reload_of_code_and_config_and_a_failed_reload_keeps_the_running_ver
 def test_a_plugin_that_forbids_hot_reload_is_left_alone_until_reloaded_by_hand(load_plugins):
     host = load_plugins("unruly")
     record = host.records[UNRULY]
-    path = record.folder / "plugin.py"
-    source = path.read_text()
+    path, config_path = record.folder / "plugin.py", record.folder / "config.toml"
+    source, generated = path.read_text(), config_path.read_text()
+    # In its config.toml (kept even though its config_model does not declare the key)…
+    forbidding = generated.replace("enabled = true", "enabled = true\nallow_hot_reload = false")
+    assert host.validate_config(UNRULY, forbidding).ok and not record.allow_hot_reload
+    path.write_text(source.replace('VERSION = "1"', 'VERSION = "2"'))
+    watcher = PluginWatcher(host, host.directory, debounce_ms=50)
+    # What the watcher does with the change (called directly: no waiting on the file system here).
+    assert watcher.handle({path}) == []
+    assert "allow_hot_reload = false" in record.reload_error and status(host)["version"] == "1"
+    assert host.reload(UNRULY, source="reload").ok and status(host)["version"] == "2"
+    # … or as a class attribute of the plugin (the design note's `allow_hot_reload: bool`).
+    config_path.write_text(generated)
     path.write_text(
         source.replace(
             "    config_model = UnrulyConfig", "    config_model = UnrulyConfig\n    allow_hot_reload = False"
         )
     )
     assert host.reload(UNRULY).ok and not record.allow_hot_reload
-    path.write_text(path.read_text().replace('VERSION = "1"', 'VERSION = "2"'))
-    watcher = PluginWatcher(host, host.directory, debounce_ms=50)
-    # What the watcher does with the change (called directly: no waiting on the file system here).
-    assert watcher.handle({path}) == []
-    assert "allow_hot_reload = false" in record.reload_error and status(host)["version"] == "1"
-    assert host.reload(UNRULY, source="reload").ok and status(host)["version"] == "2"
+    assert watcher.handle({path}) == [] and record.state == PluginState.LOADED
 
 
 def test_an_edited_plugin_config_is_validated_by_its_model_and_written_only_when_valid(load_plugins):
