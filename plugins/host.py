@@ -422,21 +422,26 @@ class PluginHost:
         crashes = len(record.crash_times)
         why = f"its runner (pid {process.pid}) exited with code {process.exit_code}"
         if crashes > settings.max_restarts:
-            self._unregister(record.plugin_id)
-            record.process = None
-            record.runner_state = "crashed"
-            self._refuse(
-                record,
-                f"{why}; {crashes} crashes within {settings.restart_window_seconds:g}s, "
-                "not restarted (reload to retry)",
-                PluginState.FAILED,
+            reason = (
+                f"{why}; {crashes} crashes within {settings.restart_window_seconds:g}s, not restarted (reload to retry)"
             )
+            record.runner_state = "crashed"
+            self._background(asyncio.to_thread(self._give_up, record, process, reason))
             return
         delay = min(settings.restart_backoff_seconds * 2 ** (crashes - 1), settings.restart_backoff_max_seconds)
         record.runner_state = "restarting"
         record.error(f"{why}; restarting in {delay:g}s (crash {crashes} of at most {settings.max_restarts})")
         logger.error("plugin %s: %s; restarting in %gs", record.plugin_id, why, delay)
         self.loop.call_later(delay, lambda: self._background(self._restart(record, process)))
+
+    def _give_up(self, record: PluginRecord, crashed: RunnerProcess, reason: str) -> None:
+        with self._reload_lock:
+            if record.process is not crashed:
+                return  # reloaded meanwhile
+            self._unregister(record.plugin_id)
+            record.process = None
+            record.runner_state = "crashed"
+            self._refuse(record, reason, PluginState.FAILED)
 
     async def _restart(self, record: PluginRecord, crashed: RunnerProcess) -> None:
         if self._stopping or record.process is not crashed:
