@@ -49,13 +49,37 @@ def remote_error(error: dict[str, Any]) -> Exception:
     return _remote_types[name](message)
 
 
+# What a runner inherits from the server's environment: the basics a Python program and an HTTP client
+# need. Never the rest (API keys, DATABASE_URL, REDIS_URL, adapter tokens): plugin code has no business
+# with the bot's secrets.
+_INHERITED_ENV = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "TMPDIR",
+    "SYSTEMROOT",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+)
+
+
 def runner_env() -> dict[str, str]:
-    """The runner sees the host's packages: the project root and the host's sys.path."""
-    env = dict(os.environ)
+    """The runner's environment: the basics (above, and LC_*), and the server's sys.path as PYTHONPATH
+    so it sees the same packages (the project, the venv, a shiv extraction)."""
+    env = {k: v for k, v in os.environ.items() if k in _INHERITED_ENV or k.startswith("LC_")}
     paths = [str(PROJECT_ROOT), *(p for p in sys.path if p and os.path.isdir(p))]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     env["PYTHONUNBUFFERED"] = "1"
-    env.pop("DJANGO_SETTINGS_MODULE", None)  # a runner never configures Django
     return env
 
 

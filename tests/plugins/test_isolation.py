@@ -41,14 +41,18 @@ def running_again(record, not_pid: int) -> bool:
 
 
 def test_a_plugin_that_crashes_blocks_leaks_or_hangs_costs_one_error_result_and_its_runner_comes_back(
-    load_plugins, make_session
+    load_plugins, make_session, monkeypatch
 ):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    monkeypatch.setenv("MAIBOT_ADAPTER_TOKENS", "secret-token")
     with config.override(chat={"tool_timeout": 2.0}, plugins=FAST_RESTARTS):
         host = load_plugins("weather", "unruly")
         record = host.records[UNRULY]
         turn = AgentTurn.open(kind=CycleKind.CHAT, session=make_session(), trigger="test")
-        first = call(turn, "unruly_status")["result"]["pid"]
+        first_status = call(turn, "unruly_status")["result"]
+        first = first_status["pid"]
         assert first == record.runner_pid and first != os.getpid()
+        assert first_status["secrets_seen"] == []  # the runner's environment holds none of the bot's secrets
 
         crashed = call(turn, "unruly_crash")
         assert crashed["error"]["code"] == "tool_failed"
