@@ -43,8 +43,6 @@ logger = logging.getLogger(__name__)
 
 # Seconds a plugin's on_unload may take when its runner stops.
 UNLOAD_TIMEOUT = 10.0
-# Kept for callers of the in-process host's names.
-LOAD_TIMEOUT = 30.0
 CONFIG_FILE = "config.toml"
 MAX_CONFIG_BYTES = 1024 * 1024
 
