@@ -641,23 +641,28 @@ class PluginWatcher:
     config's watcher). Our own config writes are recognised by their digest and skipped; a plugin with
     `allow_hot_reload = false` is left alone (reload it from the admin)."""
 
-    WATCHED_SUFFIXES = (".py", ".toml", ".json")
-
     def __init__(self, host: PluginHost, directory: Path, *, debounce_ms: int) -> None:
         self.host = host
-        self.directory = directory
+        self.directory = directory.resolve()
         self.debounce_ms = debounce_ms
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ready = threading.Event()
 
     def _is_relevant(self, change: Any, path: str) -> bool:
-        name = os.path.basename(path)
-        return (
-            "__pycache__" not in path
-            and not name.startswith(".")
-            and (name.endswith(self.WATCHED_SUFFIXES) or os.path.isdir(path))
-        )
+        """Code anywhere in a plugin folder; its config.toml and _manifest.json at its top. Not the data
+        files a plugin may write into its own folder (that would reload it in a loop)."""
+        try:
+            parts = Path(path).relative_to(self.directory).parts
+        except ValueError:
+            return False
+        if not parts or any(p.startswith(".") or p == "__pycache__" for p in parts):
+            return False
+        if len(parts) == 1:
+            return True  # a plugin folder appeared or went
+        if len(parts) == 2 and parts[1] in (CONFIG_FILE, mf.MANIFEST_FILE):
+            return True
+        return parts[-1].endswith(".py")
 
     def start(self) -> PluginWatcher:
         self._thread = threading.Thread(target=self._run, name="maibot-plugin-watcher", daemon=True)

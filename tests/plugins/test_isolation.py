@@ -174,3 +174,25 @@ def test_an_edited_plugin_config_is_validated_by_its_model_and_written_only_when
     assert record.state == PluginState.DISABLED and registry.get("unruly_status") is None
     assert "enabled = false" in path.read_text()
     assert host.set_enabled(UNRULY, True).ok and status(host)["mood"] == "sunny"
+
+
+def test_the_watcher_follows_code_and_config_but_not_the_data_a_plugin_writes_into_its_folder(tmp_path):
+    from plugins.host import PluginHost
+
+    watcher = PluginWatcher(PluginHost(), tmp_path, debounce_ms=50)
+    relevant = [
+        "weather",
+        "weather/plugin.py",
+        "weather/lib/helpers.py",
+        "weather/config.toml",
+        "weather/_manifest.json",
+    ]
+    ignored = [
+        "weather/data/cache.json",
+        "weather/state.json",
+        "weather/data/config.toml",
+        "weather/__pycache__/plugin.cpython-311.pyc",
+        "weather/.config.toml.tmp",
+    ]
+    assert [p for p in relevant if not watcher._is_relevant(None, str(tmp_path / p))] == []
+    assert [p for p in ignored if watcher._is_relevant(None, str(tmp_path / p))] == []
