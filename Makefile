@@ -92,6 +92,7 @@ bench: venv-dev
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/api.py
 	$(BIN)/python bench/plugins.py
+	$(BIN)/python bench/plugin_runner.py
 
 clean:
 	rm -rf .test-data .test-data-pg build dist *.egg-info
