@@ -86,6 +86,7 @@ class PluginHost:
         self._stopping = False
         self.watcher: PluginWatcher | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._processes: list[RunnerProcess] = []  # every runner started and not yet discarded
 
     def _background(self, coro: Coroutine) -> None:
         """Run `coro` on the host's loop (called on it), keeping a reference until it is done."""
@@ -140,7 +141,8 @@ class PluginHost:
         with self._reload_lock:
             for plugin_id in list(self._undo):
                 self._unregister(plugin_id)
-            runners = [r.process for r in self.records.values() if r.process is not None]
+            # Every runner not yet discarded: the current ones, and old ones still being stopped.
+            runners = [p for p in self._processes if not p.discarded]
             unloaded = sum(1 for r in self.records.values() if r.state == PluginState.LOADED)
             if self.loop is not None and runners:
                 try:
@@ -331,6 +333,7 @@ class PluginHost:
             call_handler=lambda method, payload, timeout_ms: self._answer_call(record, method, payload, timeout_ms),
             on_exit=lambda proc: self._on_runner_exit(record, proc),
         )
+        self._processes = [p for p in self._processes if not p.discarded] + [process]
         try:
             await asyncio.wait_for(process.start(), settings.load_timeout)
             message: dict[str, Any] = {"type": "load"}

@@ -113,6 +113,7 @@ class RunnerProcess:
         self.pending: dict[int, asyncio.Future] = {}
         self.stopping = False
         self.exit_code: int | None = None
+        self.discarded = False  # killed, waited for and its pipes closed
         self._tasks: set[asyncio.Task] = set()
         self._hello: asyncio.Future | None = None
         self._done: asyncio.Event = asyncio.Event()
@@ -320,3 +321,4 @@ class RunnerProcess:
                 transport.close()
         for task in list(self._tasks):
             task.cancel()
+        self.discarded = True
