@@ -40,12 +40,39 @@ def module_prefix(plugin_id: str) -> str:
     return f"_maibot_plugin_{safe}"
 
 
+class _SourceOnlyLoader(importlib.machinery.SourceFileLoader):
+    """Compiles a plugin module from its source every time, never from __pycache__: a file rewritten
+    within the same second at the same size (a hot-reload edit) would otherwise load the old bytecode."""
+
+    def get_code(self, fullname: str) -> Any:
+        return self.source_to_code(self.get_data(self.path), self.path)
+
+
+class _PluginFinder:
+    """Finds the plugin package's modules (and only those) with _SourceOnlyLoader."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if not fullname.startswith(self.prefix + ".") or path is None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is not None and spec.origin and spec.origin.endswith(".py"):
+            spec.loader = _SourceOnlyLoader(fullname, spec.origin)
+        return spec
+
+
 def import_plugin(folder: Path, plugin_id: str) -> Any:
     """Import the folder as a package (so `from .helpers import x` works) and return its plugin module."""
     prefix = module_prefix(plugin_id)
+    sys.meta_path.insert(0, _PluginFinder(prefix))
+    sys.dont_write_bytecode = True  # nor write stale caches into the plugin's folder
     init = folder / "__init__.py"
     if init.is_file():
-        spec = importlib.util.spec_from_file_location(prefix, init, submodule_search_locations=[str(folder)])
+        spec = importlib.util.spec_from_file_location(
+            prefix, init, loader=_SourceOnlyLoader(prefix, str(init)), submodule_search_locations=[str(folder)]
+        )
     else:
         spec = importlib.machinery.ModuleSpec(prefix, None, is_package=True)
         spec.submodule_search_locations = [str(folder)]

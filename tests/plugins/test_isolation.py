@@ -196,3 +196,16 @@ def test_the_watcher_follows_code_and_config_but_not_the_data_a_plugin_writes_in
     ]
     assert [p for p in relevant if not watcher._is_relevant(None, str(tmp_path / p))] == []
     assert [p for p in ignored if watcher._is_relevant(None, str(tmp_path / p))] == []
+
+
+def test_a_reload_compiles_the_plugin_from_source_even_when_size_and_mtime_did_not_change(load_plugins):
+    host = load_plugins("unruly")
+    path = host.records[UNRULY].folder / "plugin.py"
+    source = path.read_text()
+    path.write_text(source.replace('VERSION = "1"', 'VERSION = "2"'))
+    assert host.reload(UNRULY).ok and status(host)["version"] == "2"
+    stat = path.stat()
+    path.write_text(source.replace('VERSION = "1"', 'VERSION = "3"'))  # same size
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same mtime: a stale .pyc would look valid
+    assert host.reload(UNRULY).ok and status(host)["version"] == "3"
+    assert not (path.parent / "__pycache__").exists()  # nothing cached in the plugin's folder
