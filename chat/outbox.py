@@ -21,8 +21,10 @@ Two delivery guarantees, by what the platform's adapter has shown (AdapterPlatfo
 
 Wake-ups: the send service's `outbound_created` signal wakes this process's deliverer at once; with
 REDIS_URL it also reaches every ASGI process through the channel layer group `maibot.outbox` (published
-from a loop of its own, see OutboxWakePublisher); without Redis the deliverer polls every
-`gateway.outbox_poll_seconds`.
+from a loop of its own, see OutboxWakePublisher); without Redis it reaches the ASGI processes sharing
+the database on this machine through their local wake sockets (chat.wake). Either way the deliverer
+also polls (`gateway.outbox_poll_seconds`, `outbox_poll_seconds_with_redis`): a lost wake-up costs one
+poll, never a message.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from chat import events
 from chat.delivery_errors import DeliveryError
 from chat.models import AdapterConnection, AdapterPlatform, ChatSession, DeliveryStatus, Direction, Message
 from chat.services import outbound_created
+from chat.wake import wake_local
 from chat.wire.outbound import adapter_envelope, browser_frame
 from maibot.aio import wait_event
 from maibot.config import get_config
@@ -605,7 +608,8 @@ def _on_outbound_created(sender, messages, **kwargs) -> None:
     if _deliverer is not None:
         _deliverer.wake()
     if not settings.REDIS_URL:
-        return  # the embedded default: other ASGI processes poll
+        wake_local()  # the embedded default: the other ASGI processes sharing this database
+        return
     try:
         wake_publisher.publish()
     except Exception:

@@ -37,6 +37,7 @@ from chat.ingest import (
     adapter_connection_set_accept_format,
 )
 from chat.outbox import WEB_PLATFORM, Deliverer, Delivery, Overdue, db_call
+from chat.wake import WakeEndpoint
 from chat.wire.inbound import (
     CustomMessage,
     EnvelopeError,
@@ -80,6 +81,7 @@ class Gateway(outbox.Sink):
         self._close = db_call(self.writer.executor, adapter_connection_close)
         self._set_accept = db_call(self.writer.executor, adapter_connection_set_accept_format)
         self.deliverer = Deliverer(self)
+        self.wake_endpoint: WakeEndpoint | None = None
 
     @property
     def stored_total(self) -> int:
@@ -96,8 +98,13 @@ class Gateway(outbox.Sink):
         if settings.REDIS_URL:
             self._channel_ready = asyncio.Event()
             self._tasks.append(asyncio.ensure_future(self._listen()))
+            how = "woken via Redis"
+        else:
+            # Without Redis, other local processes that write the outbox wake this one through a socket.
+            self.wake_endpoint = WakeEndpoint(self.deliverer.wake)
+            how = "woken locally" if self.wake_endpoint.open(self.loop) else "polled"
         outbox.set_deliverer(self.deliverer)
-        logger.info("gateway started (outbox %s)", "woken via Redis" if settings.REDIS_URL else "polled")
+        logger.info("gateway started (outbox %s)", how)
 
     async def aclose(self) -> None:
         """Stop the tasks and release the database connections of the gateway's threads."""
@@ -106,6 +113,9 @@ class Gateway(outbox.Sink):
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         outbox.set_deliverer(None)
+        if self.wake_endpoint is not None:
+            self.wake_endpoint.close()
+            self.wake_endpoint = None
         for executor in (self.writer.executor, self.deliverer.executor):
             await asyncio.wrap_future(executor.submit(close_old_connection))
             executor.shutdown(wait=False)
