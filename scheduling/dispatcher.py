@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from django.db import close_old_connections, connection, transaction
-from django.db.models import F, Min
+from django.db.models import F
 from django.utils import timezone
 
 from chat.models import SourceKind
@@ -254,9 +254,21 @@ class ScheduledMessageSource:
         self.clock = clock
 
     def next_due(self) -> datetime | None:
-        agg = ScheduledMessage.objects.filter(status=ScheduledStatus.PENDING).aggregate(due=Min("due_at"))
-        lease = ScheduledMessage.objects.filter(status=ScheduledStatus.SENDING).aggregate(due=Min("lease_until"))
-        candidates = [d for d in (agg["due"], lease["due"]) if d is not None]
+        # ORDER BY … LIMIT 1 rather than MIN(): SQLite answers MIN(due_at) WHERE status = … by reading
+        # every pending row of the (status, due_at) index, and the look-ahead runs every tick.
+        due = (
+            ScheduledMessage.objects.filter(status=ScheduledStatus.PENDING)
+            .order_by("due_at")
+            .values_list("due_at", flat=True)
+            .first()
+        )
+        lease = (
+            ScheduledMessage.objects.filter(status=ScheduledStatus.SENDING)
+            .order_by("lease_until")
+            .values_list("lease_until", flat=True)
+            .first()
+        )
+        candidates = [d for d in (due, lease) if d is not None]
         return min(candidates) if candidates else None
 
     def run_due(self, now: datetime) -> bool:

@@ -23,7 +23,7 @@ from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connection, transaction
-from django.db.models import Min, Q
+from django.db.models import Q
 from django.utils import timezone
 
 from chat.models import ChatSession
@@ -407,7 +407,13 @@ class TimerSource:
         self._claimed: list[int] = []
 
     def next_due(self) -> datetime | None:
-        return Timer.objects.filter(status=TimerStatus.ACTIVE).aggregate(due=Min("next_fire"))["due"]
+        # ORDER BY … LIMIT 1: SQLite answers MIN() WHERE status = … by reading every active timer.
+        return (
+            Timer.objects.filter(status=TimerStatus.ACTIVE, next_fire__isnull=False)
+            .order_by("next_fire")
+            .values_list("next_fire", flat=True)
+            .first()
+        )
 
     def run_due(self, now: datetime) -> bool:
         limit = get_config().scheduling.batch_size

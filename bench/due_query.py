@@ -1,0 +1,182 @@
+"""Benchmark: the dispatcher's cost per tick with few and with very many pending (future) messages.
+
+A tick is what the dispatcher loop does when nothing is due: one round of every due source (expire
+overdue rows, take back expired leases, claim due rows, the timers' round) and the look-ahead for the
+next due instant. It is timed with 1,000 pending scheduled messages due in the future, then again after
+the table has grown to 1,000,000 (--large); the target is the large figure within 1.5x of the small.
+It prints the query plans (EXPLAIN) of the tick's statements on the large table.
+
+    .venv/bin/python bench/due_query.py                      # SQLite (the embedded default)
+    .venv/bin/python bench/due_query.py --database-url postgres://postgres@127.0.0.1:5432/maibot_bench_due
+The PostgreSQL database named is dropped and created afresh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import embedded_default, pct  # noqa: E402
+
+
+def fresh_postgres(url: str) -> None:
+    """Drop and create the database `url` names, migrate it, and set Django up on it."""
+    import psycopg
+
+    base, name = url.rsplit("/", 1)
+    if name in ("maibot", "test_maibot", "postgres"):
+        raise SystemExit(f"refusing to drop the database {name!r}")
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    os.environ["MAIBOT_DATA_DIR"] = tempfile.mkdtemp(prefix="maibot-bench-due-")
+    os.environ["DATABASE_URL"] = url
+    os.environ.pop("REDIS_URL", None)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "maibot.settings")
+    env = {**os.environ, "LOG_LEVEL": "WARNING"}
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+    import django
+
+    django.setup()
+
+
+def grow(target: int, sessions: list, start: int) -> None:
+    """Add pending messages, due from an hour to a year ahead, until the table holds `target`: rows as
+    the model builds them, written with one parameterised INSERT per chunk (bulk_create's per-instance
+    work would take most of an hour for a million)."""
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    from scheduling.models import Actor, ScheduledMessage
+
+    now = timezone.now()
+    template = ScheduledMessage(session=sessions[0], chat_type="private", message_text="x", send_at=now, due_at=now)
+    template.created_via = Actor.SYSTEM
+    fields = [f for f in ScheduledMessage._meta.concrete_fields]
+    for f in fields:
+        if getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False):
+            setattr(template, f.attname, now)
+    base = {f.attname: f.get_db_prep_save(getattr(template, f.attname), connection) for f in fields}
+    table = connection.ops.quote_name(ScheduledMessage._meta.db_table)
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    sql = f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * len(fields))})"
+    chunk = 50_000
+    for first in range(start, target, chunk):
+        params = []
+        for i in range(first, min(target, first + chunk)):
+            at = connection.ops.adapt_datetimefield_value(now + timedelta(hours=1, seconds=(i * 7919) % (365 * 86400)))
+            row = {
+                **base,
+                "id": f"sm_b{i:012d}",
+                "session_id": sessions[i % len(sessions)].pk,
+                "message_text": f"future {i}",
+                "send_at": at,
+                "due_at": at,
+            }
+            params.append([row[f.attname] for f in fields])
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.executemany(sql, params)
+
+
+def time_ticks(ticks: int) -> list[float]:
+    """Milliseconds per tick (every source's round and the look-ahead), nothing due."""
+    from scheduling.dispatcher import Dispatcher
+
+    dispatcher = Dispatcher()
+    for _ in range(20):  # warm the caches and the connection
+        dispatcher.tick()
+        dispatcher.seconds_to_sleep()
+    costs = []
+    for _ in range(ticks):
+        t0 = time.perf_counter()
+        more = dispatcher.tick()
+        dispatcher.seconds_to_sleep()
+        costs.append((time.perf_counter() - t0) * 1000)
+        assert not more, "something was due: the benchmark measures idle ticks"
+    return costs
+
+
+def explain() -> None:
+    from django.utils import timezone
+
+    from scheduling.models import ScheduledMessage, ScheduledStatus
+
+    now = timezone.now()
+    queries = {
+        "claim_due": ScheduledMessage.objects.filter(status=ScheduledStatus.PENDING, due_at__lte=now)
+        .order_by("due_at")
+        .values_list("pk", flat=True)[:2000],
+        "expire_overdue": ScheduledMessage.objects.filter(
+            status=ScheduledStatus.PENDING, due_at__lt=now - timedelta(days=1)
+        ).order_by(),
+        "recover_expired_leases": ScheduledMessage.objects.filter(
+            status=ScheduledStatus.SENDING, lease_until__lt=now
+        ).order_by(),
+        "next_due (pending)": ScheduledMessage.objects.filter(status=ScheduledStatus.PENDING)
+        .order_by("due_at")
+        .values_list("due_at", flat=True)[:1],
+        "next_due (leases)": ScheduledMessage.objects.filter(status=ScheduledStatus.SENDING)
+        .order_by("lease_until")
+        .values_list("lease_until", flat=True)[:1],
+    }
+    for name, qs in queries.items():
+        print(f"  {name}: {' | '.join(qs.explain().splitlines())}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--small", type=int, default=1_000)
+    parser.add_argument("--large", type=int, default=1_000_000)
+    parser.add_argument("--ticks", type=int, default=300)
+    parser.add_argument("--database-url", default="", help="a PostgreSQL database to drop, create and use")
+    args = parser.parse_args()
+
+    if args.database_url:
+        fresh_postgres(args.database_url)
+    else:
+        embedded_default("maibot-bench-due-")
+    from django.db import connection
+
+    from chat.services import session_get_or_create
+
+    vendor = connection.vendor
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {vendor}, "
+        f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
+    )
+    sessions = [session_get_or_create(platform="bench", chat_type="private", user_id=str(i)) for i in range(1000)]
+    figures = {}
+    done = 0
+    for size in (args.small, args.large):
+        t0 = time.perf_counter()
+        grow(size, sessions, done)
+        done = size
+        if vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("ANALYZE")
+        grown = time.perf_counter() - t0
+        costs = time_ticks(args.ticks)
+        figures[size] = statistics.median(costs)
+        print(
+            f"{size:>9,} pending  tick p50 {statistics.median(costs):.3f} ms  p99 {pct(costs, 0.99):.3f} ms  "
+            f"mean {statistics.fmean(costs):.3f} ms  (table filled in {grown:.0f} s)"
+        )
+    ratio = figures[args.large] / figures[args.small]
+    print(f"ratio large/small (p50): {ratio:.2f}x  (target <= 1.5x: {'met' if ratio <= 1.5 else 'NOT met'})")
+    print("plans on the large table:")
+    explain()
+
+
+if __name__ == "__main__":
+    main()
