@@ -17,9 +17,7 @@ import argparse
 import os
 import platform
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -27,28 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import embedded_default, pct  # noqa: E402
-
-
-def fresh_postgres(url: str) -> None:
-    """Drop and create the database `url` names, migrate it, and set Django up on it."""
-    import psycopg
-
-    base, name = url.rsplit("/", 1)
-    if name in ("maibot", "test_maibot", "postgres"):
-        raise SystemExit(f"refusing to drop the database {name!r}")
-    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    os.environ["MAIBOT_DATA_DIR"] = tempfile.mkdtemp(prefix="maibot-bench-due-")
-    os.environ["DATABASE_URL"] = url
-    os.environ.pop("REDIS_URL", None)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "maibot.settings")
-    env = {**os.environ, "LOG_LEVEL": "WARNING"}
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
-    import django
-
-    django.setup()
+from bench.common import embedded_default, fresh_postgres, pct  # noqa: E402
 
 
 def grow(target: int, sessions: list, start: int) -> None:
