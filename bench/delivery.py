@@ -83,7 +83,13 @@ class Adapter:
             await asyncio.gather(self.task, return_exceptions=True)
 
 
-async def run(args: argparse.Namespace, base: str, vendor: str) -> None:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux): its cost, whatever else the machine runs."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def run(args: argparse.Namespace, base: str, pids: dict[str, int]) -> None:
     from asgiref.sync import sync_to_async
     from django.utils import timezone
 
@@ -158,17 +164,20 @@ async def run(args: argparse.Namespace, base: str, vendor: str) -> None:
             return due, ids
 
         due, burst_ids = await sync_to_async(create_burst)()
+        cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
         if (due - timezone.now()).total_seconds() < 1:
             raise SystemExit("burst set-up took too long; the burst was already due")
         wanted = [f"burst {i}" for i in range(args.burst)]
         await adapter.wait_for(wanted, (due - timezone.now()).total_seconds() + 120)
         late = sorted(adapter.received[t] - due.timestamp() for t in wanted)
+        cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
         wrote = sorted((await sync_to_async(written)(burst_ids)).values())
         print(
             f"burst    n={len(late)}  all at the adapter {late[-1]:.2f} s after the due instant "
             f"({len(late) / late[-1]:,.0f} msg/s)  first {late[0] * 1000:.0f} ms  p50 {statistics.median(late):.2f} s"
             f"   (all written {wrote[-1]:.2f} s after it)"
         )
+        print("         CPU for the burst: " + ", ".join(f"{name} {secs:.2f} s" for name, secs in cpu.items()))
     finally:
         await adapter.stop()
 
@@ -242,7 +251,8 @@ def main() -> None:
             f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
             f"{setup} ({connection.vendor}), load average {load}"
         )
-        asyncio.run(run(args, f"http://127.0.0.1:{port}", connection.vendor))
+        pids = {"server": server.pid, "cluster (dispatcher)": cluster.pid}
+        asyncio.run(run(args, f"http://127.0.0.1:{port}", pids))
     finally:
         for proc in (cluster, server):
             proc.terminate()
