@@ -104,9 +104,13 @@ class WakeEndpoint:
         return self.directory / self.name
 
     def open(self, loop: asyncio.AbstractEventLoop) -> bool:
-        if not _prepare(self.directory):
+        if not hasattr(socket, "AF_UNIX") or not _prepare(self.directory):
             return False
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        except OSError as exc:  # no Unix datagram sockets on this system: the poll alone
+            logger.warning("no local outbox wake-ups: %s", exc)
+            return False
         try:
             sock.setblocking(False)
             sock.bind(self._addresses.of(self.name))
