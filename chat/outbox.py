@@ -30,6 +30,8 @@ poll, never a message.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import logging
 import os
 import threading
@@ -64,6 +66,8 @@ OUTBOX_GROUP = "maibot.outbox"
 # Rows per claim: the size of one claim's statements, tuned with bench/ingest.py, not an operator's
 # choice (a round that fills it claims again at once).
 BATCH_SIZE = 500
+# How long a process that exits waits for its outbox wake-ups still being published through Redis.
+FLUSH_SECONDS = 2.0
 
 
 @dataclass
@@ -558,6 +562,7 @@ class OutboxWakePublisher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pid = 0
         self._tasks: set[asyncio.Task] = set()  # a task nobody references may be collected mid-run
+        self._pending: set[Future] = set()  # publishes on this process's own loop, not yet done
 
     def publish(self) -> None:
         try:
@@ -576,6 +581,9 @@ class OutboxWakePublisher:
             loop = self._own_loop()
         future = asyncio.run_coroutine_threadsafe(self._send(), loop)
         future.add_done_callback(self._report)
+        if loop is self._loop:
+            self._pending.add(future)
+            future.add_done_callback(self._pending.discard)
 
     def _own_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -583,7 +591,18 @@ class OutboxWakePublisher:
                 loop = asyncio.new_event_loop()
                 threading.Thread(target=loop.run_forever, name="outbox-wake", daemon=True).start()
                 self._loop, self._pid = loop, os.getpid()
+                self._pending = set()
+                atexit.register(self._flush)
             return self._loop
+
+    def _flush(self) -> None:
+        """At exit: a short-lived process (a management command) sends its wake-ups before its daemon
+        thread dies with it; they were lost before, and the message waited for the Redis poll."""
+        if self._pid != os.getpid():
+            return
+        for future in list(self._pending):
+            with contextlib.suppress(Exception):
+                future.result(timeout=FLUSH_SECONDS)
 
     @staticmethod
     async def _send() -> None:
