@@ -48,18 +48,19 @@ def embedded_default(
     return data_dir, sub_env
 
 
-def fresh_postgres(url: str, *, redis_url: str = "", **env: str) -> tuple[Path, dict]:
-    """Drop and create the PostgreSQL database `url` names (never a shared one), migrate it, and set
-    Django up on it, with a temporary data dir and REDIS_URL set or removed. Returns the data dir and
-    the environment for the subprocesses a benchmark starts (LOG_LEVEL=WARNING)."""
+def fresh_postgres(url: str, *, redis_url: str = "", reuse: bool = False, **env: str) -> tuple[Path, dict]:
+    """Drop and create the PostgreSQL database `url` names (never a shared one; with `reuse`, keep it as
+    it is), migrate it, and set Django up on it, with a temporary data dir and REDIS_URL set or removed.
+    Returns the data dir and the environment for the subprocesses a benchmark starts (LOG_LEVEL=WARNING)."""
     import psycopg
 
     base, name = url.rsplit("/", 1)
     if name in ("maibot", "test_maibot", "postgres"):
         raise SystemExit(f"refusing to drop the database {name!r}")
-    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
+    if not reuse:
+        with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            conn.execute(f'CREATE DATABASE "{name}"')
     data_dir = Path(tempfile.mkdtemp(prefix="maibot-bench-pg-"))
     os.environ["MAIBOT_DATA_DIR"] = str(data_dir)
     os.environ["DATABASE_URL"] = url

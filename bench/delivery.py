@@ -141,6 +141,7 @@ async def run(args: argparse.Namespace, base: str, pids: dict[str, int]) -> None
         # --- burst -----------------------------------------------------------------------------
         if not args.burst:
             return
+
         def create_burst() -> tuple[datetime, list[str]]:
             sessions = [
                 session_get_or_create(platform=PLATFORM, chat_type="private", user_id=f"b{i}") for i in range(500)

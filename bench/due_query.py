@@ -4,7 +4,9 @@ A tick is what the dispatcher loop does when nothing is due: one round of every 
 overdue rows, take back expired leases, claim due rows, the timers' round) and the look-ahead for the
 next due instant. It is timed with 1,000 pending scheduled messages due in the future, then again after
 the table has grown to 1,000,000 (--large); the target is the large figure within 1.5x of the small.
-It prints the query plans (EXPLAIN) of the tick's statements on the large table.
+The small case is a compacted copy of the database with only the first 1,000, and the two are timed
+in turns, blocks of 30 ticks each, so that a shared machine's changing load hits both alike. It prints
+the query plans (EXPLAIN) of the tick's statements on the large table.
 
     .venv/bin/python bench/due_query.py                      # SQLite (the embedded default)
     .venv/bin/python bench/due_query.py --database-url postgres://postgres@127.0.0.1:5432/maibot_bench_due
@@ -67,12 +69,12 @@ def grow(target: int, sessions: list, start: int) -> None:
             cursor.execute(f"INSERT INTO {table} ({columns}) VALUES {', '.join([one_row] * count)}", params)
 
 
-def time_ticks(ticks: int) -> list[float]:
+def time_ticks(ticks: int, *, warm: int = 20) -> list[float]:
     """Milliseconds per tick (every source's round and the look-ahead), nothing due."""
     from scheduling.dispatcher import Dispatcher
 
     dispatcher = Dispatcher()
-    for _ in range(20):  # warm the caches and the connection
+    for _ in range(warm):  # warm the caches and the connection
         dispatcher.tick()
         dispatcher.seconds_to_sleep()
     costs = []
@@ -130,21 +132,59 @@ def explain() -> None:
         print(f"  {name}: {' | '.join(qs.explain().splitlines())}")
 
 
+def small_copy(keep: int, url: str) -> str:
+    """A copy of the database with only its first `keep` messages, compacted: the small case, measured
+    in turn with the large one so that both see the same load. Returns its NAME for Django."""
+    from django.db import connection
+
+    from scheduling.models import ScheduledMessage
+
+    table = connection.ops.quote_name(ScheduledMessage._meta.db_table)
+    large = connection.settings_dict["NAME"]
+    if connection.vendor == "sqlite":
+        small = str(Path(large).with_name("small.sqlite3"))
+        with connection.cursor() as cursor:
+            cursor.execute("VACUUM INTO %s", [small])
+    else:
+        import psycopg
+
+        small = f"{large}_small"
+        connection.close()
+        with psycopg.connect(f"{url.rsplit('/', 1)[0]}/postgres", autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{small}"')
+            admin.execute(f'CREATE DATABASE "{small}" TEMPLATE "{large}"')
+    use(small)
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {table} WHERE id > %s", [f"sm_b{keep - 1:012d}"])
+        cursor.execute("VACUUM" if connection.vendor == "sqlite" else "VACUUM FULL ANALYZE")
+    use(large)
+    return small
+
+
+def use(name: str) -> None:
+    from django.db import connection
+
+    connection.close()
+    connection.settings_dict["NAME"] = name
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--small", type=int, default=1_000)
     parser.add_argument("--large", type=int, default=1_000_000)
-    parser.add_argument("--ticks", type=int, default=300)
+    parser.add_argument("--ticks", type=int, default=300, help="ticks timed on each table")
     parser.add_argument("--database-url", default="", help="a PostgreSQL database to drop, create and use")
+    parser.add_argument("--reuse", action="store_true", help="PostgreSQL: keep the rows of an earlier run")
     args = parser.parse_args()
 
     if args.database_url:
-        fresh_postgres(args.database_url)
+        fresh_postgres(args.database_url, reuse=args.reuse)
     else:
         embedded_default("maibot-bench-due-")
     from django.db import connection
 
     from chat.services import session_get_or_create
+    from scheduling.models import ScheduledMessage
 
     vendor = connection.vendor
     print(
@@ -152,25 +192,33 @@ def main() -> None:
         f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
     )
     sessions = [session_get_or_create(platform="bench", chat_type="private", user_id=str(i)) for i in range(1000)]
-    figures = {}
-    done = 0
-    for size in (args.small, args.large):
-        t0 = time.perf_counter()
-        grow(size, sessions, done)
-        done = size
-        if vendor == "postgresql":
-            # What autovacuum does to a table after a load: statistics and the visibility map.
-            with connection.cursor() as cursor:
-                cursor.execute("VACUUM ANALYZE")
-        grown = time.perf_counter() - t0
-        costs = time_ticks(args.ticks)
-        figures[size] = statistics.median(costs)
+    t0 = time.perf_counter()
+    have = ScheduledMessage.objects.count()
+    if have < args.large:
+        grow(args.large, sessions, have)
+    if vendor == "postgresql":
+        # What autovacuum does to a table after a load: statistics and the visibility map.
+        with connection.cursor() as cursor:
+            cursor.execute("VACUUM ANALYZE")
+    print(f"table of {args.large:,} filled in {time.perf_counter() - t0:.0f} s")
+    large = connection.settings_dict["NAME"]
+    small = small_copy(args.small, args.database_url)
+    # In turns, a block of ticks on each: a change in the machine's load hits both cases alike.
+    costs: dict[str, list[float]] = {small: [], large: []}
+    block = 30
+    for _ in range(max(1, args.ticks // block)):
+        for name in (small, large):
+            use(name)
+            costs[name].extend(time_ticks(block, warm=5))
+    for size, name in ((args.small, small), (args.large, large)):
+        use(name)
+        figures = costs[name]
         touched = f"  buffers touched {buffers()}" if vendor == "postgresql" else ""
         print(
-            f"{size:>9,} pending  tick p50 {statistics.median(costs):.3f} ms  p99 {pct(costs, 0.99):.3f} ms  "
-            f"mean {statistics.fmean(costs):.3f} ms  (table filled in {grown:.0f} s){touched}"
+            f"{size:>9,} pending  tick p50 {statistics.median(figures):.3f} ms  p99 {pct(figures, 0.99):.3f} ms  "
+            f"mean {statistics.fmean(figures):.3f} ms{touched}"
         )
-    ratio = figures[args.large] / figures[args.small]
+    ratio = statistics.median(costs[large]) / statistics.median(costs[small])
     print(f"ratio large/small (p50): {ratio:.2f}x  (target <= 1.5x: {'met' if ratio <= 1.5 else 'NOT met'})")
     print("plans on the large table:")
     explain()
