@@ -93,6 +93,7 @@ bench: venv-dev
 	$(BIN)/python bench/api.py
 	$(BIN)/python bench/plugins.py
 	$(BIN)/python bench/plugin_runner.py
+	$(BIN)/python bench/due_query.py
 
 clean:
 	rm -rf .test-data .test-data-pg build dist *.egg-info
