@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -86,9 +87,10 @@ class Deployment:
         return f"http://127.0.0.1:{self.lb_port}"
 
     def start(self) -> Deployment:
-        for i in range(len(self.ports)):
-            self.start_server(i)
         require("haproxy", "haproxy")
+        # The servers start together (each takes seconds to import and listen).
+        for proc, port in [(self._spawn(i), port) for i, port in enumerate(self.ports)]:
+            self._wait_listening(proc, port)
         addrs = [f"127.0.0.1:{p}" for p in self.ports]
         self.balancer = Proc(
             haproxy_argv(), {**os.environ, **haproxy_env(f"127.0.0.1:{self.lb_port}", addrs)}, self.root / "haproxy.log"
@@ -99,6 +101,11 @@ class Deployment:
 
     def start_server(self, i: int) -> Proc:
         """Start (or start again, on the same port) server i, once it listens."""
+        proc = self._spawn(i)
+        self._wait_listening(proc, self.ports[i])
+        return proc
+
+    def _spawn(self, i: int) -> Proc:
         from maibot import config as bot_config
 
         self._runs += 1
@@ -111,17 +118,19 @@ class Deployment:
             subprocess_env(MAIBOT_DATA_DIR=str(data), MAIBOT_CONSOLE_SERVICES="0", **self.env),
             self.root / f"web{i + 1}-{self._runs}.log",
         )
+        self.servers[i] = proc
+        return proc
 
+    @staticmethod
+    def _wait_listening(proc: Proc, port: int) -> None:
         def up() -> bool:
             if proc.popen.poll() is not None:
                 raise RuntimeError(f"daphne exited:\n{proc.output()}")
-            return listening(self.ports[i])
+            return listening(port)
 
         if not wait_for(up, timeout=60):
             proc.stop()
             raise TimeoutError(f"daphne did not listen:\n{proc.output()}")
-        self.servers[i] = proc
-        return proc
 
     def holder(self, platform: str) -> int:
         """Which server holds the adapter connection of `platform` (from its log)."""
@@ -179,13 +188,15 @@ class PrivatePostgres:
     """A PostgreSQL cluster of the test's own (initdb into a temporary dir, pg_ctl on a free port, trust
     authentication on 127.0.0.1 only): it may be restarted without touching the machine's."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self) -> None:
         bins = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
         if not bins:
             pytest.fail("PostgreSQL's server programs are missing (apt-get install -y postgresql)")
         self.bin = bins[-1].parent
-        self.root = root
-        self.data = root / "pgdata"
+        # A directory of its own outside pytest's (root's 0700 tmp dirs): as root, the server runs as
+        # the postgres user, who must reach it. remove() deletes it.
+        self.root = Path(tempfile.mkdtemp(prefix="maibot-pg-"))
+        self.data = self.root / "pgdata"
         self.port = free_port()
 
     def _run(self, *args: str) -> None:
@@ -193,13 +204,15 @@ class PrivatePostgres:
         # initdb and postgres refuse to run as root: as root, run them as the postgres user.
         if os.geteuid() == 0:
             cmd = ["runuser", "-u", "postgres", "--", *cmd]
-        subprocess.run(cmd, check=True, cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        done = subprocess.run(cmd, cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode != 0:
+            log = self.root / "pg.log"
+            raise RuntimeError(f"{' '.join(cmd)}: {done.stderr}\n{log.read_text() if log.exists() else ''}")
 
     def url(self, name: str) -> str:
         return f"postgres://postgres@127.0.0.1:{self.port}/{name}"
 
     def init(self) -> PrivatePostgres:
-        self.root.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             shutil.chown(self.root, "postgres")
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
@@ -213,6 +226,11 @@ class PrivatePostgres:
     def stop(self, mode: str = "fast") -> None:
         if (self.data / "postmaster.pid").exists():
             self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def remove(self) -> None:
+        """Stop it at once and delete its files."""
+        self.stop(mode="immediate")
+        shutil.rmtree(self.root, ignore_errors=True)
 
     def restart(self) -> None:
         self.stop()  # pg_ctl -w: returns once it is down

@@ -5,6 +5,8 @@ PostgreSQL restarted, and a short mixed load on 2 + 2. The long versions are ben
 
 from __future__ import annotations
 
+import os
+import sys
 from collections import Counter
 from datetime import timedelta
 
@@ -15,8 +17,8 @@ from chat.models import Message
 from chat.services import message_send
 from scheduling.models import Actor, ScheduledMessage, ScheduledStatus
 from tests.chat.napcat_standin import NapCatStandIn
-from tests.cluster_support import Deployment, PrivateRedis, kill_tree
-from tests.conftest import db, launch_qcluster, wait_for_async
+from tests.cluster_support import Deployment, kill_tree
+from tests.conftest import Proc, db, subprocess_env, wait_for_async
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
@@ -29,25 +31,50 @@ SERVER_CONFIG = (
 CLUSTER_CONFIG = "[scheduling]\nlease_seconds = 3.0\nbatch_size = 25\n"
 
 
-@pytest.fixture
-def deployment(tmp_path, transactional_db):
-    dep = Deployment(tmp_path, bot_config=SERVER_CONFIG).start()
+@pytest.fixture(scope="module")
+def _deployment(django_db_setup, tmp_path_factory):
+    """One balanced deployment for the module's scenarios (a test that kills a server starts it again);
+    each test uses platforms of its own."""
+    dep = Deployment(tmp_path_factory.mktemp("deployment"), bot_config=SERVER_CONFIG).start()
     yield dep
     dep.stop()
 
 
 @pytest.fixture
+def deployment(_deployment, transactional_db) -> Deployment:
+    for proc in [_deployment.balancer, *_deployment.servers]:
+        assert proc is not None and proc.popen.poll() is None, proc.output() if proc else "not started"
+    return _deployment
+
+
+@pytest.fixture
 def clusters(tmp_path, transactional_db):
-    """Start qcluster processes of this test's own with CLUSTER_CONFIG; all stopped at the end."""
+    """Start qcluster processes of this test's own with CLUSTER_CONFIG (together; returned once their
+    dispatchers run); all stopped at the end."""
     procs = []
 
-    def start(name: str, **env: str):
-        data = tmp_path / f"data-{name}"
-        data.mkdir(parents=True, exist_ok=True)
-        (data / "bot_config.toml").write_text(CLUSTER_CONFIG, encoding="utf-8")
-        proc = launch_qcluster(data, tmp_path / f"{name}.log", MAIBOT_CONSOLE_SERVICES="0", **env)
-        procs.append(proc)
-        return proc
+    def start(*names: str, **env: str) -> list[Proc]:
+        started = []
+        for name in names:
+            data = tmp_path / f"data-{name}"
+            data.mkdir(parents=True, exist_ok=True)
+            (data / "bot_config.toml").write_text(CLUSTER_CONFIG, encoding="utf-8")
+            started.append(
+                Proc(
+                    [sys.executable, "manage.py", "qcluster"],
+                    subprocess_env(
+                        MAIBOT_DATA_DIR=str(data),
+                        MAIBOT_Q_NAME=f"test-{os.getpid()}",
+                        MAIBOT_CONSOLE_SERVICES="0",
+                        **env,
+                    ),
+                    tmp_path / f"{name}.log",
+                )
+            )
+        procs.extend(started)
+        for proc in started:
+            proc.wait_for_output("dispatcher started", timeout=60)
+        return started
 
     yield start
     for proc in procs:
@@ -139,8 +166,7 @@ async def test_adapter_reconnects_through_the_balancer_when_its_server_is_killed
 
 async def test_a_cluster_killed_mid_burst_leaves_each_message_sent_exactly_once(deployment, clusters, make_session):
     platform = "qq-burst-kill"
-    first = clusters("a")
-    clusters("b")
+    first, _ = clusters("a", "b")
     sessions = [await db(make_session, platform=platform) for _ in range(40)]
     adapter = await NapCatStandIn(deployment.base, platform=platform).start()
     n = 1000
@@ -190,60 +216,6 @@ async def test_a_cluster_killed_mid_burst_leaves_each_message_sent_exactly_once(
     seen = Counter(adapter.napcat.texts())
     assert sorted(seen) == sorted(f"due {i}" for i in range(n))
     assert set(seen.values()) == {1}, [t for t, c in seen.items() if c > 1][:10]
-
-
-async def test_redis_restarted_wakeups_fall_back_to_polling_and_nothing_is_lost(tmp_path, clusters, make_session):
-    redis = PrivateRedis(tmp_path).start()
-    dep = Deployment(tmp_path / "dep", bot_config=SERVER_CONFIG, REDIS_URL=redis.url)
-    (tmp_path / "dep").mkdir()
-    dep.start()
-    platform = "qq-redis-restart"
-    adapter = None
-    try:
-        clusters("r", REDIS_URL=redis.url)
-        session = await db(make_session, platform=platform)
-        adapter = await NapCatStandIn(dep.base, platform=platform).start()
-
-        async def schedule(text: str) -> int:
-            from scheduling.services import SYSTEM, scheduled_message_create
-
-            def create():
-                when = timezone.now() + timedelta(seconds=1)
-                return scheduled_message_create(
-                    session=session, send_at=when, message_text=text, acted_by=SYSTEM, replace_existing=False
-                ).task.pk
-
-            return await db(create)
-
-        async def reaches_adapter(text: str, timeout: float = 30) -> None:
-            await wait_for_async(lambda: text in adapter.napcat.texts(), timeout=timeout, what=text)
-
-        await schedule("with redis")
-        await reaches_adapter("with redis")
-
-        redis.stop()
-        await schedule("redis down")
-        await reaches_adapter("redis down")  # the servers' safety-net poll
-        from tests.chat.gateway_helpers import envelope
-
-        await adapter.router.clients[platform].send_message(
-            envelope(platform=platform, user_id=session.user_id, text="inbound while redis is down")
-        )
-        await wait_for_async(
-            lambda: Message.objects.filter(session=session, text="inbound while redis is down").exists(),
-            what="the inbound message stored",
-        )
-
-        redis.start()
-        await schedule("redis back")
-        await reaches_adapter("redis back")
-    finally:
-        if adapter is not None:
-            await adapter.stop()
-        dep.stop()
-        redis.stop()
-    seen = Counter(adapter.napcat.texts())
-    assert seen["with redis"] == seen["redis down"] == seen["redis back"] == 1, seen
 
 
 def test_haproxy_config_is_valid():
