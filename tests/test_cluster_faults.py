@@ -5,6 +5,7 @@ PostgreSQL restarted, and a short mixed load on 2 + 2. The long versions are ben
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from collections import Counter
@@ -230,3 +231,112 @@ def test_haproxy_config_is_valid():
     env = {**os.environ, **haproxy_env("127.0.0.1:8000", ["127.0.0.1:8001", "127.0.0.1:8002"])}
     result = subprocess.run([binary, "-c", "-f", str(HAPROXY_CONFIG)], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+async def test_two_servers_and_two_clusters_under_mixed_load_lose_and_double_nothing(
+    deployment, clusters, make_session
+):
+    """A bounded soak (the hour-long one is bench/scaleout.py --soak): two adapters (one per server, by
+    the balancer's leastconn), inbound messages, scheduled messages due throughout, proactive sends and
+    HTTP requests through the balancer, all at once for a few seconds."""
+    import aiohttp
+
+    from tests.chat.gateway_helpers import envelope
+
+    clusters("m1", "m2")
+    platforms = ["qq-mixed-a", "qq-mixed-b"]
+    adapters = []
+    for platform in platforms:
+        adapters.append(await NapCatStandIn(deployment.base, platform=platform).start())
+    try:
+
+        async def holder(platform: str) -> int:
+            async def held() -> int:
+                try:
+                    return deployment.holder(platform) + 1
+                except AssertionError:
+                    return 0
+
+            return await wait_for_async(held, what=f"the server holding {platform}") - 1
+
+        assert {await holder(p) for p in platforms} == {0, 1}, "leastconn put both adapters on one server"
+        sessions = {p: [await db(make_session, platform=p) for _ in range(10)] for p in platforms}
+        seconds, scheduled_each, sent_each, inbound_each = 8, 150, 60, 80
+        start = timezone.now() + timedelta(seconds=1)
+
+        def schedule() -> None:
+            rows = [
+                ScheduledMessage(
+                    session=sessions[p][i % 10],
+                    chat_type="private",
+                    message_text=f"{p} scheduled {i}",
+                    send_at=(due := start + timedelta(seconds=seconds * i / scheduled_each)),
+                    due_at=due,
+                    created_via=Actor.SYSTEM,
+                )
+                for p in platforms
+                for i in range(scheduled_each)
+            ]
+            ScheduledMessage.objects.bulk_create(rows)
+
+        await db(schedule)
+
+        async def proactive(p: str) -> None:
+            for i in range(sent_each):
+                s = sessions[p][i % 10]
+                await db(message_send, session=s, source_kind="proactive", text=f"{p} proactive {i}")
+                await asyncio.sleep(seconds / sent_each)
+
+        async def inbound(adapter: NapCatStandIn, p: str) -> None:
+            for i in range(inbound_each):
+                frame = envelope(platform=p, user_id=900 + i % 5, text=f"{p} inbound {i}")
+                assert await adapter.router.clients[p].send_message(frame)
+                await asyncio.sleep(seconds / inbound_each)
+
+        statuses: Counter = Counter()
+
+        async def requests() -> None:
+            async with aiohttp.ClientSession(base_url=deployment.base) as client:
+                for _ in range(seconds * 10):
+                    async with client.get("/healthz") as response:
+                        statuses[response.status] += 1
+                    await asyncio.sleep(0.1)
+
+        await asyncio.gather(
+            *(proactive(p) for p in platforms),
+            *(inbound(a, p) for a, p in zip(adapters, platforms, strict=True)),
+            requests(),
+        )
+
+        def stored_inbound() -> int:
+            return Message.objects.filter(direction="in", session__platform__in=platforms).count()
+
+        await wait_for_async(lambda: stored_inbound() >= 2 * inbound_each, timeout=60, what="inbound stored")
+        expected = {
+            f"{p} {kind} {i}"
+            for p in platforms
+            for kind, n in (("scheduled", scheduled_each), ("proactive", sent_each))
+            for i in range(n)
+        }
+
+        async def everything_arrived() -> bool:
+            got = set(adapters[0].napcat.texts()) | set(adapters[1].napcat.texts())
+            return expected <= got
+
+        await wait_for_async(everything_arrived, timeout=90, what="every outbound message at its adapter")
+    finally:
+        for adapter in adapters:
+            await adapter.stop()
+    # Each where it belongs, once.
+    for adapter, p in zip(adapters, platforms, strict=True):
+        seen = Counter(t for t in adapter.napcat.texts() if t.startswith(p))
+        mine = {t for t in expected if t.startswith(p + " ")}
+        assert set(seen) >= mine
+        assert all(seen[t] == 1 for t in mine), [t for t in mine if seen[t] != 1][:10]
+    texts = await db(
+        lambda: list(
+            Message.objects.filter(direction="in", session__platform__in=platforms).values_list("text", flat=True)
+        )
+    )
+    assert sorted(texts) == sorted(f"{p} inbound {i}" for p in platforms for i in range(inbound_each))
+    assert set(statuses) <= {200, 503} and sum(statuses.values()) == seconds * 10, statuses
