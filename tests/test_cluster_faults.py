@@ -29,7 +29,7 @@ SERVER_CONFIG = (
     "[gateway]\nconfirm_seconds = 2.0\nmax_delivery_attempts = 3\ndelivery_lease_seconds = 3.0\n"
     "outbox_poll_seconds_with_redis = 1.0\n"
 )
-CLUSTER_CONFIG = "[scheduling]\nlease_seconds = 3.0\nbatch_size = 25\n"
+CLUSTER_CONFIG = "[scheduling]\nlease_seconds = 3.0\nbatch_size = 50\n"
 
 
 @pytest.fixture(scope="module")
@@ -261,7 +261,7 @@ async def test_two_servers_and_two_clusters_under_mixed_load_lose_and_double_not
 
         assert {await holder(p) for p in platforms} == {0, 1}, "leastconn put both adapters on one server"
         sessions = {p: [await db(make_session, platform=p) for _ in range(10)] for p in platforms}
-        seconds, scheduled_each, sent_each, inbound_each = 8, 150, 60, 80
+        seconds, scheduled_each, sent_each, inbound_each = 5, 100, 40, 50
         start = timezone.now() + timedelta(seconds=1)
 
         def schedule() -> None:
