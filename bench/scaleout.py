@@ -13,10 +13,13 @@ bench-b; on 2 + 2 the balancer puts one on each server). Figures, all measured b
   burst       --burst scheduled messages due at one instant (half per platform): due → last one at
               its adapter, and the median.
 With --soak SECONDS only 2 + 2 runs, under a mixed load (inbound, scheduled, proactive, API) for that
-long, and it checks that every message arrived exactly once.
+long, and it checks that every message arrived exactly once. With --kill-burst N only 2 + 2 runs: N
+scheduled messages due at one instant, one cluster SIGKILLed (with its workers) once a tenth are sent;
+it prints how many were sent, how many arrived, and how many arrived more than once (must be 0).
 
     .venv/bin/python bench/scaleout.py [--setups embedded,1+1,2+2] [--burst 2000] [--ingest 3000]
     .venv/bin/python bench/scaleout.py --soak 3600
+    .venv/bin/python bench/scaleout.py --kill-burst 10000
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ class Stack:
         (self.data / "bot_config.toml").write_text(BENCH_CONFIG, encoding="utf-8")
         self.pg_url = pg_url
         self.procs: list[subprocess.Popen] = []
+        self.named: dict[str, subprocess.Popen] = {}
         self.redis: subprocess.Popen | None = None
 
     def environment(self) -> dict[str, str]:
@@ -141,7 +145,23 @@ class Stack:
 
     def _spawn(self, argv: list[str], env: dict[str, str], name: str) -> None:
         log = open(self.data / f"{name}.log", "w")
-        self.procs.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        self.named[name] = proc
+
+    def kill_tree(self, name: str) -> None:
+        """SIGKILL a process and everything below it (a cluster with its workers)."""
+        from tests.cluster_support import descendants
+
+        proc = self.named[name]
+        below = descendants(proc.pid)
+        proc.kill()
+        for pid in below:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait()
 
     def stop(self) -> None:
         for p in self.procs:
@@ -427,11 +447,83 @@ async def soak(base: str, seconds: float) -> dict:
             await a.stop()
 
 
+async def kill_burst(stack: Stack, base: str, n: int) -> dict:
+    """`n` scheduled messages due at one instant on 2 + 2; cluster1 SIGKILLed (workers and all) once a
+    tenth are sent. Every message must be sent once and reach its adapter once."""
+    from chat.models import Message
+    from chat.services import session_get_or_create
+    from scheduling.models import Actor, ScheduledMessage
+
+    logging.getLogger("maim_message").setLevel(logging.WARNING)
+    adapters = [await Adapter(base, p).start() for p in PLATFORMS]
+    try:
+
+        def schedule() -> float:
+            sessions = [
+                session_get_or_create(platform=p, chat_type="private", user_id=f"kill{k}")
+                for p in PLATFORMS
+                for k in range(50)
+            ]
+            due = timezone_now() + timedelta(seconds=3 + n / 2000)
+            ScheduledMessage.objects.bulk_create(
+                [
+                    ScheduledMessage(
+                        session=sessions[i % len(sessions)],
+                        chat_type="private",
+                        message_text=f"kill {i}",
+                        send_at=due,
+                        due_at=due,
+                        created_via=Actor.SYSTEM,
+                    )
+                    for i in range(n)
+                ],
+                batch_size=1000,
+            )
+            return due.timestamp()
+
+        due_ts = await db(schedule)
+
+        def sent() -> int:
+            return ScheduledMessage.objects.filter(message_text__startswith="kill ", status="sent").count()
+
+        async def a_tenth() -> bool:
+            return await db(sent) >= n // 10
+
+        await wait_until(a_tenth, 300, "a tenth of the burst sent", interval=0.01)
+        stack.kill_tree("cluster1")
+        at_kill = await db(sent)
+
+        def arrivals() -> Counter:
+            return Counter(text for a in adapters for _, _, text in a.arrivals if text.startswith("kill "))
+
+        async def all_arrived() -> bool:
+            return len(arrivals()) >= n
+
+        await wait_until(all_arrived, 600, "every message at its adapter", interval=0.2)
+        last = max(t for a in adapters for t, _, text in a.arrivals if text.startswith("kill "))
+        rows = await db(lambda: Message.objects.filter(source_kind="scheduled_send", text__startswith="kill ").count())
+        counts = arrivals()
+        return {
+            "messages": n,
+            "sent_at_kill": at_kill,
+            "outbound_rows": rows,
+            "arrived_distinct": len(counts),
+            "arrived_twice_or_more": sum(1 for c in counts.values() if c > 1),
+            "last_arrival_after_due_s": round(last - due_ts, 2),
+        }
+    finally:
+        for a in adapters:
+            await a.stop()
+
+
 def run_one(args) -> None:
     stack = Stack(args.run, args.pg_url)
     try:
         base = stack.start()
-        result = asyncio.run(soak(base, args.soak) if args.soak else measure(base, args))
+        if args.kill_burst:
+            result = asyncio.run(kill_burst(stack, base, args.kill_burst))
+        else:
+            result = asyncio.run(soak(base, args.soak) if args.soak else measure(base, args))
         print("RESULT " + json.dumps({"setup": args.run, **result}), flush=True)
     finally:
         stack.stop()
@@ -447,6 +539,9 @@ def main() -> None:
     parser.add_argument("--api-concurrency", type=int, default=8)
     parser.add_argument("--pg-url", default="postgres://postgres@127.0.0.1:5432", help="a server, no database name")
     parser.add_argument("--soak", type=float, default=0.0, help="seconds of mixed load on 2 + 2 (checks exactly once)")
+    parser.add_argument(
+        "--kill-burst", type=int, default=0, help="N due at once on 2 + 2, one cluster SIGKILLed mid-burst"
+    )
     parser.add_argument("--run", help=argparse.SUPPRESS)  # one setup, in a process of its own
     args = parser.parse_args()
     if args.run:
@@ -454,7 +549,7 @@ def main() -> None:
         return
     if not (shutil.which("haproxy") or os.path.exists("/usr/sbin/haproxy")):
         raise SystemExit("haproxy is required: apt-get install haproxy")
-    setups = ["2+2"] if args.soak else args.setups.split(",")
+    setups = ["2+2"] if args.soak or args.kill_burst else args.setups.split(",")
     results = []
     for name in setups:
         cmd = [sys.executable, __file__, "--run", name, *sys.argv[1:]]
@@ -465,7 +560,7 @@ def main() -> None:
         results.append(json.loads(lines[-1][len("RESULT ") :]))
     load = os.getloadavg()
     print(f"maibot scale-out benchmark — Python {platform.python_version()}, {os.cpu_count()} CPUs, load {load[0]:.1f}")
-    if args.soak:
+    if args.soak or args.kill_burst:
         print(json.dumps(results[0], indent=2))
         return
     header = (
