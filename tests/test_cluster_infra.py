@@ -10,6 +10,7 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
+from django.core.management import call_command
 from django.db import connections
 from django.utils import timezone
 
@@ -18,7 +19,7 @@ from maibot.management.commands.serve import daphne_argv
 from scheduling.models import Actor, ScheduledMessage
 from tests.chat.gateway_helpers import envelope
 from tests.chat.napcat_standin import NapCatStandIn
-from tests.cluster_support import PrivatePostgres, PrivateRedis, listening
+from tests.cluster_support import PrivatePostgres, PrivateRedis, kill_tree, listening
 from tests.conftest import Proc, db, free_port, subprocess_env, wait_for, wait_for_async
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
@@ -55,9 +56,17 @@ def private():
     return conn
 
 
+def forget_private_alias() -> None:
+    if ALIAS in connections.settings:
+        connections[ALIAS].close()
+        del connections.settings[ALIAS]
+
+
 @pytest.fixture
-def infra(tmp_path, transactional_db):
+def infra(tmp_path, transactional_db, request):
+    request.addfinalizer(forget_private_alias)
     pg = PrivatePostgres().init()
+    request.addfinalizer(pg.remove)
     redis = PrivateRedis(tmp_path).start()
     import psycopg
 
@@ -71,9 +80,13 @@ def infra(tmp_path, transactional_db):
         "DATABASE_URL": pg.url("maibot"),
         "REDIS_URL": redis.url,
     }
-    migrate = Proc([sys.executable, "manage.py", "migrate", "-v0"], env, tmp_path / "migrate.log")
-    migrate.popen.wait(timeout=120)
-    assert migrate.stop() == 0, migrate.output()
+    # Migrated from this process (Django is loaded already): a subprocess would import it all again.
+    private_alias(pg.port)
+    private()
+    try:
+        call_command("migrate", database=ALIAS, verbosity=0, interactive=False)
+    finally:
+        connections[ALIAS].close()
     port = free_port()
     server = Proc(daphne_argv("127.0.0.1", port, keepalive_seconds=15), env, tmp_path / "web.log")
     cluster = Proc([sys.executable, "manage.py", "qcluster"], env, tmp_path / "cluster.log")
@@ -81,18 +94,13 @@ def infra(tmp_path, transactional_db):
     try:
         cluster.wait_for_output("dispatcher started", timeout=60)
         assert wait_for(lambda: listening(port), timeout=60), server.output()
-        private_alias(pg.port)
         yield pg, redis, server, cluster, f"http://127.0.0.1:{port}"
     finally:
+        # Everything here is the test's own (database, Redis): no need for a graceful stop.
         for proc in procs:
-            proc.terminate()
-        for proc in procs:
+            kill_tree(proc)
             proc.stop()
-        if ALIAS in connections.settings:
-            connections[ALIAS].close()
-            del connections.settings[ALIAS]
         redis.stop()
-        pg.remove()
 
 
 async def test_redis_and_postgres_restarted_under_a_running_server_and_cluster(infra):
