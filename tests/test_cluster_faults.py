@@ -6,6 +6,7 @@ PostgreSQL restarted, and a short mixed load on 2 + 2. The long versions are ben
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from collections import Counter
@@ -342,3 +343,24 @@ async def test_two_servers_and_two_clusters_under_mixed_load_lose_and_double_not
     )
     assert sorted(texts) == sorted(f"{p} inbound {i}" for p in platforms for i in range(inbound_each))
     assert set(statuses) <= {200, 503} and sum(statuses.values()) == seconds * 10, statuses
+
+
+async def test_a_socketio_adapter_works_through_the_balancer(deployment, make_session):
+    """maim_message 0.7.x starts with Engine.IO long-polling (several HTTP requests of one session) and
+    then upgrades to a websocket: every one of them must reach the server that holds the session."""
+    from tests.chat.gateway_helpers import Adapter07, envelope
+
+    platform = "qq-lb-socketio"
+    adapter = Adapter07(deployment.base, platform=platform)
+    try:
+        assert await adapter.start() == "connected"
+        await adapter.command({"cmd": "send", "frame": envelope(platform=platform, user_id=70007, text="via 0.7")})
+        stored = await wait_for_async(
+            lambda: Message.objects.filter(direction="in", text="via 0.7", session__platform=platform).first()
+        )
+        session = await db(lambda: stored.session)
+        await db(message_send, session=session, source_kind="proactive", text="to 0.7 via the balancer")
+        frame = await adapter.next_message()
+        assert "to 0.7 via the balancer" in json.dumps(frame, ensure_ascii=False)
+    finally:
+        await adapter.stop()
