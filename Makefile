@@ -10,7 +10,7 @@ REDIS_TEST_URL ?= redis://127.0.0.1:6379/1
 # compiles the project's modules afresh at every start costs every server, cluster and test a share.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: dist run test test-fast test-live test-postgres lint bench venv venv-dev venv-mm07 clean
+.PHONY: dist run run-cluster test test-fast test-live test-postgres lint bench venv venv-dev venv-mm07 clean
 
 # Environments are made with pip; with UV=<path to uv> (CI does this) uv installs the same pins in a
 # fraction of the time (leaving byte-compilation to the first import). Either way the environment keeps
@@ -58,6 +58,15 @@ dist: $(if $(DIST_PYTHON),,venv-dev)
 run: venv
 	$(BIN)/python manage.py bootstrap
 	HOST=$(HOST) PORT=$(PORT) $(BIN)/python manage.py serve
+
+# The multi-process deployment on this machine: HAProxy on HOST:PORT in front of two ASGI servers
+# (127.0.0.1:PORT+1, PORT+2) and two task clusters, on PostgreSQL + Redis (README: Scale-out).
+CLUSTER_DATABASE_URL ?= $(PG_URL)
+CLUSTER_REDIS_URL ?= redis://127.0.0.1:6379/0
+run-cluster: venv
+	@command -v haproxy >/dev/null || test -x /usr/sbin/haproxy || { echo "haproxy is required: apt-get install haproxy" >&2; exit 1; }
+	DATABASE_URL=$(CLUSTER_DATABASE_URL) REDIS_URL=$(CLUSTER_REDIS_URL) HOST=$(HOST) PORT=$(PORT) \
+		$(BIN)/python manage.py run_cluster --prepare
 
 # Tests run on PYTEST_WORKERS parallel workers (pytest-xdist), each with its own data dir, test database
 # and Redis database: most live tests wait on servers, so two workers finish in about half the time.

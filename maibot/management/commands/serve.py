@@ -58,8 +58,13 @@ def keepalive_options(keepalive_seconds: float) -> list[str]:
     return ["--ping-interval", str(timeout + 1), "--ping-timeout", str(timeout)]
 
 
-def daphne_argv(host: str, port: int, *, keepalive_seconds: float) -> list[str]:
-    """The command line of the ASGI server, as `serve` runs it (tests and benchmarks run the same)."""
+def daphne_argv(host: str, port: int, *, keepalive_seconds: float, proxy_headers: bool = False) -> list[str]:
+    """The command line of the ASGI server, as `serve` runs it (tests and benchmarks run the same).
+
+    `proxy_headers`: behind a balancer (run_cluster), the client address is the balancer's
+    X-Forwarded-For (which it replaces, never appends to); the server must then listen on an address
+    only the balancer reaches.
+    """
     return [
         sys.executable,
         "-m",
@@ -70,6 +75,7 @@ def daphne_argv(host: str, port: int, *, keepalive_seconds: float) -> list[str]:
         str(port),
         *DAPHNE_OPTIONS,
         *keepalive_options(keepalive_seconds),
+        *(["--proxy-headers"] if proxy_headers else []),
         ASGI_APPLICATION,
     ]
 
@@ -101,11 +107,14 @@ class Child:
     restart_at: float | None = None
     backoff: float = BACKOFF_FIRST
     restarts: int = field(default=0)
+    env: dict[str, str] = field(default_factory=dict)  # added to this process's environment
 
     def start(self) -> None:
         # A group of its own: the child and everything it forks can be signalled (and killed) together,
         # and a Ctrl-C in the terminal reaches only `serve`, which stops the children in order.
-        self.proc = subprocess.Popen(self.argv, cwd=settings.BASE_DIR, env=os.environ.copy(), start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.argv, cwd=settings.BASE_DIR, env={**os.environ, **self.env}, start_new_session=True
+        )
         self.started_at = time.monotonic()
         self.restart_at = None
 

@@ -1,0 +1,145 @@
+"""`manage.py run_cluster`: the multi-process deployment on one machine — HAProxy in front of two ASGI
+servers, and two task clusters — supervised like `serve` (a child that dies is restarted with backoff,
+the others keep running; Ctrl-C or SIGTERM stops them all).
+
+Meant for PostgreSQL (DATABASE_URL) and Redis (REDIS_URL): every process shares the database, the
+channel layer and the django-q2 queue. On the embedded default it still runs (the SQLite file is shared
+through WAL; the servers poll the outbox) but that is not a scale-out, and it says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import time
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from maibot import datadir, logdb
+from maibot.config import get_config
+from maibot.management.commands.serve import TICK_SECONDS, Child, daphne_argv, manage_argv
+from maibot.management.commands.serve import Command as ServeCommand
+
+logger = logging.getLogger("maibot.serve")
+
+HAPROXY_CONFIG = settings.BASE_DIR / "config" / "haproxy.cfg"
+WEB_SERVERS = 2  # config/haproxy.cfg names web1 and web2
+
+
+def haproxy_argv(config: str = str(HAPROXY_CONFIG)) -> list[str]:
+    """HAProxy in the foreground (-db) as master-worker (-W): SIGTERM stops it, SIGUSR2 reloads it."""
+    binary = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    return [binary, "-W", "-db", "-f", config]
+
+
+def haproxy_env(bind: str, servers: list[str]) -> dict[str, str]:
+    """The variables config/haproxy.cfg reads."""
+    return {"MAIBOT_LB_BIND": bind, **{f"MAIBOT_WEB{i}": addr for i, addr in enumerate(servers, 1)}}
+
+
+def ensure_postgres_database() -> None:
+    """Create DATABASE_URL's database when the server has none of that name (bootstrap then migrates)."""
+    db = settings.DATABASES["default"]
+    if db["ENGINE"] != "django.db.backends.postgresql":
+        return
+    import psycopg
+    from psycopg import sql
+
+    kwargs = {"host": db.get("HOST") or "127.0.0.1", "port": db.get("PORT") or 5432, "dbname": "postgres"}
+    if db.get("USER"):
+        kwargs["user"] = db["USER"]
+    if db.get("PASSWORD"):
+        kwargs["password"] = db["PASSWORD"]
+    with psycopg.connect(**kwargs, autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [db["NAME"]]).fetchone() is None:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db["NAME"])))
+
+
+class Command(ServeCommand):
+    help = "Run HAProxy, two ASGI servers and the task clusters (PostgreSQL + Redis), restarting any that dies."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--host", default=settings.HOST, help="where the balancer listens")
+        parser.add_argument("--port", type=int, default=settings.PORT, help="the balancer's port")
+        parser.add_argument(
+            "--web-port",
+            type=int,
+            default=None,
+            help="the first ASGI server's port on 127.0.0.1 (the next ones follow); default: --port + 1",
+        )
+        parser.add_argument(
+            "--prepare",
+            action="store_true",
+            help="first create DATABASE_URL's database if missing, migrate and create the operator (bootstrap)",
+        )
+        parser.add_argument("--clusters", type=int, default=2, choices=range(1, 9), metavar="1..8")
+
+    def handle(self, *args, **options) -> None:
+        host, port = options["host"], options["port"]
+        web_port = options["web_port"] or port + 1
+        if not shutil.which("haproxy") and not os.path.exists("/usr/sbin/haproxy"):
+            raise CommandError("haproxy is not installed (Debian: apt-get install haproxy)")
+        if options["prepare"]:
+            ensure_postgres_database()
+            call_command("bootstrap", setup_page=False)
+        try:
+            datadir.check_not_newer()
+        except datadir.DataDirTooNew as exc:
+            raise CommandError(f"Refusing to start: {exc}") from None
+        if settings.DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3" or not settings.REDIS_URL:
+            self.stderr.write(
+                "warning: without DATABASE_URL (PostgreSQL) and REDIS_URL this is no scale-out: the processes "
+                "share one SQLite file and the servers poll for outbound messages"
+            )
+        logdb.activate("supervisor")
+        keepalive = get_config().gateway.keepalive_seconds
+        servers = [f"127.0.0.1:{web_port + i}" for i in range(WEB_SERVERS)]
+        children = [Child("balancer", haproxy_argv(), env=haproxy_env(f"{host}:{port}", servers))]
+        for i, addr in enumerate(servers, 1):
+            argv = daphne_argv(
+                "127.0.0.1", int(addr.rsplit(":", 1)[1]), keepalive_seconds=keepalive, proxy_headers=True
+            )
+            children.append(Child(f"web{i}", argv))
+        clusters = options["clusters"]
+        for i in range(1, clusters + 1):
+            children.append(Child(f"cluster{i}", manage_argv("qcluster")))
+        for child in children:
+            child.start()
+        base = f"http://{host}:{port}"
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"maibot cluster is starting: HAProxy, {WEB_SERVERS} servers, {options['clusters']} clusters"
+            )
+            + f"\n  operator console: {base}/admin/"
+            + f"\n  API docs:         {base}/api/v1/docs"
+            + f"\n  adapters connect: ws://{host}:{port}/ws"
+            + f"\n  servers:          {', '.join(servers)} (behind the balancer)"
+            + f"\n  database:         {settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[1]}"
+            + f" {settings.DATABASES['default']['NAME']}"
+            + f"\n  redis:            {'yes' if settings.REDIS_URL else 'no'}"
+            + "\nPress Ctrl-C to stop."
+        )
+        self.stdout.flush()
+        stopping = False
+
+        def stop(signum=None, frame=None) -> None:
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+        try:
+            while not stopping:
+                for child in children:
+                    self._supervise(child)
+                time.sleep(TICK_SECONDS)
+        finally:
+            # The balancer first: no new request reaches a server that is stopping.
+            children[0].stop()
+            self._stop_all(children[1:])
+            logdb.shutdown()
+        self.stdout.write("maibot cluster stopped")

@@ -1,0 +1,248 @@
+"""Real multi-process deployments for the fault tests and bench/scaleout.py: HAProxy (Debian's, with
+config/haproxy.cfg) in front of ASGI servers started as `run_cluster` starts them, a private Redis and a
+private PostgreSQL the tests may restart (never the machine's: other suites use those)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from maibot.management.commands.run_cluster import haproxy_argv, haproxy_env
+from maibot.management.commands.serve import daphne_argv
+from tests.conftest import ROOT, Proc, free_port, subprocess_env, wait_for
+
+
+def require(binary: str, package: str) -> str:
+    """A system program the test needs; missing, the test fails (never skipped): `.ci/run` installs it."""
+    path = shutil.which(binary) or (f"/usr/sbin/{binary}" if os.path.exists(f"/usr/sbin/{binary}") else None)
+    if path is None:
+        pytest.fail(f"{binary} is missing: install Debian's {package} (apt-get install -y {package})")
+    return path
+
+
+def listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid` (from /proc), e.g. a qcluster's workers, found before it is killed."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(proc: Proc) -> None:
+    """SIGKILL a process and everything it started (a machine losing that process, workers and all)."""
+    below = descendants(proc.popen.pid)
+    proc.popen.send_signal(signal.SIGKILL)
+    for pid in below:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.popen.wait()
+
+
+class Deployment:
+    """HAProxy on a port of its own in front of two ASGI servers (daphne with --proxy-headers), all
+    against the test database. `env` goes to the servers (e.g. REDIS_URL); each server's data dir gets
+    `bot_config` as its bot_config.toml."""
+
+    def __init__(self, root: Path, *, bot_config: str = "", **env: str) -> None:
+        self.root = root
+        self.env = env
+        self.bot_config = bot_config
+        self.lb_port = free_port()
+        self.ports = [free_port(), free_port()]
+        self.servers: list[Proc | None] = [None, None]
+        self.balancer: Proc | None = None
+        self._runs = 0
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.lb_port}"
+
+    def start(self) -> Deployment:
+        require("haproxy", "haproxy")
+        # The servers start together (each takes seconds to import and listen).
+        for proc, port in [(self._spawn(i), port) for i, port in enumerate(self.ports)]:
+            self._wait_listening(proc, port)
+        addrs = [f"127.0.0.1:{p}" for p in self.ports]
+        self.balancer = Proc(
+            haproxy_argv(), {**os.environ, **haproxy_env(f"127.0.0.1:{self.lb_port}", addrs)}, self.root / "haproxy.log"
+        )
+        if not wait_for(lambda: listening(self.lb_port), timeout=20):
+            raise TimeoutError(f"haproxy did not listen:\n{self.balancer.output()}")
+        return self
+
+    def start_server(self, i: int) -> Proc:
+        """Start (or start again, on the same port) server i, once it listens."""
+        proc = self._spawn(i)
+        self._wait_listening(proc, self.ports[i])
+        return proc
+
+    def _spawn(self, i: int) -> Proc:
+        from maibot import config as bot_config
+
+        self._runs += 1
+        data = self.root / f"data-web{i + 1}"
+        data.mkdir(parents=True, exist_ok=True)
+        (data / "bot_config.toml").write_text(self.bot_config, encoding="utf-8")
+        keepalive = bot_config.parse_config(self.bot_config).gateway.keepalive_seconds
+        proc = Proc(
+            daphne_argv("127.0.0.1", self.ports[i], keepalive_seconds=keepalive, proxy_headers=True),
+            subprocess_env(MAIBOT_DATA_DIR=str(data), MAIBOT_CONSOLE_SERVICES="0", **self.env),
+            self.root / f"web{i + 1}-{self._runs}.log",
+        )
+        self.servers[i] = proc
+        return proc
+
+    @staticmethod
+    def _wait_listening(proc: Proc, port: int) -> None:
+        def up() -> bool:
+            if proc.popen.poll() is not None:
+                raise RuntimeError(f"daphne exited:\n{proc.output()}")
+            return listening(port)
+
+        if not wait_for(up, timeout=60):
+            proc.stop()
+            raise TimeoutError(f"daphne did not listen:\n{proc.output()}")
+
+    def holder(self, platform: str) -> int:
+        """Which server holds the adapter connection of `platform` (from its log)."""
+        needle = f"<ws {platform} "
+        for i, proc in enumerate(self.servers):
+            if proc is not None and proc.popen.poll() is None and f"adapter {needle}" in proc.output():
+                return i
+        raise AssertionError(f"no server logged the adapter of {platform}")
+
+    def kill_server(self, i: int) -> None:
+        proc = self.servers[i]
+        assert proc is not None
+        kill_tree(proc)
+        proc.stop()
+
+    def stop(self) -> None:
+        """Killed, not stopped: nothing of theirs outlives the tests (a graceful stop takes seconds)."""
+        for p in [self.balancer, *self.servers]:
+            if p is not None:
+                if p.popen.poll() is None:
+                    kill_tree(p)
+                p.stop()
+
+
+class PrivateRedis:
+    """A redis-server of the test's own on a free port, without persistence: it may be restarted."""
+
+    def __init__(self, root: Path) -> None:
+        self.binary = require("redis-server", "redis-server")
+        self.root = root
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> PrivateRedis:
+        self.proc = subprocess.Popen(
+            [self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no"],
+            cwd=self.root,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        if not wait_for(lambda: listening(self.port), timeout=20):
+            raise TimeoutError("redis-server did not listen")
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=20)
+
+
+class PrivatePostgres:
+    """A PostgreSQL cluster of the test's own (initdb into a temporary dir, pg_ctl on a free port, trust
+    authentication on 127.0.0.1 only): it may be restarted without touching the machine's."""
+
+    def __init__(self) -> None:
+        bins = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+        if not bins:
+            pytest.fail("PostgreSQL's server programs are missing (apt-get install -y postgresql)")
+        self.bin = bins[-1].parent
+        # A directory of its own outside pytest's (root's 0700 tmp dirs): as root, the server runs as
+        # the postgres user, who must reach it. remove() deletes it.
+        self.root = Path(tempfile.mkdtemp(prefix="maibot-pg-"))
+        self.data = self.root / "pgdata"
+        self.port = free_port()
+
+    def _run(self, *args: str) -> None:
+        cmd = [str(self.bin / args[0]), *args[1:]]
+        # initdb and postgres refuse to run as root: as root, run them as the postgres user.
+        if os.geteuid() == 0:
+            cmd = ["runuser", "-u", "postgres", "--", *cmd]
+        done = subprocess.run(cmd, cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode != 0:
+            log = self.root / "pg.log"
+            raise RuntimeError(f"{' '.join(cmd)}: {done.stderr}\n{log.read_text() if log.exists() else ''}")
+
+    def url(self, name: str) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/{name}"
+
+    def init(self) -> PrivatePostgres:
+        if os.geteuid() == 0:
+            shutil.chown(self.root, "postgres")
+        self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
+        return self.start()
+
+    def start(self) -> PrivatePostgres:
+        opts = f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='{self.root}' -c fsync=off"
+        self._run("pg_ctl", "-D", str(self.data), "-o", opts, "-l", str(self.root / "pg.log"), "-w", "start")
+        return self
+
+    def stop(self, mode: str = "fast") -> None:
+        if (self.data / "postmaster.pid").exists():
+            self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def remove(self) -> None:
+        """Stop it at once and delete its files."""
+        self.stop(mode="immediate")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def restart(self) -> None:
+        self.stop()  # pg_ctl -w: returns once it is down
+        self.start()
+
+
+def data_dir_with(root: Path, name: str, bot_config: str) -> Path:
+    data = root / name
+    data.mkdir(parents=True, exist_ok=True)
+    (data / "bot_config.toml").write_text(bot_config, encoding="utf-8")
+    return data
+
+
+__all__ = ["ROOT", "Deployment", "PrivatePostgres", "PrivateRedis", "data_dir_with", "descendants", "kill_tree"]
