@@ -197,6 +197,9 @@ class SessionRuntime(AsyncConsumer):
         self.task: asyncio.Task | None = None  # the consumer itself (set by the registry)
         self.planner_task: asyncio.Task | None = None
         self._news = False
+        # A wake for another reason than news (e.g. "proactive": a plugin asked for a turn): the next
+        # cycle runs with it as its trigger even when nothing new was said.
+        self._requested: str | None = None
         self._event = asyncio.Event()
 
     def __repr__(self) -> str:
@@ -242,6 +245,9 @@ class SessionRuntime(AsyncConsumer):
 
     async def session_wake(self, message: dict[str, Any]) -> None:
         if not self.closed:
+            reason = str(message.get("reason") or "message")
+            if reason != "message":
+                self._requested = reason
             self.notify()
 
     async def session_stop(self, message: dict[str, Any]) -> None:
@@ -300,6 +306,9 @@ class SessionRuntime(AsyncConsumer):
         """Until news ("message"), the one look after no_reply ("no_reply_timeout"), or idleness (None)."""
         idle_after = get_config().chat.idle_evict_seconds
         while True:
+            if self._requested is not None:
+                reason, self._requested = self._requested, None
+                return reason
             if self._news:
                 return "message"
             now = self.loop.time()
@@ -486,6 +495,28 @@ class RuntimeRegistry:
         # thread-sensitive context) must not leak into the runtime, or its ORM calls would deadlock.
         loop.call_soon_threadsafe(self._notify, session_pk, first, context=contextvars.Context())
         return True
+
+    def wake_or_start(self, session_pk: int, reason: str, *, last_seen_pk: int) -> bool:
+        """Wake a session's runtime for `reason` (not a new message: e.g. a plugin's proactive request),
+        starting it first when it is not live; a started runtime takes messages up to `last_seen_pk` as
+        seen. Safe from any thread, but only once this process's runtimes have a loop (the ASGI server's,
+        bound by its first inbound message): False otherwise, and nothing happens."""
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return False
+        loop.call_soon_threadsafe(self._wake_or_start, session_pk, reason, last_seen_pk, context=contextvars.Context())
+        return True
+
+    def _wake_or_start(self, session_pk: int, reason: str, last_seen_pk: int) -> None:
+        if self.stopping:
+            return
+        runtime = self.runtimes.get(session_pk)
+        if runtime is None or runtime.closed:
+            runtime = self._start(session_pk, last_seen_pk)
+        # Straight into its inbox: a runtime just started has not joined its group yet.
+        inbox = self._inboxes.get(runtime)
+        if inbox is not None:
+            inbox.put_nowait(wake_message(reason))
 
     def _caller_loop(self) -> asyncio.AbstractEventLoop | None:
         if self.loop is not None and not self.loop.is_closed():

@@ -6,3 +6,9 @@ class PluginsConfig(AppConfig):
 
     name = "plugins"
     verbose_name = "Plugins"
+
+    def ready(self) -> None:
+        from plugins.capabilities import maisaka
+
+        # What plugins add to a chat (maisaka.context.append, proactive requests) reaches its next prompt.
+        maisaka.register_context_block()

@@ -140,6 +140,11 @@ def chat_description(session: ChatSession) -> str:
 
 
 def instruction(trigger: str, *, private: bool, mentioned: bool) -> str:
+    if trigger == "proactive":
+        return (
+            "Nobody wrote: a plugin asked you to take a turn in this chat (see its request above). Act on it "
+            "if it fits the chat and your persona, then reply; otherwise call no_reply."
+        )
     if trigger == "no_reply_timeout":
         return (
             "Nobody has written since you chose to stay silent. Follow up once if it is natural, "

@@ -70,6 +70,18 @@ def _adapter_segments(
         if accept is not None and kind not in accept:
             logger.info("segment type %r dropped: not in the adapter's accept_format", kind)
             continue
+        if kind == "forward" and isinstance(data, list):
+            # Each node is a maim_message message of its own: its media go out as base64 too.
+            nodes = []
+            for node in data:
+                inner_segment = node.get("message_segment") if isinstance(node, dict) else None
+                if isinstance(inner_segment, dict) and isinstance(inner_segment.get("data"), list):
+                    inner, error = _adapter_segments(inner_segment["data"], accept)
+                    if error:
+                        return [], error
+                    node = {**node, "message_segment": {**inner_segment, "data": inner}}
+                nodes.append(node)
+            data = nodes
         if kind in MEDIA_SEGMENT_TYPES and isinstance(data, dict) and data.get("media"):
             encoded = _media_base64(str(data["media"]), kind)
             if encoded is None:

@@ -1,0 +1,122 @@
+"""The capabilities a plugin calls (`ctx.<capability>.<method>(...)` → `rpc_call("cap.call", plugin_id,
+{"capability": ..., "args": {...}})`), answered with our data and services, one module per domain:
+send (the one send service), chat (streams = our sessions), message, llm (our client: routing, budgets,
+the ledger), config, render (headless Chromium), maisaka (the planner's context and proactive turns),
+api (plugins' @API components).
+
+Arguments and results are those the SDK (maibot-plugin-sdk 2.16.0) sends and expects, in the shapes
+MaiBot's own host returns. As in MaiBot, a plugin may call only the capabilities its manifest
+declares; anything else, and every capability not answered here, raises RuntimeError in the plugin
+with the reason ("... is not supported by this host"), as MaiBot's runner raises on an error answer.
+Bad arguments are an error result (`success: false` and `error`), never a crash. Every call has a
+timeout (30 s, or the call's `timeout_ms`, at most 300 s). Each handler is
+`async def handler(record, args) -> dict`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+
+from plugins.capabilities import api, chat, config, llm, maisaka, message, render, send
+from plugins.capabilities.common import message as _message  # noqa: F401  (plugins.bridge uses it)
+
+if TYPE_CHECKING:
+    from plugins.records import PluginRecord
+
+logger = logging.getLogger(__name__)
+
+MAX_CAPABILITY_TIMEOUT = 300.0
+DEFAULT_CAPABILITY_TIMEOUT = 30.0
+
+Capability = Callable[["PluginRecord", dict[str, Any]], Awaitable[Any]]
+
+IMPLEMENTATIONS: dict[str, Capability] = {
+    "send.text": send.send_text,
+    "send.image": send.send_image,
+    "send.custom": send.send_custom,
+    "send.forward": send.send_forward,
+    "send.hybrid": send.send_hybrid,
+    "config.get": config.get,
+    "llm.generate": llm.generate,
+    "llm.get_available_models": llm.get_available_models,
+    "message.get_recent": message.get_recent,
+    "message.get_by_id": message.get_by_id,
+    "message.get_by_time_in_chat": message.get_by_time_in_chat,
+    "chat.get_all_streams": chat.get_all_streams,
+    "chat.get_group_streams": chat.get_group_streams,
+    "chat.get_private_streams": chat.get_private_streams,
+    "chat.get_stream_by_group_id": chat.get_stream_by_group_id,
+    "chat.get_stream_by_user_id": chat.get_stream_by_user_id,
+    "chat.open_session": chat.open_session,
+    "maisaka.context.append": maisaka.context_append,
+    "maisaka.proactive.trigger": maisaka.proactive_trigger,
+    "render.html2png": render.html2png,
+    "api.call": api.call,
+    "api.get": api.get,
+    "api.list": api.list_apis,
+}
+SUPPORTED = frozenset(IMPLEMENTATIONS)
+
+
+def _timeout(capability: str, args: dict[str, Any], timeout_ms: Any) -> float:
+    # As MaiBot's runner: the call's own timeout, else rpc_timeout_ms / _timeout_ms / timeout_ms in
+    # the arguments (render.html2png's timeout_ms is its render time, not the call's).
+    if timeout_ms is None:
+        for key in ("rpc_timeout_ms", "_timeout_ms", "timeout_ms"):
+            if key == "timeout_ms" and capability == "render.html2png":
+                continue
+            if key in args:
+                timeout_ms = args.pop(key)
+                break
+    if timeout_ms is None:
+        return DEFAULT_CAPABILITY_TIMEOUT
+    try:
+        seconds = int(timeout_ms) / 1000
+    except (TypeError, ValueError):
+        raise ValueError(f"invalid timeout_ms: {timeout_ms!r}") from None
+    if seconds <= 0:
+        raise ValueError(f"timeout_ms must be positive: {timeout_ms!r}")
+    return min(seconds, MAX_CAPABILITY_TIMEOUT)
+
+
+def make_context(record: PluginRecord):
+    """The PluginContext of one plugin: its rpc_call answers `cap.call` with IMPLEMENTATIONS."""
+    from maibot_sdk import PluginContext, PluginPaths
+
+    async def rpc_call(method: str, plugin_id: str = "", payload: dict[str, Any] | None = None, timeout_ms=None) -> Any:
+        # Whatever id the caller names, the call is this plugin's (as in MaiBot's runner).
+        if method != "cap.call":
+            raise RuntimeError(f"host method {method} is not supported by this host")
+        request = dict(payload or {})
+        capability = str(request.get("capability") or "").strip()
+        args = request.get("args")
+        args = dict(args) if isinstance(args, dict) else {}
+        timeout = _timeout(capability, args, timeout_ms)
+        if capability not in record.declared_capabilities:
+            raise RuntimeError(
+                f"capability {capability or '(none)'} is not declared in plugin {record.plugin_id}'s manifest"
+            )
+        impl = IMPLEMENTATIONS.get(capability)
+        if impl is None:
+            raise RuntimeError(f"capability {capability} is not supported by this host")
+        try:
+            return await asyncio.wait_for(impl(record, args), timeout)
+        except TimeoutError:
+            record.error(f"capability {capability} timed out after {timeout:g}s")
+            raise RuntimeError(f"capability {capability} did not answer within {timeout:g}s") from None
+        except Exception as exc:
+            logger.exception("plugin %s: capability %s failed", record.plugin_id, capability)
+            record.error(f"capability {capability}: {type(exc).__name__}: {exc}"[:500])
+            raise RuntimeError(f"capability {capability} failed: {exc}") from None
+
+    base = Path(settings.DATA_DIR)
+    paths = PluginPaths(
+        data_dir=base / "plugin-data" / record.plugin_id, runtime_dir=base / "plugin-runtime" / record.plugin_id
+    )
+    return PluginContext(record.plugin_id, rpc_call=rpc_call, paths=paths)

@@ -1,0 +1,50 @@
+"""api.*: a plugin calls another plugin's @API component (plugins.api_registry resolves the name,
+checks it is public, and calls it through the host), or asks which APIs it may call."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from plugins.records import PluginRecord
+
+# An API call's own time limit within the capability call's (which is 30 s unless the caller says).
+API_TIMEOUT = 25.0
+
+
+async def call(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
+    from plugins import api_registry
+
+    api_name = str(args.get("api_name") or "").strip()
+    version = str(args.get("version") or "").strip()
+    api_args = args.get("args", {})
+    if not api_name or len(api_name) > 300:
+        return {"success": False, "error": "api.call needs api_name (plugin_id.name or a unique short name)"}
+    if api_args is None:
+        api_args = {}
+    if not isinstance(api_args, dict):
+        return {"success": False, "error": "api.call's args must be an object"}
+    try:
+        result = await api_registry.call_api(record, "", api_name, api_args, API_TIMEOUT, version=version)
+    except api_registry.ApiError as exc:
+        return {"success": False, "error": str(exc)}
+    except TimeoutError:
+        return {"success": False, "error": f"API {api_name} did not answer within {API_TIMEOUT:g}s"}
+    except Exception as exc:  # the called plugin's own failure is the caller's error result
+        return {"success": False, "error": f"API {api_name} failed: {type(exc).__name__}: {exc}"[:500]}
+    return {"success": True, "result": result}
+
+
+async def get(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
+    from plugins import api_registry
+
+    api_name = str(args.get("api_name") or "").strip()
+    if not api_name:
+        return {"success": False, "error": "api.get needs api_name"}
+    return {"success": True, "api": api_registry.describe_api(record, "", api_name, str(args.get("version") or ""))}
+
+
+async def list_apis(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
+    from plugins import api_registry
+
+    return {"success": True, "apis": api_registry.visible_apis(record, str(args.get("plugin_id") or "").strip())}

@@ -1,0 +1,61 @@
+"""llm.*: plugins' model calls go through our LLM client (chat.agent.llm), so routing, fallbacks,
+budgets and the ledger apply: task `utility`, a ledger row with purpose `plugin:<id>`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from plugins.records import PluginRecord
+
+MAX_PROMPT_CHARS = 200_000
+PLUGIN_TASK = "utility"
+
+
+def _prompt_messages(prompt: Any) -> list[dict[str, Any]]:
+    if isinstance(prompt, str):
+        messages = [{"role": "user", "content": prompt}]
+    elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+        messages = []
+        for m in prompt:
+            role, content = m.get("role"), m.get("content")
+            if role not in ("system", "user", "assistant") or not isinstance(content, str):
+                raise ValueError("each prompt message needs a role (system, user, assistant) and text content")
+            messages.append({"role": role, "content": content})
+    else:
+        raise ValueError("prompt must be a string or a list of {role, content} messages")
+    if sum(len(m["content"]) for m in messages) > MAX_PROMPT_CHARS:
+        raise ValueError(f"the prompt is longer than {MAX_PROMPT_CHARS} characters")
+    if not any(m["content"].strip() for m in messages):
+        raise ValueError("the prompt is empty")
+    return messages
+
+
+async def generate(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
+    from chat.agent import llm
+
+    try:
+        messages = _prompt_messages(args.get("prompt"))
+    except ValueError as exc:
+        return {"success": False, "response": "", "reasoning": "", "model_name": "", "error": str(exc)}
+    result = await llm.complete(purpose=f"plugin:{record.plugin_id}"[:32], messages=messages)
+    payload = {
+        "success": result.ok,
+        "response": result.content,
+        "reasoning": "",
+        "model_name": result.model_name,
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "total_tokens": result.prompt_tokens + result.completion_tokens,
+    }
+    if not result.ok:
+        payload["error"] = result.error
+    return payload
+
+
+async def get_available_models(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
+    """The model task names a plugin may name, as MaiBot answers: here the one task plugins' calls run
+    as (`utility`), when a model is routed to it (none: offline)."""
+    from maibot.config import get_config
+
+    return {"success": True, "models": [PLUGIN_TASK] if get_config().llm_route(PLUGIN_TASK) else []}

@@ -1,0 +1,116 @@
+"""message.*: reading stored messages (recent, by id, by time in a chat), in the shape MaiBot's host
+serializes them."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from plugins.capabilities.common import db, message, session_of, stream_id_of
+
+if TYPE_CHECKING:
+    from plugins.records import PluginRecord
+
+MAX_RECENT = 200  # messages one get_recent may return
+MAX_BY_TIME = 1000  # messages one get_by_time_in_chat may return (its limit 0, "all", means this many)
+
+
+async def get_recent(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
+    stream_id = stream_id_of(args, "chat_id", "stream_id")
+    try:
+        limit = int(args.get("limit", 10))
+    except (TypeError, ValueError):
+        return {"success": False, "messages": [], "error": "limit must be an integer"}
+    limit = max(1, min(limit, MAX_RECENT))
+    if not stream_id:
+        return {"success": False, "messages": [], "error": "message.get_recent needs chat_id"}
+
+    def read() -> dict[str, Any]:
+        session = session_of(stream_id)
+        if session is None:
+            return {"success": False, "messages": [], "error": f"there is no chat with stream_id {stream_id}"}
+        rows = session.messages.order_by("-time", "-pk")
+        if args.get("filter_mai"):
+            rows = rows.exclude(direction="out")
+        rows = list(rows[:limit])
+        return {"success": True, "messages": [message(m, session) for m in reversed(rows)]}
+
+    return await db(read)
+
+
+async def get_by_id(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
+    from chat.models import Message
+
+    message_id = str(args.get("message_id") or args.get("msg_id") or "").strip()[:128]
+    stream_id = stream_id_of(args, "chat_id", "stream_id")
+    if not message_id:
+        return {"success": False, "message": None, "error": "message.get_by_id needs message_id"}
+
+    def read() -> dict[str, Any]:
+        rows = Message.objects.select_related("session")
+        if stream_id:
+            rows = rows.filter(session__session_id=stream_id)
+        found = rows.filter(platform_message_id=message_id).order_by("-pk").first()
+        if found is None:
+            try:
+                found = rows.filter(uid=uuid.UUID(message_id)).first()
+            except ValueError:
+                found = None
+        return {"success": True, "message": message(found, found.session) if found else None}
+
+    return await db(read)
+
+
+def instant(value: Any, name: str) -> datetime:
+    """A time bound as plugins pass it: a Unix timestamp (number or numeric string, MaiBot's form) or
+    an ISO 8601 instant with an offset."""
+    if isinstance(value, bool) or value is None or value == "":
+        raise ValueError(f"{name} is required (a Unix timestamp or an ISO 8601 time with offset)")
+    try:
+        return datetime.fromtimestamp(float(value), tz=UTC)
+    except (TypeError, ValueError, OverflowError, OSError):
+        pass
+    try:
+        parsed = datetime.fromisoformat(str(value))
+    except ValueError:
+        raise ValueError(f"{name} is neither a Unix timestamp nor an ISO 8601 time: {str(value)[:40]!r}") from None
+    if parsed.tzinfo is None:
+        raise ValueError(f"{name} needs a UTC offset (e.g. 2026-01-01T12:00:00+00:00)")
+    return parsed
+
+
+async def get_by_time_in_chat(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
+    """Messages of one chat with start_time <= time <= end_time, oldest first; limit > 0 keeps the
+    latest (limit_mode "latest", the default) or the earliest ("earliest") that many, as in MaiBot;
+    filter_mai leaves the bot's own messages out."""
+    stream_id = stream_id_of(args, "chat_id", "stream_id")
+    if not stream_id:
+        return {"success": False, "messages": [], "error": "message.get_by_time_in_chat needs chat_id"}
+    try:
+        start = instant(args.get("start_time"), "start_time")
+        end = instant(args.get("end_time"), "end_time")
+        limit = int(args.get("limit") or 0)
+    except (TypeError, ValueError) as exc:
+        return {"success": False, "messages": [], "error": str(exc)}
+    if limit < 0:
+        return {"success": False, "messages": [], "error": "limit must not be negative"}
+    limit = min(limit or MAX_BY_TIME, MAX_BY_TIME)
+    mode = str(args.get("limit_mode") or "latest")
+    if mode not in ("latest", "earliest"):
+        return {"success": False, "messages": [], "error": "limit_mode is latest or earliest"}
+
+    def read() -> dict[str, Any]:
+        session = session_of(stream_id)
+        if session is None:
+            return {"success": False, "messages": [], "error": f"there is no chat with stream_id {stream_id}"}
+        rows = session.messages.filter(time__gte=start, time__lte=end)
+        if args.get("filter_mai"):
+            rows = rows.exclude(direction="out")
+        if mode == "earliest":
+            found = list(rows.order_by("time", "pk")[:limit])
+        else:
+            found = list(reversed(rows.order_by("-time", "-pk")[:limit]))
+        return {"success": True, "messages": [message(m, session) for m in found]}
+
+    return await db(read)
