@@ -50,9 +50,11 @@ async def _platform_id(message_pk: int, wait: float) -> str | None:
 
     deadline = time.monotonic() + wait
     while True:
-        found = await db(lambda: Message.objects.filter(pk=message_pk).values_list("platform_message_id", flat=True))
-        if found and found[0]:
-            return found[0]
+        found = await db(
+            lambda: Message.objects.filter(pk=message_pk).values_list("platform_message_id", flat=True).first()
+        )
+        if found:
+            return found
         if time.monotonic() >= deadline:
             return None
         await asyncio.sleep(DETAILS_POLL)
