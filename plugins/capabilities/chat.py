@@ -51,7 +51,7 @@ async def _one_stream(args: dict[str, Any], chat_type: str, key: str) -> dict[st
 
     target = str(args.get(key) or "").strip()
     if not target or len(target) > MAX_ID:
-        return {"success": False, "stream": None, "error": f"{key} is required (at most {MAX_ID} characters)"}
+        return {"success": False, "error": f"{key} is required (at most {MAX_ID} characters)"}
     session_id = make_session_id(_platform(args), chat_type, target)
 
     def read() -> dict[str, Any]:

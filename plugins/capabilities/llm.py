@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from plugins.capabilities.common import db
+
 if TYPE_CHECKING:
     from plugins.records import PluginRecord
 
@@ -38,7 +40,10 @@ async def generate(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]
         messages = _prompt_messages(args.get("prompt"))
     except ValueError as exc:
         return {"success": False, "response": "", "reasoning": "", "model_name": "", "error": str(exc)}
-    result = await llm.complete(purpose=f"plugin:{record.plugin_id}"[:32], messages=messages)
+    # The sync client in a worker thread: the caller (a planner tool or command waiting on this plugin)
+    # may hold asgiref's thread-sensitive executor, which the async client's ledger writes would need.
+    purpose = f"plugin:{record.plugin_id}"[:32]
+    result = await db(lambda: llm.complete_sync(purpose=purpose, messages=messages))
     payload = {
         "success": result.ok,
         "response": result.content,

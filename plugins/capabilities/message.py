@@ -21,15 +21,15 @@ async def get_recent(record: PluginRecord, args: dict[str, Any]) -> dict[str, An
     try:
         limit = int(args.get("limit", 10))
     except (TypeError, ValueError):
-        return {"success": False, "messages": [], "error": "limit must be an integer"}
+        return {"success": False, "error": "limit must be an integer"}
     limit = max(1, min(limit, MAX_RECENT))
     if not stream_id:
-        return {"success": False, "messages": [], "error": "message.get_recent needs chat_id"}
+        return {"success": False, "error": "message.get_recent needs chat_id"}
 
     def read() -> dict[str, Any]:
         session = session_of(stream_id)
         if session is None:
-            return {"success": False, "messages": [], "error": f"there is no chat with stream_id {stream_id}"}
+            return {"success": False, "error": f"there is no chat with stream_id {stream_id}"}
         rows = session.messages.order_by("-time", "-pk")
         if args.get("filter_mai"):
             rows = rows.exclude(direction="out")
@@ -45,7 +45,7 @@ async def get_by_id(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any
     message_id = str(args.get("message_id") or args.get("msg_id") or "").strip()[:128]
     stream_id = stream_id_of(args, "chat_id", "stream_id")
     if not message_id:
-        return {"success": False, "message": None, "error": "message.get_by_id needs message_id"}
+        return {"success": False, "error": "message.get_by_id needs message_id"}
 
     def read() -> dict[str, Any]:
         rows = Message.objects.select_related("session")
@@ -86,24 +86,24 @@ async def get_by_time_in_chat(record: PluginRecord, args: dict[str, Any]) -> dic
     filter_mai leaves the bot's own messages out."""
     stream_id = stream_id_of(args, "chat_id", "stream_id")
     if not stream_id:
-        return {"success": False, "messages": [], "error": "message.get_by_time_in_chat needs chat_id"}
+        return {"success": False, "error": "message.get_by_time_in_chat needs chat_id"}
     try:
         start = instant(args.get("start_time"), "start_time")
         end = instant(args.get("end_time"), "end_time")
         limit = int(args.get("limit") or 0)
     except (TypeError, ValueError) as exc:
-        return {"success": False, "messages": [], "error": str(exc)}
+        return {"success": False, "error": str(exc)}
     if limit < 0:
-        return {"success": False, "messages": [], "error": "limit must not be negative"}
+        return {"success": False, "error": "limit must not be negative"}
     limit = min(limit or MAX_BY_TIME, MAX_BY_TIME)
     mode = str(args.get("limit_mode") or "latest")
     if mode not in ("latest", "earliest"):
-        return {"success": False, "messages": [], "error": "limit_mode is latest or earliest"}
+        return {"success": False, "error": "limit_mode is latest or earliest"}
 
     def read() -> dict[str, Any]:
         session = session_of(stream_id)
         if session is None:
-            return {"success": False, "messages": [], "error": f"there is no chat with stream_id {stream_id}"}
+            return {"success": False, "error": f"there is no chat with stream_id {stream_id}"}
         rows = session.messages.filter(time__gte=start, time__lte=end)
         if args.get("filter_mai"):
             rows = rows.exclude(direction="out")
