@@ -363,3 +363,17 @@ def test_render_html2png_with_real_chromium_is_bounded(allcaps):
         html = kwargs.pop("html")
         raw = host.run(ctx.render.html2png(html, **kwargs), 60)
         assert raw["success"] is False and problem in raw["error"], raw
+
+
+def test_the_twenty_most_declared_capabilities_of_the_public_index_are_answered():
+    # bench/data/plugin_index_manifests.json: manifest fields of MaiBot's public plugin index (a
+    # snapshot; bench/plugin_index.py prints the figures).
+    import json
+    from collections import Counter
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "data" / "plugin_index_manifests.json"
+    manifests = [e["manifest"] for e in json.loads(path.read_text())["entries"]]
+    declared = Counter(c for m in manifests if m.get("manifest_version") == 2 for c in set(m["capabilities"]))
+    top = [c for c, _ in declared.most_common(20)]
+    assert set(top) == TWENTY
+    assert set(top) <= SUPPORTED
