@@ -44,6 +44,7 @@ MAX_RENDER_TIMEOUT_MS = 60_000
 MAX_STATIC_WAIT_MS = 10_000
 NETWORK_IDLE_SETTLE = 0.5  # seconds after load that wait_until "networkidle" waits
 CONCURRENT_RENDERS = 2
+START_MARGIN = 5.0  # seconds a render may take beyond its render_timeout_ms: the browser starting
 WAIT_UNTIL = ("load", "domcontentloaded", "networkidle", "commit")
 CHROMIUM_ARGS = [
     "--headless",
@@ -381,7 +382,7 @@ async def html2png(record: PluginRecord | None, args: dict[str, Any]) -> dict[st
     async with _gate_for_loop():
         try:
             # Start, load and shoot within the render's time, plus a margin for the browser's start.
-            png = await asyncio.wait_for(_render(req), req["timeout_ms"] / 1000 + 10)
+            png = await asyncio.wait_for(_render(req), req["timeout_ms"] / 1000 + START_MARGIN)
         except (RenderArgError, RenderError) as exc:
             return {"success": False, "error": str(exc)[:500]}
         except TimeoutError:
