@@ -6,6 +6,7 @@ through a live server and the real maim_message client is in test_capabilities_l
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import shutil
 import struct
@@ -23,7 +24,7 @@ from maibot.config import get_config
 from plugins.capabilities import SUPPORTED, maisaka
 from plugins.capabilities.common import MAX_MEDIA_BYTES
 from plugins.host import PluginHost, PluginState
-from tests.chat.planner_helpers import inbound_store
+from tests.chat.planner_helpers import fake_llm_fixture, inbound_store, runtimes_fixture  # noqa: F401
 from tests.conftest import require_chromium
 from tests.fake_llm import FakeLLM
 
@@ -377,3 +378,48 @@ def test_the_twenty_most_declared_capabilities_of_the_public_index_are_answered(
     top = [c for c, _ in declared.most_common(20)]
     assert set(top) == TWENTY
     assert set(top) <= SUPPORTED
+
+
+async def test_proactive_trigger_gives_the_chat_a_planner_turn_live_or_not(allcaps, fake_llm, runtimes, make_session):
+    from asgiref.sync import sync_to_async
+
+    from chat.models import PlannerCycle
+    from tests.chat.planner_helpers import say, settled
+    from tests.conftest import wait_for_async
+
+    host, ctx = allcaps
+    live = await sync_to_async(make_session)(user_id="5151")
+    idle = await sync_to_async(make_session)(user_id="6161")
+    await sync_to_async(inbound_store)(session=idle, text="an old message, already answered")
+    fake_llm.default = lambda body: fake_llm.tool_call("no_reply", {"reason": "nothing to add"})
+    await say(live, "hello")  # binds the process's runtimes to this loop; live's runtime starts
+    await settled(runtimes, live)
+    assert runtimes.get(idle.pk) is None
+
+    async def trigger(session, intent: str) -> dict:
+        return await asyncio.to_thread(host.run, ctx.maisaka.proactive.trigger(session.session_id, intent), 10)
+
+    fake_llm.script(
+        fake_llm.tool_call("reply", {"text": "Teal, then."}), fake_llm.tool_call("reply", {"text": "Hi again!"})
+    )
+    assert (await trigger(live, "suggest a colour"))["success"] is True
+    assert (await trigger(idle, "say hi again"))["success"] is True
+
+    async def proactive_cycles() -> list:
+        rows = PlannerCycle.objects.filter(trigger="proactive", ended_at__isnull=False)
+        return [c async for c in rows.order_by("pk")]
+
+    found = []
+
+    async def two() -> bool:
+        found[:] = await proactive_cycles()
+        return len(found) == 2
+
+    await wait_for_async(two, timeout=30, what="a proactive turn in each chat")
+    assert {c.session_id for c in found} == {live.pk, idle.pk}
+    prompts = [r["messages"][1]["content"] for r in fake_llm.requests[-2:]]
+    assert all("a plugin asked you to take a turn" in p for p in prompts)
+    assert any(f"plugin {ALLCAPS} asks you to act: suggest a colour" in p for p in prompts)
+    assert any(f"plugin {ALLCAPS} asks you to act: say hi again" in p for p in prompts)
+    # The idle chat's runtime started with its old message taken as seen: no cycle about it.
+    assert await PlannerCycle.objects.filter(session=idle).acount() == 1
