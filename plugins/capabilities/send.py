@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from plugins.records import PluginRecord
 
 # How long a send with return_details waits for the adapter's echo (the platform's message id).
-DETAILS_WAIT = 5.0
+DETAILS_WAIT = 10.0
 DETAILS_POLL = 0.1
 
 
