@@ -39,6 +39,7 @@ Capability = Callable[["PluginRecord", dict[str, Any]], Awaitable[Any]]
 IMPLEMENTATIONS: dict[str, Capability] = {
     "send.text": send.send_text,
     "send.image": send.send_image,
+    "send.emoji": send.send_emoji,
     "send.custom": send.send_custom,
     "send.forward": send.send_forward,
     "send.hybrid": send.send_hybrid,
@@ -48,6 +49,7 @@ IMPLEMENTATIONS: dict[str, Capability] = {
     "message.get_recent": message.get_recent,
     "message.get_by_id": message.get_by_id,
     "message.get_by_time_in_chat": message.get_by_time_in_chat,
+    "message.build_readable": message.build_readable,
     "chat.get_all_streams": chat.get_all_streams,
     "chat.get_group_streams": chat.get_group_streams,
     "chat.get_private_streams": chat.get_private_streams,

@@ -114,3 +114,83 @@ async def get_by_time_in_chat(record: PluginRecord, args: dict[str, Any]) -> dic
         return {"success": True, "messages": [message(m, session) for m in found]}
 
     return await db(read)
+
+
+def _when(timestamp: float, mode: str, now: float, tz) -> str:
+    # MaiBot's modes: normal, normal_no_ymd, relative (Chinese, as its prompts are).
+    if mode == "normal":
+        return datetime.fromtimestamp(timestamp, tz).strftime("%Y-%m-%d %H:%M:%S")
+    if mode == "normal_no_ymd":
+        return datetime.fromtimestamp(timestamp, tz).strftime("%H:%M:%S")
+    ago = now - timestamp
+    if ago < 20:
+        return "刚刚"
+    if ago < 60:
+        return f"{int(ago)}秒前"
+    if ago < 3600:
+        return f"{int(ago // 60)}分钟前"
+    if ago < 86400:
+        return f"{int(ago // 3600)}小时前"
+    if ago < 2592000:
+        return f"{int(ago // 86400)}天前"
+    return datetime.fromtimestamp(timestamp, tz).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def readable(messages: list[dict[str, Any]], *, replace_bot_name: bool, mode: str, truncate: bool) -> str:
+    """Messages as MaiBot's build_readable writes them: `[when] name说：text`, one per line (the bot's
+    nickname in the text becomes 你)."""
+    import time
+
+    from maibot.config import get_config
+
+    cfg = get_config()
+    now = time.time()
+    lines = []
+    for m in messages:
+        text = str(m.get("processed_plain_text") or "").strip()
+        if replace_bot_name and cfg.bot.nickname:
+            text = text.replace(cfg.bot.nickname, "你")
+        user = ((m.get("message_info") or {}).get("user_info")) or {}
+        if m.get("is_bot_message"):
+            name = cfg.bot.nickname
+        else:
+            name = user.get("user_cardname") or user.get("user_nickname") or user.get("user_id") or "?"
+        prefix = []
+        if mode:
+            try:
+                timestamp = float(m.get("timestamp") or 0)
+            except (TypeError, ValueError):
+                timestamp = 0.0
+            prefix.append(f"[{_when(timestamp, mode, now, cfg.tzinfo)}]")
+        prefix.append(f"{name}说：")
+        line = " ".join(prefix) + text
+        if truncate and len(line) > 200:
+            line = f"{line[:200]}......（内容太长了）"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+async def build_readable(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
+    """The readable text of messages the plugin passes (as message.* returned them), or of a chat's
+    messages between start_time and end_time."""
+    mode = str(args.get("timestamp_mode") or "relative").lower()
+    if mode not in ("relative", "normal", "normal_no_ymd"):
+        return {"success": False, "error": "timestamp_mode is relative, normal or normal_no_ymd"}
+    options = {
+        "replace_bot_name": bool(args.get("replace_bot_name", True)),
+        "mode": mode,
+        "truncate": bool(args.get("truncate", False)),
+    }
+    messages = args.get("messages")
+    if messages is None:
+        if not stream_id_of(args, "chat_id", "stream_id"):
+            return {"success": False, "error": "message.build_readable needs messages or chat_id"}
+        found = await get_by_time_in_chat(record, {"start_time": 0, "end_time": 4102444800, **args})
+        if not found.get("success"):
+            return found
+        messages = found["messages"]
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        return {"success": False, "error": "messages must be a list of messages (as message.* returned them)"}
+    if len(messages) > MAX_BY_TIME:
+        return {"success": False, "error": f"at most {MAX_BY_TIME} messages"}
+    return {"success": True, "text": readable(messages, **options)}

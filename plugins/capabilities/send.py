@@ -124,6 +124,15 @@ async def send_image(record: PluginRecord, args: dict[str, Any]) -> dict[str, An
     return await _send(record, "send.image", args, build)
 
 
+async def send_emoji(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
+    encoded = args.get("emoji_base64")
+
+    def build(session):
+        return [media_segment("emoji", encoded, "emoji_base64")], "[emoji]"
+
+    return await _send(record, "send.emoji", args, build)
+
+
 def _processed_text(args: dict[str, Any], fallback: str) -> str:
     text = args.get("processed_plain_text")
     if isinstance(text, str) and text.strip() and not text_problem(text):

@@ -423,3 +423,26 @@ async def test_proactive_trigger_gives_the_chat_a_planner_turn_live_or_not(allca
     assert any(f"plugin {ALLCAPS} asks you to act: say hi again" in p for p in prompts)
     # The idle chat's runtime started with its old message taken as seen: no cycle about it.
     assert await PlannerCycle.objects.filter(session=idle).acount() == 1
+
+
+def test_send_emoji_and_build_readable_beyond_the_twenty(allcaps, make_session):
+    host, ctx = allcaps
+    session = make_session(user_id="8080", user_nickname="Alice")
+    sid = session.session_id
+    # Declared by the manifest's neighbours in the index; called here through the raw capability call.
+    record = host.records[ALLCAPS]
+    record.manifest.capabilities.extend(["send.emoji", "message.build_readable"])
+    assert host.run(ctx.send.emoji(PNG64, sid), 10) is True
+    (sent,) = outbound()
+    assert sent.segments[0]["type"] == "emoji" and sent.text == "[emoji]"
+    frame, _ = adapter_envelope(sent, session, ["text", "emoji"])
+    assert frame["message_segment"]["data"] == [{"type": "emoji", "data": PNG64}]
+
+    inbound_store(session=session, text="麦麦, what is teal?", sender_nickname="Alice")
+    messages = host.run(ctx.message.get_recent(sid, limit=5), 10)
+    text = host.run(ctx.message.build_readable(messages, timestamp_mode="relative"), 10)
+    assert text.splitlines() == ["[刚刚] 麦麦说：[emoji]", "[刚刚] Alice说：你, what is teal?"]
+    by_chat = host.run(ctx.call_capability("message.build_readable", chat_id=sid, timestamp_mode="normal_no_ymd"), 10)
+    assert len(by_chat.splitlines()) == 2 and by_chat.splitlines()[1].endswith("Alice说：你, what is teal?")
+    bad = host.run(ctx.message.build_readable("not a list"), 10)
+    assert bad["success"] is False and "must be a list" in bad["error"]
