@@ -334,6 +334,7 @@ def test_pending_plugin_context_is_bounded_and_expires():
     assert maisaka.take("s-old", now=maisaka.ENTRY_TTL + 1) == []
 
 
+@pytest.mark.browser
 def test_render_html2png_with_real_chromium_is_bounded(allcaps):
     require_chromium()
     host, ctx = allcaps

@@ -26,7 +26,7 @@ from tests.conftest import require_chromium, wait_for_async
 from tests.fake_llm import FakeLLM
 from tests.plugins.test_capabilities import ALLCAPS, FIXTURE
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live, pytest.mark.long, pytest.mark.browser]
 
 TOKEN = "allcaps-token"
 ACCEPT = ["text", "image", "emoji", "reply", "forward", "music", "command"]
