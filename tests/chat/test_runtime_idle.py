@@ -1,0 +1,106 @@
+"""What an idle session runtime costs (issue #18: 10,000 live runtimes in one process): no planner task,
+one timer for its next timed event, two tasks in all (its consumer and the consumer's channel receive);
+and the cap's eviction by recent activity. Offline mode (the tests' default config): no model needed."""
+
+import asyncio
+
+import pytest
+
+from chat import runtime as runtime_module
+from chat.models import PlannerCycle
+from maibot import config
+from tests.chat.planner_helpers import runtimes_fixture, say  # noqa: F401
+from tests.conftest import wait_for_async
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+IDLE = {"debounce_seconds": 0.05, "idle_evict_seconds": 600}
+
+
+async def answered(session, n: int = 1) -> None:
+    async def check() -> bool:
+        return await PlannerCycle.objects.filter(session=session, ended_at__isnull=False).acount() >= n
+
+    await wait_for_async(check, what=f"{n} offline answer(s) in session {session.pk}")
+
+
+async def idle(runtimes, session):
+    """The session's runtime once its work is over."""
+
+    async def check() -> bool:
+        runtime = runtimes.get(session.pk)
+        return runtime is not None and runtime.planner_task is None
+
+    await wait_for_async(check, what=f"the runtime of session {session.pk} to be idle")
+    return runtimes.get(session.pk)
+
+
+def planner_tasks(session_pk: int) -> list[asyncio.Task]:
+    return [t for t in asyncio.all_tasks() if t.get_name() == f"planner-work-{session_pk}"]
+
+
+async def test_an_idle_runtime_holds_no_planner_task_only_a_timer_for_its_next_event(runtimes, make_session):
+    session = await asyncio.to_thread(make_session)
+    with config.override(chat=IDLE):
+        await say(session, "hello")
+        await answered(session)
+        runtime = await idle(runtimes, session)
+        assert planner_tasks(session.pk) == [] and runtime.session is None  # the row is not held either
+        # One timer: idle eviction, the earliest of its timed events (the group rejoin is an hour away).
+        assert runtime.timer is not None and not runtime.timer.cancelled()
+        assert runtime.timer.when() == pytest.approx(runtime.last_activity + 600)
+
+        # News starts the work again; afterwards the runtime is idle again with a fresh timer.
+        await say(session, "again")
+        await answered(session, 2)
+        again = await idle(runtimes, session)
+        assert again is runtime and planner_tasks(session.pk) == []
+        assert runtime.timer.when() == pytest.approx(runtime.last_activity + 600)
+
+
+async def test_idle_runtimes_cost_two_tasks_each(runtimes, make_session):
+    sessions = [await asyncio.to_thread(make_session) for _ in range(20)]
+    with config.override(chat=IDLE):
+        before = len(asyncio.all_tasks())
+        for session in sessions:
+            await say(session, "hello")
+        for session in sessions:
+            await answered(session)
+            await idle(runtimes, session)
+        # Each: its consumer (Channels' dispatch loop) and that loop's wait on its channel; the registry's
+        # receive is a bare future, the timers are handles, the planner work has ended.
+        assert len(asyncio.all_tasks()) - before <= 2 * len(sessions)
+        assert len(runtimes.runtimes) == 20
+
+
+async def test_the_rejoin_is_a_timer_and_the_runtime_stays_idle(runtimes, make_session, monkeypatch):
+    session = await asyncio.to_thread(make_session)
+    monkeypatch.setattr(runtime_module, "REJOIN_SECONDS", 0.3)
+    with config.override(chat=IDLE):
+        await say(session, "hello")
+        await answered(session)
+        runtime = await idle(runtimes, session)
+        joined = runtime.joined_at
+
+        async def rejoined() -> bool:
+            return runtime.joined_at > joined
+
+        await wait_for_async(rejoined, what="the hourly group rejoin (shortened)")
+        assert runtimes.get(session.pk) is runtime and runtime.planner_task is None
+        assert runtime.timer is not None  # armed again for the next one
+
+
+async def test_the_cap_stops_the_least_recently_active_not_the_first_started(runtimes, make_session):
+    a, b, c = [await asyncio.to_thread(make_session) for _ in range(3)]
+    with config.override(chat={**IDLE, "max_runtimes": 2}):
+        for session in (a, b):
+            await say(session, "hello")
+            await answered(session)
+            await idle(runtimes, session)
+        await say(a, "me again")  # a was started first but is now the most recently active
+        await answered(a, 2)
+        await idle(runtimes, a)
+        await say(c, "hello")
+        await answered(c)
+        assert runtimes.get(b.pk) is None
+        assert runtimes.get(a.pk) is not None and runtimes.get(c.pk) is not None
