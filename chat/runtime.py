@@ -31,9 +31,10 @@ runtimes cost no CPU and about 10 KB each (bench/sessions.py measures 10,000).
 The registry holds at most `chat.max_runtimes` runtimes, ordered by recent activity: making room stops
 the least recently active idle one (or, if all are busy, the least recently active). A runtime idle for
 `chat.idle_evict_seconds` stops itself (the value in force when it went idle); the next message starts
-a fresh one, which first observes the messages of that signal. Shutdown stops every runtime and waits for it (a cycle cut short is still
-recorded, marked cancelled): under daphne this is hooked to the reactor's "before shutdown" trigger
-(`maibot.process.call_before_server_shutdown`); elsewhere call `await registry.shutdown()`.
+a fresh one, which first observes the messages of that signal. Shutdown stops every runtime and waits
+for it (a cycle cut short is still recorded, marked cancelled): under daphne this is hooked to the
+reactor's "before shutdown" trigger (`maibot.process.call_before_server_shutdown`); elsewhere call
+`await registry.shutdown()`.
 """
 
 from __future__ import annotations
