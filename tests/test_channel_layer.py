@@ -4,6 +4,7 @@ import asyncio
 import os
 
 import pytest
+from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 
 from maibot.channel_layers import SweepingInMemoryChannelLayer
@@ -56,3 +57,32 @@ def test_the_configured_layer_is_a_working_channel_layer():
         return message
 
     assert asyncio.run(roundtrip()) == {"type": "hello"}
+
+
+def test_a_channel_keeps_order_and_capacity():
+    layer = SweepingInMemoryChannelLayer(capacity=2)
+
+    async def run():
+        await layer.send("specific.test!q", {"type": "one"})
+        await layer.send("specific.test!q", {"type": "two"})
+        with pytest.raises(ChannelFull):
+            await layer.send("specific.test!q", {"type": "three"})
+        got = [await layer.receive("specific.test!q"), await layer.receive("specific.test!q")]
+        assert got == [{"type": "one"}, {"type": "two"}] and "specific.test!q" not in layer.channels
+
+    asyncio.run(run())
+
+
+def test_a_cancelled_receiver_hands_its_message_to_the_next():
+    layer = SweepingInMemoryChannelLayer()
+
+    async def run():
+        first = asyncio.ensure_future(layer.receive("specific.test!w"))
+        second = asyncio.ensure_future(layer.receive("specific.test!w"))
+        await asyncio.sleep(0)
+        await layer.send("specific.test!w", {"type": "only"})  # wakes the first receiver...
+        first.cancel()  # ...which is cancelled before it runs
+        assert await second == {"type": "only"}
+        assert first.cancelled()
+
+    asyncio.run(run())
