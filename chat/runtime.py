@@ -140,11 +140,16 @@ class _Observed:
     messages: list[Message]
     bot_message_ids: set[str]
     bot_account: str = ""
+    session: ChatSession | None = None
 
 
-def observe(*, session_pk: int, after_pk: int, platform: str = "") -> _Observed:
+def observe(*, session_pk: int, after_pk: int, platform: str = "", load_session: bool = False) -> _Observed:
     """Inbound messages of a session stored after `after_pk`, which quoted ids are the bot's own, and the
-    bot's account on the session's platform."""
+    bot's account on the session's platform; with `load_session`, the session row too (in the same trip
+    to the database thread: an idle runtime does not hold it). ChatSession.DoesNotExist if it is gone."""
+    session = ChatSession.objects.get(pk=session_pk) if load_session else None
+    if session is not None:
+        platform = session.platform
     messages = list(
         Message.objects.filter(session_id=session_pk, direction=Direction.IN, pk__gt=after_pk).order_by("pk")
     )
@@ -157,7 +162,10 @@ def observe(*, session_pk: int, after_pk: int, platform: str = "") -> _Observed:
             ).values_list("platform_message_id", flat=True)
         )
     return _Observed(
-        messages=messages, bot_message_ids=own, bot_account=bot_account(platform) if messages and platform else ""
+        messages=messages,
+        bot_message_ids=own,
+        bot_account=bot_account(platform) if messages and platform else "",
+        session=session,
     )
 
 
@@ -396,15 +404,13 @@ class SessionRuntime(AsyncConsumer):
         """The planner work of one stretch of news: let the burst settle, run the cycle, and again while
         news keeps coming; then the runtime is idle (its timer armed) until the next wake."""
         try:
-            if self.session is None:
-                self.session = await ChatSession.objects.aget(pk=self.session_pk)
             while True:
                 if reason == "message":
                     await self._debounce()
                 try:
                     await self._cycle(reason)
-                except asyncio.CancelledError:
-                    raise
+                except (asyncio.CancelledError, ChatSession.DoesNotExist):
+                    raise  # a deleted session ends its runtime (below)
                 except Exception:
                     # The loop goes on: one broken cycle (a lost DB connection, a bug) must not
                     # silence the session; a short pause keeps a persistent fault from spinning.
@@ -455,7 +461,10 @@ class SessionRuntime(AsyncConsumer):
             session_pk=self.session_pk,
             after_pk=self.last_seen_pk,
             platform=self.session.platform if self.session else "",
+            load_session=self.session is None,
         )
+        if seen.session is not None:
+            self.session = seen.session
         if seen.messages:
             self.last_seen_pk = seen.messages[-1].pk
         return seen

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from chat import runtime as runtime_module
-from chat.models import PlannerCycle
+from chat.models import ChatSession, PlannerCycle
 from maibot import config
 from tests.chat.planner_helpers import runtimes_fixture, say  # noqa: F401
 from tests.conftest import wait_for_async
@@ -104,3 +104,18 @@ async def test_the_cap_stops_the_least_recently_active_not_the_first_started(run
         await answered(c)
         assert runtimes.get(b.pk) is None
         assert runtimes.get(a.pk) is not None and runtimes.get(c.pk) is not None
+
+
+async def test_a_runtime_whose_session_was_deleted_ends_at_its_next_wake(runtimes, make_session):
+    session = await asyncio.to_thread(make_session)
+    with config.override(chat=IDLE):
+        await say(session, "hello")
+        await answered(session)
+        runtime = await idle(runtimes, session)  # it holds no session row while idle
+        await ChatSession.objects.filter(pk=session.pk).adelete()
+        await runtime_module.wake_session(session.pk)
+
+        async def ended() -> bool:
+            return runtimes.get(session.pk) is None and runtime.task.done()
+
+        await wait_for_async(ended, what="the runtime of the deleted session to end")
