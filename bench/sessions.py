@@ -191,6 +191,13 @@ async def run(args, base: str, pid: int, cookie: str, debounce: float) -> None:
         f"max {max(lat):.0f} ms; target <= debounce {debounce:g} s + 1 s = {target:.0f} ms: "
         f"{'met' if slow == 0 else f'NOT met ({slow} replies slower)'}"
     )
+    # Does a reply get slower as more runtimes are alive? Latency by arrival order, in fifths.
+    fifth = max(1, len(lat) // 5)
+    slices = [lat[i : i + fifth] for i in range(0, fifth * 5, fifth)]
+    print(
+        "          by arrival order (fifths, p50/p99 ms): "
+        + ", ".join(f"{pct(part, 0.5):.0f}/{pct(part, 0.99):.0f}" for part in slices if part)
+    )
     # Let every runtime finish its cycle (the reply is sent before the cycle record closes).
     await asyncio.sleep(2)
     rss_after = rss_mb(pid)
