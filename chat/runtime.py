@@ -25,7 +25,8 @@ a never-ending stream), observes the inbound messages stored since its last cycl
 nothing is missed when wakes coalesce), decides whether this is worth a cycle (the planner has the
 rule) and runs it, again while news keeps coming; then it ends. An idle runtime holds no planner task
 and no session row: its consumer waits on its channel and one timer (`loop.call_at`) waits for its next
-timed event (the one look after a silent private turn, the hourly rejoin, idle eviction), so sleeping
+timed event (the one look after a silent private turn, letting its history cache go after
+`HISTORY_KEEP_SECONDS` of quiet, the hourly rejoin, idle eviction), so sleeping
 runtimes cost no CPU and about 10 KB each (bench/sessions.py measures 10,000).
 
 The registry holds at most `chat.max_runtimes` runtimes, ordered by recent activity: making room stops
@@ -68,6 +69,9 @@ START = "session.start"
 STOP = "session.stop"
 # Group memberships expire (both layers default to a day): a long-lived runtime joins again hourly.
 REJOIN_SECONDS = 3600.0
+# A runtime quiet this long lets its history cache go (the next cycle reads the window again, one query):
+# a lively chat keeps it, 10,000 quiet ones do not hold 10,000 windows of messages and cycle records.
+HISTORY_KEEP_SECONDS = 300.0
 
 
 def session_group(session_pk: int) -> str:
@@ -377,6 +381,8 @@ class SessionRuntime(AsyncConsumer):
             at = min(at, self.relook_at)
         if self.joined_at is not None:
             at = min(at, self.joined_at + REJOIN_SECONDS)
+        if self.history is not None:
+            at = min(at, self.last_activity + HISTORY_KEEP_SECONDS)
         self.timer = self.loop.call_at(at, self._on_timer)
 
     def _on_timer(self) -> None:
@@ -398,6 +404,8 @@ class SessionRuntime(AsyncConsumer):
             # Group memberships expire: join again (a failed join is tried again an hour later).
             self.joined_at = now
             self.registry._spawn(self._join())
+        if self.history is not None and now >= self.last_activity + HISTORY_KEEP_SECONDS:
+            self.history = None
         self._arm()
 
     async def run(self, reason: str) -> None:

@@ -12,7 +12,7 @@ from channels_redis.core import RedisChannelLayer
 from chat import runtime as runtime_module
 from chat.models import ChatSession, PlannerCycle
 from maibot import config
-from tests.chat.planner_helpers import runtimes_fixture, say  # noqa: F401
+from tests.chat.planner_helpers import fake_llm_fixture, runtimes_fixture, say  # noqa: F401
 from tests.conftest import wait_for_async
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -125,3 +125,25 @@ async def test_a_runtime_whose_session_was_deleted_ends_at_its_next_wake(runtime
             return runtimes.get(session.pk) is None and runtime.task.done()
 
         await wait_for_async(ended, what="the runtime of the deleted session to end")
+
+
+async def test_a_quiet_runtime_lets_its_history_cache_go_and_reads_the_window_again(
+    fake_llm, runtimes, make_session, monkeypatch
+):
+    session = await asyncio.to_thread(make_session, user_nickname="Alice")
+    monkeypatch.setattr(runtime_module, "HISTORY_KEEP_SECONDS", 0.3)
+    fake_llm.default = lambda body: fake_llm.tool_call("reply", {"text": "noted"})
+    await say(session, "my cat is called Miso")
+    await answered(session)
+    runtime = await idle(runtimes, session)
+    assert runtime.history is not None  # kept while the chat is lively
+
+    async def released() -> bool:
+        return runtime.history is None
+
+    await wait_for_async(released, what="the quiet runtime to let its history cache go")
+    assert runtimes.get(session.pk) is runtime and runtime.timer is not None  # still alive, still armed
+    await say(session, "what is my cat called?")
+    await answered(session, 2)
+    prompt = fake_llm.requests[1]["messages"][1]["content"]
+    assert "Alice: my cat is called Miso" in prompt and "noted" in prompt  # the window, read again
