@@ -229,6 +229,7 @@ class SessionRuntime(AsyncConsumer):
     __slots__ = (
         "_news",
         "_quiet",
+        "_requested",
         "_started",
         "backlog",
         "busy",
@@ -278,6 +279,9 @@ class SessionRuntime(AsyncConsumer):
         self.timer: asyncio.TimerHandle | None = None  # the next timed event while idle
         self._started = False
         self._news = False
+        # A wake for another reason than news (e.g. "proactive": a plugin asked for a turn): the next
+        # cycle runs with it as its trigger even when nothing new was said.
+        self._requested: str | None = None
         self._quiet: asyncio.Future | None = None  # the debounce's pause, ended early by news
 
     @property
@@ -413,6 +417,8 @@ class SessionRuntime(AsyncConsumer):
         news keeps coming; then the runtime is idle (its timer armed) until the next wake."""
         try:
             while True:
+                if self._requested is not None:
+                    reason, self._requested = self._requested, None
                 if reason == "message":
                     await self._debounce()
                 try:
@@ -430,7 +436,7 @@ class SessionRuntime(AsyncConsumer):
                     self.last_activity = self.loop.time()
                     self.registry._touch(self)
                     self.decided_pk = self.last_seen_pk
-                if not self._news or self.closed:
+                if self.closed or (not self._news and self._requested is None):
                     # Idle again: the session row is read afresh by the next stretch of work (one query),
                     # not held by 10,000 sleeping runtimes.
                     self.session = None
