@@ -103,7 +103,7 @@ bench: venv-dev
 	$(BIN)/python bench/plugins.py
 	$(BIN)/python bench/plugin_runner.py
 	$(BIN)/python bench/due_query.py
-	$(BIN)/python bench/plugin_index.py
+	$(BIN)/python bench/sessions.py
 
 clean:
 	rm -rf .test-data .test-data-pg build dist *.egg-info

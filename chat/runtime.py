@@ -19,18 +19,23 @@ gateway sends `chat.services.inbound_stored` after storing inbound messages; the
 them to the registry's event loop with `call_soon_threadsafe` (whatever thread or loop the signal is
 sent from), which starts the session's runtime or wakes the live one through the channel layer.
 
-A runtime's planner loop (a task beside Channels' dispatch loop, so wakes are still dispatched while a
-cycle thinks) waits for news, lets a burst settle (`chat.debounce_seconds`, at most 5× that for a
-never-ending stream), observes the inbound messages stored since its last cycle (by primary key, so
+A runtime's planner work (a task beside Channels' dispatch loop, so wakes are still dispatched while a
+cycle thinks) starts with news: it lets the burst settle (`chat.debounce_seconds`, at most 5× that for
+a never-ending stream), observes the inbound messages stored since its last cycle (by primary key, so
 nothing is missed when wakes coalesce), decides whether this is worth a cycle (the planner has the
-rule) and runs it; then waits again.
+rule) and runs it, again while news keeps coming; then it ends. An idle runtime holds no planner task
+and no session row: its consumer waits on its channel and one timer (`loop.call_at`) waits for its next
+timed event (the one look after a silent private turn, letting its history cache go after
+`HISTORY_KEEP_SECONDS` of quiet, the hourly rejoin, idle eviction), so sleeping
+runtimes cost no CPU and about 10 KB each (bench/sessions.py measures 10,000).
 
-The registry holds at most `chat.max_runtimes` runtimes: making room stops the least recently active
-idle one (or, if all are busy, the least recently active). A runtime idle for
-`chat.idle_evict_seconds` stops itself; the next message starts a fresh one, which first observes the
-messages of that signal. Shutdown stops every runtime and waits for it (a cycle cut short is still
-recorded, marked cancelled): under daphne this is hooked to the reactor's "before shutdown" trigger
-(`maibot.process.call_before_server_shutdown`); elsewhere call `await registry.shutdown()`.
+The registry holds at most `chat.max_runtimes` runtimes, ordered by recent activity: making room stops
+the least recently active idle one (or, if all are busy, the least recently active). A runtime idle for
+`chat.idle_evict_seconds` stops itself (the value in force when it went idle); the next message starts
+a fresh one, which first observes the messages of that signal. Shutdown stops every runtime and waits
+for it (a cycle cut short is still recorded, marked cancelled): under daphne this is hooked to the
+reactor's "before shutdown" trigger (`maibot.process.call_before_server_shutdown`); elsewhere call
+`await registry.shutdown()`.
 """
 
 from __future__ import annotations
@@ -64,6 +69,9 @@ START = "session.start"
 STOP = "session.stop"
 # Group memberships expire (both layers default to a day): a long-lived runtime joins again hourly.
 REJOIN_SECONDS = 3600.0
+# A runtime quiet this long lets its history cache go (the next cycle reads the window again, one query):
+# a lively chat keeps it, 10,000 quiet ones do not hold 10,000 windows of messages and cycle records.
+HISTORY_KEEP_SECONDS = 300.0
 
 
 def session_group(session_pk: int) -> str:
@@ -136,11 +144,16 @@ class _Observed:
     messages: list[Message]
     bot_message_ids: set[str]
     bot_account: str = ""
+    session: ChatSession | None = None
 
 
-def observe(*, session_pk: int, after_pk: int, platform: str = "") -> _Observed:
+def observe(*, session_pk: int, after_pk: int, platform: str = "", load_session: bool = False) -> _Observed:
     """Inbound messages of a session stored after `after_pk`, which quoted ids are the bot's own, and the
-    bot's account on the session's platform."""
+    bot's account on the session's platform; with `load_session`, the session row too (in the same trip
+    to the database thread: an idle runtime does not hold it). ChatSession.DoesNotExist if it is gone."""
+    session = ChatSession.objects.get(pk=session_pk) if load_session else None
+    if session is not None:
+        platform = session.platform
     messages = list(
         Message.objects.filter(session_id=session_pk, direction=Direction.IN, pk__gt=after_pk).order_by("pk")
     )
@@ -153,7 +166,10 @@ def observe(*, session_pk: int, after_pk: int, platform: str = "") -> _Observed:
             ).values_list("platform_message_id", flat=True)
         )
     return _Observed(
-        messages=messages, bot_message_ids=own, bot_account=bot_account(platform) if messages and platform else ""
+        messages=messages,
+        bot_message_ids=own,
+        bot_account=bot_account(platform) if messages and platform else "",
+        session=session,
     )
 
 
@@ -165,17 +181,80 @@ _blocked = sync_to_async(budget.blocked)
 # --- the runtime consumer ----------------------------------------------------------------------------
 
 
+class _Inbox:
+    """A runtime's receive callable's queue: what the registry sends it (start, the first wake, stop), in
+    order. `get()` returns a future rather than a coroutine, so Channels' dispatch loop waits on it
+    without a task of its own (a runtime's idle cost is counted per 10,000: see bench/sessions.py)."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: list[dict[str, Any]] = []
+        self._waiter: asyncio.Future | None = None
+
+    def put_nowait(self, message: dict[str, Any]) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(message)
+        else:
+            self._items.append(message)
+
+    def get(self) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        if self._items:
+            future.set_result(self._items.pop(0))
+        else:
+            self._waiter = future
+        return future
+
+
+def _settle(future: asyncio.Future, value: str) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
 class SessionRuntime(AsyncConsumer):
     """The runtime of one session: a consumer whose handlers only record news (`session.wake`), join
-    its group and start the planner loop (`session.start`), or stop it (`session.stop`). All its state
-    is touched only on the registry's event loop."""
+    its group (`session.start`), or stop it (`session.stop`). All its state is touched only on the
+    registry's event loop.
+
+    An idle runtime costs one waiting consumer (its channel receive) and one timer handle
+    (`loop.call_at`) for its next timed event: the look after a silent private turn, the hourly group
+    rejoin, idle eviction. Its planner task exists only while there is work: news starts it (debounce,
+    cycle, again while news keeps coming), and it ends when the runtime is idle again."""
 
     handled = frozenset({START, WAKE, STOP})
+    # Slots: 10,000 live runtimes each save the larger instance dict (Channels' own attributes, set in
+    # AsyncConsumer.__call__, still go to the dict).
+    __slots__ = (
+        "_news",
+        "_quiet",
+        "_requested",
+        "_started",
+        "backlog",
+        "busy",
+        "channel_name",
+        "closed",
+        "cycles",
+        "decided_pk",
+        "history",
+        "joined_at",
+        "last_activity",
+        "last_seen_pk",
+        "loop",
+        "planner_task",
+        "registry",
+        "relook_at",
+        "session",
+        "session_pk",
+        "silent_streak",
+        "task",
+        "timer",
+    )
 
     def __init__(self, registry: RuntimeRegistry, session_pk: int) -> None:
         self.registry = registry
         self.session_pk = session_pk
-        self.group = session_group(session_pk)
         self.session: ChatSession | None = None
         self.last_seen_pk = 0
         self.loop = asyncio.get_running_loop()
@@ -191,16 +270,23 @@ class SessionRuntime(AsyncConsumer):
         # consecutive unaddressed cycles that ended silent.
         self.backlog = 0
         self.silent_streak = 0
-        self.history = planner.HistoryCache()
+        # Made by the first model-planned cycle: offline answers and commands need no history.
+        self.history: planner.HistoryCache | None = None
         self.channel_name: str | None = None
         self.joined_at: float | None = None
         self.task: asyncio.Task | None = None  # the consumer itself (set by the registry)
-        self.planner_task: asyncio.Task | None = None
+        self.planner_task: asyncio.Task | None = None  # only while there is work
+        self.timer: asyncio.TimerHandle | None = None  # the next timed event while idle
+        self._started = False
         self._news = False
         # A wake for another reason than news (e.g. "proactive": a plugin asked for a turn): the next
         # cycle runs with it as its trigger even when nothing new was said.
         self._requested: str | None = None
-        self._event = asyncio.Event()
+        self._quiet: asyncio.Future | None = None  # the debounce's pause, ended early by news
+
+    @property
+    def group(self) -> str:
+        return session_group(self.session_pk)
 
     def __repr__(self) -> str:
         return f"<SessionRuntime session={self.session_pk} busy={self.busy} closed={self.closed}>"
@@ -213,8 +299,9 @@ class SessionRuntime(AsyncConsumer):
             await super().__call__(scope, receive, send)
         finally:
             # However the consumer ends (session.stop, cancelled, or its channel receive failing, e.g.
-            # Redis gone), its planner loop ends with it: never a loop the registry no longer knows.
+            # Redis gone), its planner work ends with it: never a loop the registry no longer knows.
             self.closed = True
+            self._disarm()
             if self.planner_task is not None and not self.planner_task.done():
                 self.planner_task.cancel()
                 # asyncio.wait, not await: the loop's cancellation must not cut this cleanup short.
@@ -238,10 +325,11 @@ class SessionRuntime(AsyncConsumer):
 
     # --- handlers ------------------------------------------------------------------------------------
     async def session_start(self, message: dict[str, Any]) -> None:
-        if self.planner_task is not None:
+        if self._started:
             return
+        self._started = True
         await self._join()
-        self.planner_task = asyncio.ensure_future(self.run())
+        self._arm()
 
     async def session_wake(self, message: dict[str, Any]) -> None:
         if not self.closed:
@@ -252,7 +340,7 @@ class SessionRuntime(AsyncConsumer):
 
     async def session_stop(self, message: dict[str, Any]) -> None:
         self.closed = True
-        raise StopConsumer  # __call__ then stops the planner loop and leaves the group
+        raise StopConsumer  # __call__ then stops the planner work and leaves the group
 
     async def _join(self) -> None:
         if self.channel_layer is None:
@@ -264,26 +352,79 @@ class SessionRuntime(AsyncConsumer):
             # The runtime still runs; wakes come through the registry's fallback (see _send_wake).
             logger.exception("planner runtime for session %s could not join its group", self.session_pk)
 
-    # --- the planner loop ------------------------------------------------------------------------------
+    # --- news, timers and the planner work ---------------------------------------------------------------
     def notify(self) -> None:
         self._news = True
         self.last_activity = self.loop.time()
-        self._event.set()
+        self.registry._touch(self)
+        if self.closed:
+            return
+        if self.planner_task is None:
+            self._work_on("message")
+        elif self._quiet is not None:
+            _settle(self._quiet, "news")
 
-    async def run(self) -> None:
+    def _work_on(self, reason: str) -> None:
+        self._disarm()
+        self.planner_task = self.loop.create_task(
+            self.run(reason), name=f"planner-work-{self.session_pk}", context=contextvars.Context()
+        )
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _arm(self) -> None:
+        """One timer for the next timed event of an idle runtime (no task, no polling)."""
+        self._disarm()
+        if self.closed or self.planner_task is not None:
+            return
+        at = self.last_activity + get_config().chat.idle_evict_seconds
+        if self.relook_at is not None:
+            at = min(at, self.relook_at)
+        if self.joined_at is not None:
+            at = min(at, self.joined_at + REJOIN_SECONDS)
+        if self.history is not None:
+            at = min(at, self.last_activity + HISTORY_KEEP_SECONDS)
+        self.timer = self.loop.call_at(at, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        if self.closed or self.planner_task is not None:
+            return
+        now = self.loop.time()
+        if self.relook_at is not None and now >= self.relook_at:
+            self.relook_at = None
+            self._work_on("no_reply_timeout")
+            return
+        if now >= self.last_activity + get_config().chat.idle_evict_seconds:
+            # Synchronous from the check to closing: a wake cannot slip in between.
+            logger.info("planner runtime for session %s idle; stopped", self.session_pk)
+            self.closed = True
+            self.registry._finished(self)
+            return
+        if self.joined_at is not None and now >= self.joined_at + REJOIN_SECONDS:
+            # Group memberships expire: join again (a failed join is tried again an hour later).
+            self.joined_at = now
+            self.registry._spawn(self._join())
+        if self.history is not None and now >= self.last_activity + HISTORY_KEEP_SECONDS:
+            self.history = None
+        self._arm()
+
+    async def run(self, reason: str) -> None:
+        """The planner work of one stretch of news: let the burst settle, run the cycle, and again while
+        news keeps coming; then the runtime is idle (its timer armed) until the next wake."""
         try:
-            self.session = await ChatSession.objects.aget(pk=self.session_pk)
             while True:
-                reason = await self._wait()
-                if reason is None:
-                    logger.info("planner runtime for session %s idle; stopped", self.session_pk)
-                    return
+                if self._requested is not None:
+                    reason, self._requested = self._requested, None
                 if reason == "message":
                     await self._debounce()
                 try:
                     await self._cycle(reason)
-                except asyncio.CancelledError:
-                    raise
+                except (asyncio.CancelledError, ChatSession.DoesNotExist):
+                    raise  # a deleted session ends its runtime (below)
                 except Exception:
                     # The loop goes on: one broken cycle (a lost DB connection, a bug) must not
                     # silence the session; a short pause keeps a persistent fault from spinning.
@@ -293,45 +434,24 @@ class SessionRuntime(AsyncConsumer):
                 finally:
                     self.busy = False
                     self.last_activity = self.loop.time()
+                    self.registry._touch(self)
                     self.decided_pk = self.last_seen_pk
+                if self.closed or (not self._news and self._requested is None):
+                    # Idle again: the session row is read afresh by the next stretch of work (one query),
+                    # not held by 10,000 sleeping runtimes.
+                    self.session = None
+                    return
+                reason = "message"
         except asyncio.CancelledError:
             raise
         except Exception:
             logger.exception("planner runtime for session %s crashed", self.session_pk)
-        finally:
             self.closed = True
             self.registry._finished(self)
-
-    async def _wait(self) -> str | None:
-        """Until news ("message"), the one look after no_reply ("no_reply_timeout"), or idleness (None)."""
-        idle_after = get_config().chat.idle_evict_seconds
-        while True:
-            if self._requested is not None:
-                reason, self._requested = self._requested, None
-                return reason
-            if self._news:
-                return "message"
-            now = self.loop.time()
-            if self.relook_at is not None and now >= self.relook_at:
-                self.relook_at = None
-                return "no_reply_timeout"
-            idle_at = self.last_activity + idle_after
-            if now >= idle_at:
-                # No await between this check and the runtime closing: a wake cannot slip in.
-                self.closed = True
-                return None
-            deadline = min(idle_at, self.relook_at) if self.relook_at is not None else idle_at
-            if self.joined_at is not None:
-                rejoin_at = self.joined_at + REJOIN_SECONDS
-                if now >= rejoin_at:
-                    await self._join()
-                    continue
-                deadline = min(deadline, rejoin_at)
-            self._event.clear()
-            try:
-                await asyncio.wait_for(self._event.wait(), timeout=max(0.0, deadline - now))
-            except TimeoutError:
-                pass
+        finally:
+            if self.planner_task is asyncio.current_task():
+                self.planner_task = None
+                self._arm()
 
     async def _debounce(self) -> None:
         quiet = get_config().chat.debounce_seconds
@@ -339,12 +459,14 @@ class SessionRuntime(AsyncConsumer):
             return
         give_up = self.loop.time() + quiet * 5
         while True:
-            self._event.clear()
+            pause = self._quiet = self.loop.create_future()
+            timer = self.loop.call_later(quiet, _settle, pause, "quiet")
             try:
-                await asyncio.wait_for(self._event.wait(), timeout=quiet)
-            except TimeoutError:
-                return
-            if self.loop.time() >= give_up:
+                outcome = await pause
+            finally:
+                timer.cancel()
+                self._quiet = None
+            if outcome == "quiet" or self.loop.time() >= give_up:
                 return
 
     async def _observe(self) -> _Observed:
@@ -353,7 +475,10 @@ class SessionRuntime(AsyncConsumer):
             session_pk=self.session_pk,
             after_pk=self.last_seen_pk,
             platform=self.session.platform if self.session else "",
+            load_session=self.session is None,
         )
+        if seen.session is not None:
+            self.session = seen.session
         if seen.messages:
             self.last_seen_pk = seen.messages[-1].pk
         return seen
@@ -412,7 +537,8 @@ class SessionRuntime(AsyncConsumer):
                 session=session, new_messages=new_messages, mentioned=mentioned, over_budget=over_budget
             )
             if cycle is not None:
-                self.history.remember_cycle(cycle)
+                if self.history is not None:
+                    self.history.remember_cycle(cycle)
                 self.cycles += 1
             return
         if chat_commands.planner_commands():
@@ -420,7 +546,8 @@ class SessionRuntime(AsyncConsumer):
             self.busy = True
             handled, command_cycle = await chat_commands.run_commands(session=session, new_messages=new_messages)
             if command_cycle is not None:
-                self.history.remember_cycle(command_cycle)
+                if self.history is not None:
+                    self.history.remember_cycle(command_cycle)
                 self.cycles += 1
             if handled:
                 new_messages = [m for m in new_messages if m.pk not in handled]
@@ -437,6 +564,8 @@ class SessionRuntime(AsyncConsumer):
                 if self.backlog < planner.group_bar(talk.talk_frequency(session, cfg=cfg), self.silent_streak):
                     return
         self.busy = True
+        if self.history is None:
+            self.history = planner.HistoryCache()
         trigger = reason if reason != "message" else f"{len(new_messages)} new message(s)"
         result = await planner.run_cycle(
             session=session,
@@ -477,7 +606,7 @@ class RuntimeRegistry:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.runtimes: dict[int, SessionRuntime] = {}
         self.stopping = False
-        self._inboxes: dict[SessionRuntime, asyncio.Queue] = {}  # each runtime's receive
+        self._inboxes: dict[SessionRuntime, _Inbox] = {}  # each runtime's receive
         self._tasks: set[asyncio.Task] = set()  # consumers still running, evicted ones included
         self._sends: set[asyncio.Task] = set()  # wakes on their way through the channel layer
 
@@ -553,7 +682,7 @@ class RuntimeRegistry:
     def _start(self, session_pk: int, last_seen_pk: int) -> SessionRuntime:
         self._make_room()
         runtime = SessionRuntime(self, session_pk)
-        inbox: asyncio.Queue = asyncio.Queue()
+        inbox = _Inbox()
         inbox.put_nowait({"type": START})
         inbox.put_nowait(wake_message("message"))
         self._inboxes[runtime] = inbox
@@ -570,7 +699,11 @@ class RuntimeRegistry:
         return runtime
 
     def _send_wake(self, session_pk: int, reason: str, runtime: SessionRuntime | None) -> None:
-        task = asyncio.ensure_future(self._wake_through_layer(session_pk, reason, runtime))
+        self._spawn(self._wake_through_layer(session_pk, reason, runtime))
+
+    def _spawn(self, coro) -> None:
+        """A short errand on the loop (a wake on its way, a rejoin), cancelled by shutdown."""
+        task = asyncio.ensure_future(coro)
         self._sends.add(task)
         task.add_done_callback(self._sends.discard)
 
@@ -583,12 +716,19 @@ class RuntimeRegistry:
         if not sent and runtime is not None and runtime in self._inboxes:
             self._inboxes[runtime].put_nowait(wake_message(reason))
 
+    def _touch(self, runtime: SessionRuntime) -> None:
+        """Keep `runtimes` ordered from least to most recently active (O(1)): eviction takes the first."""
+        if self.runtimes.get(runtime.session_pk) is runtime:
+            self.runtimes[runtime.session_pk] = self.runtimes.pop(runtime.session_pk)
+
     def _make_room(self) -> None:
         cap = get_config().chat.max_runtimes
         while len(self.runtimes) >= cap:
-            live = list(self.runtimes.values())
-            idle = [r for r in live if not r.busy] or live
-            victim = min(idle, key=lambda r: r.last_activity)
+            # The least recently active idle runtime (only busy ones are skipped), else the least
+            # recently active of all: the order of `runtimes`, kept by _touch.
+            victim = next((r for r in self.runtimes.values() if not r.busy), None)
+            if victim is None:
+                victim = next(iter(self.runtimes.values()))
             logger.info("planner runtime cap (%d) reached: stopping session %s", cap, victim.session_pk)
             self.runtimes.pop(victim.session_pk, None)
             self._stop(victim)

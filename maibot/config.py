@@ -308,7 +308,12 @@ class ChatSection(Section):
         description="If set, only these accounts (platform:USER_ID) may use commands (/list, /cancel, reminders, "
         "plugin commands); others' commands are not run nor planned. Empty: everyone.",
     )
-    max_runtimes: int = Field(500, ge=1, le=100_000, description="At most this many session loops live at once.")
+    max_runtimes: int = Field(
+        10_000,
+        ge=1,
+        le=100_000,
+        description="At most this many session loops live at once (an idle one costs 10-20 KB and no CPU).",
+    )
     idle_evict_seconds: float = Field(
         1800.0,
         gt=0,

@@ -106,7 +106,7 @@ async def test_a_consumer_that_ends_takes_its_planner_loop_with_it(fake_llm, run
     runtime.task.cancel()  # as if its channel receive had failed
 
     async def ended():
-        return runtime.task.done() and runtime.planner_task.done() and runtimes.get(private.pk) is None
+        return runtime.task.done() and runtime.planner_task is None and runtimes.get(private.pk) is None
 
     await wait_for_async(ended, what="the consumer and its loop to end")
     layer = get_channel_layer()
