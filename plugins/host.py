@@ -130,6 +130,8 @@ class PluginHost:
         try:
             return future.result(timeout=timeout)
         except TimeoutError:
+            if future.done():
+                raise  # the call's own timeout (PluginCallTimeout, with its own limit), not this wait's
             future.cancel()
             raise PluginCallTimeout(f"did not finish within {timeout:g}s") from None
 
