@@ -12,3 +12,9 @@ class PluginsConfig(AppConfig):
 
         # What plugins add to a chat (maisaka.context.append, proactive requests) reaches its next prompt.
         maisaka.register_context_block()
+
+        from plugins import host
+        from scheduling.life import loop
+
+        # A cluster worker's first life-loop model turn starts its plugin host (life-loop tools).
+        loop.add_turn_setup("plugins", host.start_for_life_loop)

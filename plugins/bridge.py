@@ -11,6 +11,8 @@
   gets text, stream_id, group_id, platform, user_id, matched_groups, message; it returns
   (success, text, intercept) as in MaiBot. When it intercepts, the message never reaches the planner.
 * Every other component type is listed in the admin and skipped with a note.
+
+A cluster worker's host (`plugins.host.start_for_life_loop`) registers only the tools of scope "life".
 """
 
 from __future__ import annotations
@@ -202,11 +204,27 @@ def _command(host: ComponentHost, record: PluginRecord, component: ComponentInfo
     )
 
 
-def register_components(host: ComponentHost, record: PluginRecord) -> None:
+def register_components(host: ComponentHost, record: PluginRecord, *, life_only: bool = False) -> None:
+    """Register the record's components. `life_only` (a cluster worker's host): only tools offered to
+    the life loop, with scope "life" alone (the worker runs no chat planner, commands or chat events)."""
     for component in record.components:
         kind = component.type
         try:
-            if kind == "TOOL":
+            if life_only:
+                if kind != "TOOL" or LIFE not in tool_scopes(component.metadata):
+                    component.note = "not registered in a cluster worker (life-loop tools only)"
+                    continue
+                if not _TOOL_NAME.fullmatch(component.name):
+                    component.note = "a tool name must be 1–64 letters, digits, _ or -"
+                    continue
+                if registry.registry.get(component.name) is not None:
+                    component.note = f"the tool name {component.name} is already taken"
+                    continue
+                tool = _tool(host, record, component)
+                tool.scopes = frozenset({LIFE})
+                registry.registry.register(tool)
+                host.on_unregister(lambda name=component.name: registry.registry.unregister(name))
+            elif kind == "TOOL":
                 if not _TOOL_NAME.fullmatch(component.name):
                     component.note = "a tool name must be 1–64 letters, digits, _ or -"
                     continue

@@ -74,8 +74,12 @@ def _settings():
 
 
 class PluginHost:
-    def __init__(self, host_version: str = mf.HOST_APPLICATION_VERSION) -> None:
+    """`life_only`: the host of a cluster worker (see `start_for_life_loop`): only plugins that may
+    declare life-loop tools are started, and only their tools of scope "life" are registered."""
+
+    def __init__(self, host_version: str = mf.HOST_APPLICATION_VERSION, *, life_only: bool = False) -> None:
         self.host_version = host_version
+        self.life_only = life_only
         self.records: dict[str, PluginRecord] = {}  # by plugin id (or "folder:<name>" when it has none)
         self.directory: Path | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -187,6 +191,8 @@ class PluginHost:
             return []
         with self._reload_lock:
             candidates = self._discover(directory)
+            if self.life_only:
+                candidates = self._life_loop_candidates(candidates)
             order = self._ordered(candidates)
             level: dict[str, int] = {}
             for record in order:
@@ -209,6 +215,27 @@ class PluginHost:
             ", ".join(f"{r.plugin_id or r.folder.name}={r.state}" for r in self.records.values()) or "none",
         )
         return list(self.records.values())
+
+    def _life_loop_candidates(self, candidates: dict[str, PluginRecord]) -> dict[str, PluginRecord]:
+        """The plugins a life-loop host starts: those whose Python files mention `life_loop` (the
+        keyword of `@Tool(..., life_loop=True)`; what a plugin declares is only known once its code ran,
+        so this cheap look at the text spares the worker a runner per unrelated plugin), and the plugins
+        they depend on. The others are dropped from this host's records: not started here."""
+        wanted = {pid for pid, record in candidates.items() if _mentions_life_loop(record.folder)}
+        pending = list(wanted)
+        while pending:
+            record = candidates.get(pending.pop())
+            for dep in record.manifest.plugin_dependencies if record is not None else []:
+                if dep.id not in wanted:
+                    wanted.add(dep.id)
+                    pending.append(dep.id)
+        for pid in set(candidates) - wanted:
+            del candidates[pid]
+            self.records.pop(pid, None)
+        for key in [k for k, r in self.records.items() if r.state == PluginState.REFUSED and k not in wanted]:
+            if not _mentions_life_loop(self.records[key].folder):
+                del self.records[key]  # refused, and not one a life-loop tool needs: the server reports it
+        return candidates
 
     def _refuse(self, record: PluginRecord, reason: str, state: PluginState = PluginState.REFUSED) -> None:
         record.state = state
@@ -398,7 +425,7 @@ class PluginHost:
             record.reason = ""
             self._registering = record.plugin_id
             try:
-                bridge.register_components(self, record)
+                bridge.register_components(self, record, life_only=self.life_only)
             finally:
                 self._registering = ""
             for warning in record.warnings:
@@ -748,6 +775,18 @@ def _describe(component: ComponentInfo) -> str:
     return f"{component.kind} {component.name}" + ("" if component.registered else f" (skipped: {component.note})")
 
 
+def _mentions_life_loop(folder: Path) -> bool:
+    for path in folder.rglob("*.py"):
+        if "__pycache__" in path.parts:
+            continue
+        try:
+            if b"life_loop" in path.read_bytes():
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def _raw_id(folder: Path) -> str | None:
     import json
 
@@ -808,6 +847,49 @@ def stop() -> None:
             plugin_events.emit_stop()
             host.stop()
             host = None
+
+
+# The host of this cluster worker for its life-loop turns (start_for_life_loop); None until first used.
+life_host: PluginHost | None = None
+_life_pid = 0
+
+
+def start_for_life_loop() -> PluginHost | None:
+    """In a cluster worker (a forked django-q2 process), the first life-loop model turn starts this
+    process's own plugin host, as `life_clients.ensure()` connects the MCP servers: runners for the
+    plugins that may declare life-loop tools (`PluginHost.life_only`), their tools of scope "life"
+    registered in this process's registry, so the turn is offered them and the engine runs them with
+    the usual recording, timeouts and error results. Later turns reuse it (once per process: a new pid,
+    e.g. a recycled worker, starts a new one).
+
+    No on_start / on_stop events are emitted here and no event handler, command or API is registered:
+    those belong to the server's host (one bot start, one on_start). A plugin's own `on_load` /
+    `on_unload` do run in each of its runners, i.e. once per worker that ran a model turn, as an MCP
+    server linked to the life loop is started once per worker. No watcher: a plugin changed on disk
+    reaches the workers when they are recycled or the cluster restarts.
+
+    The runners read their stdin from this process: when the worker exits, however it exits, the pipe
+    closes and they exit (runner.EXIT_GRACE). A clean worker exit also unloads them first (on_unload),
+    through multiprocessing's exit finalizers (atexit does not run in a forked worker)."""
+    global life_host, _life_pid
+    with _lock:
+        if _life_pid == os.getpid():
+            return life_host
+        _life_pid, life_host = os.getpid(), None
+        directory = plugins_dir()
+        if not directory.is_dir():
+            return None
+        host = PluginHost(life_only=True)
+        life_host = host
+        try:
+            host.load_all(directory)
+        finally:
+            from multiprocessing import util
+
+            util.Finalize(host, host.stop, exitpriority=10)
+        tools = [c.name for r in host.records.values() for c in r.components if c.registered]
+        logger.info("life-loop plugin host of worker %s: tools %s", os.getpid(), ", ".join(tools) or "none")
+        return host
 
 
 def start_on_first_call(app):

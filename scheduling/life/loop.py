@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -42,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class TurnResult:
-    outcome: str  # sent | updated | nothing | text_only | skipped | literal | timeout | error | ...
+    outcome: str  # sent | updated | tool | nothing | text_only | skipped | literal | timeout | error | ...
     sent_message_ids: list[int] = field(default_factory=list)
     error: str = ""
 
@@ -118,14 +119,24 @@ def build_prompt(timer: Timer, now: datetime) -> list[dict[str, str]]:
 
 # --- the turn -------------------------------------------------------------------------------------
 
-# The most telling outcome names the turn: a send beats an update beats nothing beats an error.
+# Called before every model turn, in the worker running it, to make the turn's tools ready: the apps
+# above register theirs from AppConfig.ready (plugins: start this worker's plugin host on first use).
+# One that raises is logged; the turn goes on without what it would have added.
+_turn_setups: dict[str, Callable[[], object]] = {}
+
+
+def add_turn_setup(name: str, setup: Callable[[], object]) -> None:
+    _turn_setups[name] = setup
+
+# The most telling outcome names the turn: a send beats an update beats another tool (a plugin's, an MCP
+# server's) beats nothing beats an error.
 _OUTCOME_OF_TOOL = {"send_message": "sent", "update_inner_state": "updated", "do_nothing": "nothing"}
-_RANKED_OUTCOMES = ("sent", "updated", "nothing", "error")
+_RANKED_OUTCOMES = ("sent", "updated", "tool", "nothing", "error")
 _BAD_CALL = {EngineCode.UNKNOWN_TOOL, EngineCode.INVALID_ARGUMENTS}
 
 
 def turn_result(outcomes: list[ToolOutcome], sent_message_ids: list[int]) -> TurnResult:
-    seen = {(_OUTCOME_OF_TOOL.get(o.name, "error") if o.ok else "error") for o in outcomes}
+    seen = {(_OUTCOME_OF_TOOL.get(o.name, "tool") if o.ok else "error") for o in outcomes}
     result = TurnResult(
         outcome=next((o for o in _RANKED_OUTCOMES if o in seen), "text_only"), sent_message_ids=sent_message_ids
     )
@@ -189,6 +200,11 @@ def _model_turn(timer: Timer, firing: TimerFiring, now: datetime) -> TurnResult:
         life_clients.ensure()
     except Exception:
         logger.exception("the life loop's MCP servers could not be started; the turn goes on without them")
+    for name, setup in list(_turn_setups.items()):
+        try:
+            setup()
+        except Exception:
+            logger.exception("life-loop set-up %s failed; the turn goes on without it", name)
     turn = _open(timer, firing, now, build_prompt(timer, now))
     timeout = get_config().life.turn_timeout
     started = time.perf_counter()
