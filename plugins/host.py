@@ -88,6 +88,7 @@ class PluginHost:
         self._registering = ""
         self._reload_lock = threading.RLock()  # one load / reload / swap at a time
         self._stopping = False
+        self._stopped = False
         self.watcher: PluginWatcher | None = None
         self._tasks: set[asyncio.Task] = set()
         self._processes: list[RunnerProcess] = []  # every runner started and not yet discarded
@@ -140,6 +141,9 @@ class PluginHost:
             raise PluginCallTimeout(f"did not finish within {timeout:g}s") from None
 
     def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
         self._stopping = True
         if self.watcher is not None:
             self.watcher.stop()

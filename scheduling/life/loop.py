@@ -128,6 +128,7 @@ _turn_setups: dict[str, Callable[[], object]] = {}
 def add_turn_setup(name: str, setup: Callable[[], object]) -> None:
     _turn_setups[name] = setup
 
+
 # The most telling outcome names the turn: a send beats an update beats another tool (a plugin's, an MCP
 # server's) beats nothing beats an error.
 _OUTCOME_OF_TOOL = {"send_message": "sent", "update_inner_state": "updated", "do_nothing": "nothing"}
