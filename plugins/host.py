@@ -211,6 +211,8 @@ class PluginHost:
                 )
                 for record, outcome in zip(batch, started, strict=True):
                     self._settle_load(record, outcome)
+            if self.life_only:
+                self._stop_idle()
         loaded = [r for r in self.records.values() if r.state == PluginState.LOADED]
         logger.info(
             "plugins loaded: %d of %d (%s)",
@@ -224,7 +226,8 @@ class PluginHost:
         """The plugins a life-loop host starts: those whose Python files mention `life_loop` (the
         keyword of `@Tool(..., life_loop=True)`; what a plugin declares is only known once its code ran,
         so this cheap look at the text spares the worker a runner per unrelated plugin), and the plugins
-        they depend on. The others are dropped from this host's records: not started here."""
+        they depend on. The others are dropped from this host's records: not started here. Those that
+        turn out to declare no life-loop tool are stopped once loaded (_stop_idle)."""
         wanted = {pid for pid, record in candidates.items() if _mentions_life_loop(record.folder)}
         pending = list(wanted)
         while pending:
@@ -240,6 +243,29 @@ class PluginHost:
             if not _mentions_life_loop(self.records[key].folder):
                 del self.records[key]  # refused, and not one a life-loop tool needs: the server reports it
         return candidates
+
+    def _stop_idle(self) -> None:
+        """A life-loop host, once loaded: stop the runners of plugins that turned out to register no
+        life-loop tool and that no plugin with one depends on (their text mentioned `life_loop` only)."""
+        needed = {pid for pid, r in self.records.items() if any(c.registered for c in r.components)}
+        pending = list(needed)
+        while pending:
+            record = self.records.get(pending.pop())
+            for dep in record.manifest.plugin_dependencies if record is not None and record.manifest else []:
+                if dep.id not in needed:
+                    needed.add(dep.id)
+                    pending.append(dep.id)
+        idle = {pid: r for pid, r in self.records.items() if r.state == PluginState.LOADED and pid not in needed}
+        runners = []
+        for pid, record in idle.items():
+            self._unregister(pid)
+            if record.process is not None:
+                runners.append(record.process)
+                record.process = None  # not a crash: its exit is not restarted
+            del self.records[pid]
+        if runners:
+            self.run(_gather(*(p.stop(UNLOAD_TIMEOUT) for p in runners)), UNLOAD_TIMEOUT + 15)
+            logger.info("life-loop host: stopped %s (no life-loop tool)", ", ".join(sorted(idle)))
 
     def _refuse(self, record: PluginRecord, reason: str, state: PluginState = PluginState.REFUSED) -> None:
         record.state = state

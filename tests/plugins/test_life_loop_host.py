@@ -4,6 +4,7 @@ SDK in real runners; the live path through a qcluster is tests/plugins/test_life
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -39,7 +40,11 @@ def plugins_with_diary(directory: Path, *names: str) -> Path:
 
 def test_only_plugins_with_life_loop_tools_start_and_only_those_tools_register(tmp_path):
     directory = plugins_with_diary(tmp_path / "plugins", "weather", "events", "api_caller", "needs_weather")
-    # A plugin that may declare a life-loop tool brings the plugins it depends on along.
+    # A plugin with a life-loop tool brings the plugins it depends on along.
+    manifest = json.loads((directory / "diary" / "_manifest.json").read_text())
+    manifest["dependencies"] = [{"type": "plugin", "id": "test.maibot.weather", "version_spec": ">=1.0.0"}]
+    (directory / "diary" / "_manifest.json").write_text(json.dumps(manifest))
+    # One that only says the word is started (its text is all there is to go by), then stopped.
     needs = directory / "needs_weather" / "plugin.py"
     needs.write_text(needs.read_text() + "\n# declares no life_loop tool, but says the word\n")
     handlers_before = len(events.handlers(Point.RECEIVE_AFTER_PROCESS))
@@ -50,9 +55,10 @@ def test_only_plugins_with_life_loop_tools_start_and_only_those_tools_register(t
         assert states == {
             "test.maibot.diary": "loaded",
             "test.maibot.events": "loaded",
-            "test.maibot.needs-weather": "loaded",
-            "test.maibot.weather": "loaded",  # its dependency
+            "test.maibot.weather": "loaded",  # the diary's dependency
         }
+        stopped = [p for p in host._processes if p.plugin_id == "test.maibot.needs-weather"]
+        assert stopped and all(p.discarded and p.exit_code is not None for p in stopped)
         assert registry.get("write_diary").scopes == frozenset({LIFE})
         assert registry.get("diary_note").scopes == frozenset({LIFE})  # life_loop=True: the life loop's only here
         assert registry.get("get_weather") is None and registry.get("slow_lookup") is None  # chat tools
