@@ -5,6 +5,7 @@ recovers by itself, wake-ups fall back to polling while Redis is away, and nothi
 
 from __future__ import annotations
 
+import os
 import sys
 from collections import Counter
 from datetime import timedelta
@@ -22,7 +23,16 @@ from tests.chat.napcat_standin import NapCatStandIn
 from tests.cluster_support import PrivatePostgres, PrivateRedis, kill_tree, listening
 from tests.conftest import Proc, db, free_port, subprocess_env, wait_for, wait_for_async
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.live,
+    # It brings its own PostgreSQL and Redis, so it is the same test in either suite: CI runs it once, in
+    # the PostgreSQL + Redis suite (`make test-postgres`), whose deployment it is about.
+    pytest.mark.skipif(
+        not os.environ.get("DATABASE_URL", "").startswith("postgres"),
+        reason="runs in the PostgreSQL + Redis suite (make test-postgres): it brings its own PostgreSQL and Redis",
+    ),
+]
 
 SERVER_CONFIG = "[gateway]\noutbox_poll_seconds_with_redis = 1.0\n"
 ALIAS = "private"
