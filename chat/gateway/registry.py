@@ -16,12 +16,14 @@ One `Gateway` per event loop, started on the first ASGI call (daphne has no life
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from django.conf import settings
@@ -58,7 +60,7 @@ THREAD_PARSE_BYTES = 256 * 1024  # bigger frames are parsed off the event loop
 API_SEEN_MAX = 4096
 # Group membership expires in channels_redis (group_expiry); the gateway joins again well before.
 GROUP_REJOIN_SECONDS = 600
-# How long closing the gateway waits for its cancelled tasks.
+# How long closing the gateway waits for its channel receive to end.
 CLOSE_SECONDS = 5.0
 
 
@@ -77,6 +79,9 @@ class Gateway(outbox.Sink):
         self._channel_ready: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
         self._background: set[asyncio.Task] = set()
+        self._listen_thread: threading.Thread | None = None
+        self._listen_loop: asyncio.AbstractEventLoop | None = None
+        self._listen_task: asyncio.Task | None = None
         self.writer = IngestWriter()
         # Connection records are written on the writer's thread (one thread, one database connection).
         self._open = db_call(self.writer.executor, adapter_connection_open)
@@ -99,7 +104,7 @@ class Gateway(outbox.Sink):
         self._tasks.append(asyncio.ensure_future(self.deliverer.run()))
         if settings.REDIS_URL:
             self._channel_ready = asyncio.Event()
-            self._tasks.append(asyncio.ensure_future(self._listen()))
+            self._start_listener()
             how = "woken via Redis"
         else:
             # Without Redis, other local processes that write the outbox wake this one through a socket.
@@ -112,14 +117,9 @@ class Gateway(outbox.Sink):
         """Stop the tasks and release the database connections of the gateway's threads."""
         for task in self._tasks:
             task.cancel()
-        if self._tasks:
-            # Bounded: a receive inside the Redis client has been seen to take in the cancellation and
-            # wait on (PostgreSQL + Redis suite, about one close in ten of a gateway started a moment
-            # before); a shutdown never waits on it for ever.
-            _, pending = await asyncio.wait(self._tasks, timeout=CLOSE_SECONDS)
-            for task in pending:
-                logger.warning("gateway task %s did not stop within %gs of its cancellation", task, CLOSE_SECONDS)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        await self._stop_listener()
         outbox.set_deliverer(None)
         if self.wake_endpoint is not None:
             self.wake_endpoint.close()
@@ -128,23 +128,63 @@ class Gateway(outbox.Sink):
             await asyncio.wrap_future(executor.submit(close_old_connection))
             executor.shutdown(wait=False)
 
-    async def _listen(self) -> None:
-        """With Redis: outbox wake-ups from other processes, and `close` for replaced connections."""
-        from channels.layers import get_channel_layer
+    # --- with Redis: the gateway's own channel, read on a thread of its own
+    #
+    # The receive runs on its own event loop, never the server's: the Redis client (redis-py 8.1 under
+    # channels_redis 4.3) has been seen to take in a cancellation arriving mid-receive and wait on for
+    # ever, which hung whatever awaited the task, and the closing of the server's loop after it (about
+    # one PostgreSQL + Redis test run in two). Closing the gateway cancels the receive on that loop and
+    # waits for the thread at most CLOSE_SECONDS; a receive that never ends keeps only its own thread.
 
-        layer = get_channel_layer()
+    def _start_listener(self) -> None:
         # A channel of its own, not one of channels_redis' process-specific ("!") channels: those share
         # one receive loop and buffer per process with the session runtimes' channels, and outbox
         # wake-ups sent to the gateway were lost there while runtimes received too (the chat page test
         # on PostgreSQL + Redis). A plain channel is read with its own blocking pop.
         self.channel_name = f"gateway.{uuid.uuid4().hex}"
+        started = threading.Event()
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._listen_loop = loop
+            self._listen_task = loop.create_task(self._listen())
+            started.set()
+            # Cancelled at close (anything else the loop logged itself).
+            with contextlib.suppress(BaseException):
+                loop.run_until_complete(self._listen_task)
+            loop.close()
+
+        self._listen_thread = threading.Thread(target=run, name="gateway-listen", daemon=True)
+        self._listen_thread.start()
+        started.wait()
+
+    async def _stop_listener(self) -> None:
+        thread, loop, task = self._listen_thread, self._listen_loop, self._listen_task
+        self._listen_thread = self._listen_loop = self._listen_task = None
+        if thread is None or loop is None or task is None:
+            return
+        with contextlib.suppress(RuntimeError):  # its loop has ended already
+            loop.call_soon_threadsafe(task.cancel)
+        await asyncio.to_thread(thread.join, CLOSE_SECONDS)
+        if thread.is_alive():
+            logger.warning("the gateway's channel receive did not end within %gs of its cancellation", CLOSE_SECONDS)
+
+    def _in_gateway_loop(self, callback: Callable[..., Any], *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the gateway's loop has ended (a test's)
+            self.loop.call_soon_threadsafe(callback, *args)
+
+    async def _listen(self) -> None:
+        """Outbox wake-ups from other processes, and `close` for replaced connections."""
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
         last_join = 0.0
         while True:
             try:
                 if time.monotonic() - last_join > GROUP_REJOIN_SECONDS:
                     await layer.group_add(outbox.OUTBOX_GROUP, self.channel_name)
                     last_join = time.monotonic()
-                    self._channel_ready.set()
+                    self._in_gateway_loop(self._channel_ready.set)
                 message = await layer.receive(self.channel_name)
             except asyncio.CancelledError:
                 raise
@@ -153,12 +193,17 @@ class Gateway(outbox.Sink):
                 await asyncio.sleep(1)
                 continue
             if message.get("type") == "outbox.wake":
-                self.deliverer.wake()
+                self.deliverer.wake()  # thread-safe
             elif message.get("type") == "gateway.close":
-                for conn in list(self.adapters.values()):
-                    if conn.record_id == message.get("record_id"):
-                        logger.info("closing %r: replaced by a connection in another process", conn)
-                        await conn.close(CLOSE_NORMAL)
+                self._in_gateway_loop(self._close_replaced, message.get("record_id"))
+
+    def _close_replaced(self, record_id: Any) -> None:
+        for conn in list(self.adapters.values()):
+            if conn.record_id == record_id:
+                logger.info("closing %r: replaced by a connection in another process", conn)
+                task = asyncio.ensure_future(conn.close(CLOSE_NORMAL))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
 
     # --- adapters
     async def adapter_connected(self, conn: Connection) -> None:
