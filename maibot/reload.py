@@ -271,6 +271,49 @@ def _history_record(result: ReloadResult, *, old: BotConfig, new: BotConfig, use
 # --- the watcher ----------------------------------------------------------------------------------
 
 
+def watch_files(
+    directory: Path,
+    *,
+    what: str,
+    watch_filter: Callable[[Any, str], bool],
+    debounce_ms: int,
+    stop_event: threading.Event,
+    ready: threading.Event,
+    on_changes: Callable[[set[Path]], Any],
+    recursive: bool = True,
+) -> None:
+    """Watch `directory` (watchfiles) until `stop_event` is set, calling `on_changes` with each burst of
+    changed paths; `ready` is set once watching (and when the watch ends). A failing `on_changes` is
+    logged and the watch goes on. The bot config's watcher and the plugin watcher run on it."""
+    import watchfiles
+
+    logger.info("watching %s for changes to %s", directory, what)
+    try:
+        for changes in watchfiles.watch(
+            directory,
+            watch_filter=watch_filter,
+            # `step`: wait this long for more changes before yielding; `debounce`: the hard cap.
+            step=debounce_ms,
+            debounce=max(debounce_ms * 10, 1600),
+            stop_event=stop_event,
+            rust_timeout=200,  # also how soon the starter knows it is watching
+            yield_on_timeout=True,
+            raise_interrupt=False,
+            recursive=recursive,
+        ):
+            ready.set()
+            if not changes:
+                continue  # the periodic timeout: lets the loop notice stop_event
+            try:
+                on_changes({Path(p) for _, p in changes})
+            except Exception:
+                logger.exception("handling changes to %s failed", what)
+    except Exception:
+        logger.exception("the watcher of %s stopped", what)
+    finally:
+        ready.set()
+
+
 class ConfigWatcher:
     """Watches the config file (through its directory, so atomic replaces are seen) in a thread and
     reloads once the file has been quiet for `debounce_ms`: a burst of writes is one reload."""
@@ -296,34 +339,20 @@ class ConfigWatcher:
         return self
 
     def _run(self) -> None:
-        import watchfiles
+        def reload(_paths: set[Path]) -> None:
+            if reload_from_file(self.path) is not None:
+                self.reloads += 1
 
-        logger.info("watching %s for changes", self.path)
-        try:
-            for _changes in watchfiles.watch(
-                self.path.parent,
-                watch_filter=self._is_config,
-                # `step`: wait this long for more changes before yielding; `debounce`: the hard cap.
-                step=self.debounce_ms,
-                debounce=max(self.debounce_ms * 10, 1600),
-                stop_event=self._stop,
-                rust_timeout=200,  # also how soon start() knows it is watching
-                yield_on_timeout=True,
-                raise_interrupt=False,
-                recursive=False,
-            ):
-                self._ready.set()
-                if not _changes:
-                    continue  # the periodic timeout: lets the loop notice stop()
-                try:
-                    if reload_from_file(self.path) is not None:
-                        self.reloads += 1
-                except Exception:
-                    logger.exception("config reload from %s failed", self.path)
-        except Exception:
-            logger.exception("config watcher on %s stopped", self.path)
-        finally:
-            self._ready.set()
+        watch_files(
+            self.path.parent,
+            what=f"config {self.path}",
+            watch_filter=self._is_config,
+            debounce_ms=self.debounce_ms,
+            stop_event=self._stop,
+            ready=self._ready,
+            on_changes=reload,
+            recursive=False,
+        )
 
     def stop(self, timeout: float = 5) -> None:
         self._stop.set()

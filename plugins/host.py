@@ -733,32 +733,17 @@ class PluginWatcher:
         return self
 
     def _run(self) -> None:
-        import watchfiles
+        from maibot.reload import watch_files
 
-        logger.info("watching %s for plugin changes", self.directory)
-        try:
-            for changes in watchfiles.watch(
-                self.directory,
-                watch_filter=self._is_relevant,
-                # `step`: wait this long for more changes before yielding; `debounce`: the hard cap.
-                step=self.debounce_ms,
-                debounce=max(self.debounce_ms * 10, 1600),
-                stop_event=self._stop,
-                rust_timeout=200,  # also how soon start() knows it is watching
-                yield_on_timeout=True,
-                raise_interrupt=False,
-            ):
-                self.ready.set()
-                if not changes:
-                    continue  # the periodic timeout: lets the loop notice stop()
-                try:
-                    self.handle({Path(p) for _, p in changes})
-                except Exception:
-                    logger.exception("reloading changed plugins failed")
-        except Exception:
-            logger.exception("plugin watcher on %s stopped", self.directory)
-        finally:
-            self.ready.set()
+        watch_files(
+            self.directory,
+            what="plugins",
+            watch_filter=self._is_relevant,
+            debounce_ms=self.debounce_ms,
+            stop_event=self._stop,
+            ready=self.ready,
+            on_changes=self.handle,
+        )
 
     def handle(self, paths: set[Path]) -> list[ReloadOutcome]:
         by_folder: dict[Path, set[Path]] = {}
