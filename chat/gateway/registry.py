@@ -130,11 +130,14 @@ class Gateway(outbox.Sink):
 
     # --- with Redis: the gateway's own channel, read on a thread of its own
     #
-    # The receive runs on its own event loop, never the server's: the Redis client (redis-py 8.1 under
-    # channels_redis 4.3) has been seen to take in a cancellation arriving mid-receive and wait on for
-    # ever, which hung whatever awaited the task, and the closing of the server's loop after it (about
-    # one PostgreSQL + Redis test run in two). Closing the gateway cancels the receive on that loop and
-    # waits for the thread at most CLOSE_SECONDS; a receive that never ends keeps only its own thread.
+    # The receive runs on its own event loop, never the server's: a cancellation that arrives while the
+    # Redis client (redis-py 8.1 under channels_redis 4.3) waits in its blocking pop is taken in only when
+    # that pop returns (channels_redis blocks up to 5 s), and one was seen to be swallowed and waited on
+    # for ever, hanging whatever awaited the task. So closing does not cancel first: it sends the receive
+    # a `gateway.stop` on its own channel, which ends it at once (leaving the outbox group, so the other
+    # processes stop sending wake-ups to a channel nobody reads); only if that cannot be sent, or the
+    # receive does not end within CLOSE_SECONDS, is it cancelled on its loop, and a receive that never
+    # ends keeps only its own thread.
 
     def _start_listener(self) -> None:
         # A channel of its own, not one of channels_redis' process-specific ("!") channels: those share
@@ -152,6 +155,11 @@ class Gateway(outbox.Sink):
             # Cancelled at close (anything else the loop logged itself).
             with contextlib.suppress(BaseException):
                 loop.run_until_complete(self._listen_task)
+            # channels_redis leaves a task clearing the receive's backup queue: it ends before the loop
+            # does (closing the loop closes its Redis connections).
+            with contextlib.suppress(BaseException):
+                if pending := asyncio.all_tasks(loop):
+                    loop.run_until_complete(asyncio.wait(pending, timeout=CLOSE_SECONDS))
             loop.close()
 
         self._listen_thread = threading.Thread(target=run, name="gateway-listen", daemon=True)
@@ -162,6 +170,16 @@ class Gateway(outbox.Sink):
         thread, loop, task = self._listen_thread, self._listen_loop, self._listen_task
         self._listen_thread = self._listen_loop = self._listen_task = None
         if thread is None or loop is None or task is None:
+            return
+        from channels.layers import get_channel_layer
+
+        try:
+            async with asyncio.timeout(CLOSE_SECONDS):
+                await get_channel_layer().send(self.channel_name, {"type": "gateway.stop"})
+            await asyncio.to_thread(thread.join, CLOSE_SECONDS)
+        except Exception:
+            logger.warning("could not ask the gateway's channel receive to stop; cancelling it", exc_info=True)
+        if not thread.is_alive():
             return
         with contextlib.suppress(RuntimeError):  # its loop has ended already
             loop.call_soon_threadsafe(task.cancel)
@@ -196,6 +214,10 @@ class Gateway(outbox.Sink):
                 self.deliverer.wake()  # thread-safe
             elif message.get("type") == "gateway.close":
                 self._in_gateway_loop(self._close_replaced, message.get("record_id"))
+            elif message.get("type") == "gateway.stop":
+                with contextlib.suppress(Exception):  # the membership expires anyway (group_expiry)
+                    await layer.group_discard(outbox.OUTBOX_GROUP, self.channel_name)
+                return
 
     def _close_replaced(self, record_id: Any) -> None:
         for conn in list(self.adapters.values()):
@@ -210,7 +232,12 @@ class Gateway(outbox.Sink):
         if self._channel_ready is not None and not self._channel_ready.is_set():
             # The record must name this process's channel, or a later replacement elsewhere cannot
             # reach this socket; the first connection can arrive before the channel exists.
-            await wait_event(self._channel_ready, 5)
+            if not await wait_event(self._channel_ready, 5):
+                logger.warning(
+                    "%r connected before this process joined the outbox group (Redis slow or unreachable):"
+                    " wake-ups from other processes reach it only once it has; until then the poll delivers",
+                    conn,
+                )
         conn.opened_at = timezone.now()
         old = self.adapters.get(conn.platform)
         self.adapters[conn.platform] = conn
