@@ -12,8 +12,11 @@ bench-b; on 2 + 2 the balancer puts one on each server). Figures, all measured b
               debounce 0): adapter send → reply at the adapter, p50 / p99;
   burst       --burst scheduled messages due at one instant (half per platform): due → last one at
               its adapter, and the median.
-With --soak SECONDS only 2 + 2 runs, under a mixed load (inbound, scheduled, proactive, API) for that
-long, and it checks that every message arrived exactly once. With --kill-burst N only 2 + 2 runs: N
+With --soak SECONDS only 2 + 2 runs, under a mixed load for that long, one round every --soak-round
+seconds (10): 100 scheduled messages due over the next 5 s, 100 inbound, 20 proactive API sends; it
+checks that every message arrived exactly once and every inbound one was stored, and prints the
+scheduled messages' lateness at the adapters by fifths of the run and each process's memory after the
+first round and at the end. With --kill-burst N only 2 + 2 runs: N
 scheduled messages due at one instant, one cluster SIGKILLed (with its workers) once a tenth are sent;
 it prints how many were sent, how many arrived, and how many arrived more than once (must be 0).
 
@@ -376,9 +379,30 @@ def timezone_now() -> datetime:
     return datetime.now(UTC)
 
 
-async def soak(base: str, seconds: float) -> dict:
-    """Mixed load for `seconds`: inbound from both adapters, scheduled messages due all along, proactive
-    API sends; then every outbound message must have arrived exactly once and every inbound be stored."""
+def rss_mb(stack: Stack) -> dict[str, float]:
+    """Resident memory (VmRSS) of each process of the stack, with its children (a cluster's workers)."""
+    from tests.cluster_support import descendants
+
+    def rss(pid: int) -> int:
+        try:
+            with open(f"/proc/{pid}/status") as fh:
+                return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+        except (OSError, StopIteration):
+            return 0
+
+    return {
+        name: round(sum(rss(pid) for pid in [proc.pid, *descendants(proc.pid)]) / 1024, 1)
+        for name, proc in stack.named.items()
+        if name.startswith(("web", "cluster"))
+    }
+
+
+async def soak(stack: Stack, base: str, seconds: float, round_seconds: float) -> dict:
+    """Mixed load for `seconds`, one round every `round_seconds`: 100 scheduled messages due over the
+    next 5 s (half per platform), 100 inbound messages (50 per adapter), 20 proactive API sends. Then
+    every scheduled message must have arrived exactly once and every inbound one be stored. Reports the
+    scheduled messages' lateness at the adapters by fifths of the run, and each process's memory after
+    the first round and at the end."""
     from chat.models import Message
     from chat.services import session_get_or_create
     from scheduling.models import Actor, ScheduledMessage
@@ -387,16 +411,18 @@ async def soak(base: str, seconds: float) -> dict:
     logging.getLogger("maim_message").setLevel(logging.WARNING)
     _, token = await db(api_token_create, name="soak")
     adapters = [await Adapter(base, p).start() for p in PLATFORMS]
-    expected: set[str] = set()
+    due_of: dict[str, float] = {}
     inbound = 0
+    rss_first: dict[str, float] = {}
     try:
         start = time.monotonic()
         rnd = 0
         while time.monotonic() - start < seconds:
             rnd += 1
+            round_started = time.monotonic()
 
-            def schedule(r=rnd) -> list[str]:
-                texts = []
+            def schedule(r=rnd) -> dict[str, float]:
+                texts = {}
                 due0 = timezone_now() + timedelta(seconds=1)
                 rows = []
                 for i in range(100):
@@ -414,15 +440,20 @@ async def soak(base: str, seconds: float) -> dict:
                             created_via=Actor.SYSTEM,
                         )
                     )
-                    texts.append(text)
+                    texts[text] = due.timestamp()
                 ScheduledMessage.objects.bulk_create(rows)
                 return texts
 
-            expected.update(await db(schedule))
+            due_of.update(await db(schedule))
             for j in range(100):
                 await adapters[j % 2].send(f"soak-user{j % 7}", f"soak {rnd} inbound {j}")
                 inbound += 1
             await asyncio.to_thread(api_load, base, token, 5, 4)
+            if rnd == 1:
+                rss_first = rss_mb(stack)
+            # Pacing: the next round starts round_seconds after this one did (at once if it ran longer).
+            await asyncio.sleep(max(0.0, round_seconds - (time.monotonic() - round_started)))
+        expected = set(due_of)
         deadline = time.monotonic() + 300
 
         def arrived() -> Counter:
@@ -435,12 +466,30 @@ async def soak(base: str, seconds: float) -> dict:
         counts = arrived()
         doubled = [t for t in expected if counts[t] != 1]
         stored = await db(lambda: Message.objects.filter(direction="in", text__startswith="soak ").count())
+        first_arrival = {}
+        for a in adapters:
+            for t, _, text in a.arrivals:
+                if text in due_of and text not in first_arrival:
+                    first_arrival[text] = t
+        # Lateness at the adapter (receipt - due), by fifths of the run in scheduling order.
+        ordered = sorted(due_of, key=due_of.get)
+        fifths = []
+        for k in range(5):
+            part = ordered[k * len(ordered) // 5 : (k + 1) * len(ordered) // 5]
+            late = [(first_arrival[t] - due_of[t]) * 1000 for t in part]
+            fifths.append(
+                {"p50_ms": round(pct(late, 0.5)), "p99_ms": round(pct(late, 0.99)), "max_ms": round(max(late))}
+            )
         return {
+            "seconds": round(time.monotonic() - start),
             "rounds": rnd,
             "scheduled": len(expected),
             "doubled": len(doubled),
             "inbound_sent": inbound,
             "inbound_stored": stored,
+            "scheduled_lateness_by_fifth": fifths,
+            "rss_mb_after_first_round": rss_first,
+            "rss_mb_at_end": rss_mb(stack),
         }
     finally:
         for a in adapters:
@@ -523,7 +572,7 @@ def run_one(args) -> None:
         if args.kill_burst:
             result = asyncio.run(kill_burst(stack, base, args.kill_burst))
         else:
-            result = asyncio.run(soak(base, args.soak) if args.soak else measure(base, args))
+            result = asyncio.run(soak(stack, base, args.soak, args.soak_round) if args.soak else measure(base, args))
         print("RESULT " + json.dumps({"setup": args.run, **result}), flush=True)
     finally:
         stack.stop()
@@ -539,6 +588,7 @@ def main() -> None:
     parser.add_argument("--api-concurrency", type=int, default=8)
     parser.add_argument("--pg-url", default="postgres://postgres@127.0.0.1:5432", help="a server, no database name")
     parser.add_argument("--soak", type=float, default=0.0, help="seconds of mixed load on 2 + 2 (checks exactly once)")
+    parser.add_argument("--soak-round", type=float, default=10.0, help="seconds between the soak's rounds")
     parser.add_argument(
         "--kill-burst", type=int, default=0, help="N due at once on 2 + 2, one cluster SIGKILLed mid-burst"
     )
