@@ -50,6 +50,31 @@ while True:
     time.sleep(3600)
 """
 TOKEN = "bench"
+# Loaded into the server process (a sitecustomize on its PYTHONPATH): times every garbage collection
+# through gc.callbacks. Each full (generation 2) collection is one line; the per-generation totals are
+# written at most once a second and at each full collection, so the probe costs nothing measurable.
+GC_PROBE = """
+import gc, os, time
+_log = open(os.environ["MAIBOT_BENCH_GC_LOG"], "a")
+_totals = [[0, 0.0], [0, 0.0], [0, 0.0]]
+_state = {"start": 0.0, "written": 0.0}
+def _timed(phase, info):
+    now = time.perf_counter()
+    if phase == "start":
+        _state["start"] = now
+        return
+    gen, pause = info["generation"], now - _state["start"]
+    _totals[gen][0] += 1
+    _totals[gen][1] += pause
+    if gen == 2:
+        _log.write(f"full {time.time():.3f} {pause * 1000:.1f}\\n")
+    if gen == 2 or now - _state["written"] > 1.0:
+        _state["written"] = now
+        flat = " ".join(f"{n} {t:.4f}" for n, t in _totals)
+        _log.write(f"totals {time.time():.3f} {flat}\\n")
+        _log.flush()
+gc.callbacks.append(_timed)
+"""
 
 
 def cpu_seconds(pid: int) -> float:
@@ -95,13 +120,33 @@ def runtimes_alive(base: str, cookie: str) -> int:
     return int(found.group(1))
 
 
+def gc_summary(log: Path, since: float, until: float) -> str:
+    """The server's garbage collections between two instants, from the GC probe's log."""
+    pauses, totals = [], []
+    for line in log.read_text().splitlines():
+        kind, at, *rest = line.split()
+        if not since <= float(at) <= until + 1.5:  # totals are written up to a second late
+            continue
+        if kind == "full":
+            pauses.append(float(rest[0]))
+        elif kind == "totals":
+            totals.append([float(x) for x in rest])
+    if len(totals) < 2:
+        return "no collections logged"
+    first, last = totals[0], totals[-1]
+    spent = [(last[i] - first[i], last[i + 1] - first[i + 1]) for i in (0, 2, 4)]
+    young = ", ".join(f"gen {g}: {n:.0f} in {t * 1000:.0f} ms" for g, (n, t) in enumerate(spent[:2]))
+    full = ", ".join(f"{p:.0f}" for p in pauses) or "none"
+    return f"{young}; full (gen 2): {len(pauses)}, pauses ms: {full}"
+
+
 def idle_cpu(pid: int, seconds: float) -> float:
     before = cpu_seconds(pid)
     time.sleep(seconds)  # the quiet period being measured, not a wait for a condition
     return cpu_seconds(pid) - before
 
 
-async def run(args, base: str, pid: int, cookie: str, debounce: float) -> None:
+async def run(args, base: str, pid: int, cookie: str, debounce: float, gc_log: Path) -> None:
     from maim_message import BaseMessageInfo, FormatInfo, MessageBase, RouteConfig, Router, Seg, TargetConfig, UserInfo
 
     logging.getLogger("maim_message").setLevel(logging.WARNING)
@@ -198,6 +243,8 @@ async def run(args, base: str, pid: int, cookie: str, debounce: float) -> None:
         "          by arrival order (fifths, p50/p99 ms): "
         + ", ".join(f"{pct(part, 0.5):.0f}/{pct(part, 0.99):.0f}" for part in slices if part)
     )
+    await asyncio.sleep(1.5)  # the probe writes its totals at most a second late
+    print(f"GC:       {gc_summary(gc_log, first_sent, last_reply)}")
     # Let every runtime finish its cycle (the reply is sent before the cycle record closes).
     await asyncio.sleep(2)
     rss_after = rss_mb(pid)
@@ -261,6 +308,15 @@ def main() -> None:
 
     cookie = console_cookie()
     port = free_port()
+    probe_dir = data_dir / "gc_probe"
+    probe_dir.mkdir()
+    (probe_dir / "sitecustomize.py").write_text(GC_PROBE, encoding="utf-8")
+    gc_log = data_dir / "gc.log"
+    env = {
+        **env,
+        "MAIBOT_BENCH_GC_LOG": str(gc_log),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(probe_dir), env.get("PYTHONPATH", "")])),
+    }
     log = open(data_dir / "daphne.log", "wb")
     argv = daphne_argv("127.0.0.1", port, keepalive_seconds=BotConfig().gateway.keepalive_seconds)
     if os.environ.get("BENCH_PROFILE"):
@@ -282,7 +338,7 @@ def main() -> None:
             f"load average {load}; daphne on 127.0.0.1:{port}, SQLite in {data_dir}; "
             f"{'FakeLLM (scripted reply)' if args.llm else 'offline planner'}, debounce {args.debounce:g} s"
         )
-        asyncio.run(run(args, f"http://127.0.0.1:{port}", server.pid, cookie, args.debounce))
+        asyncio.run(run(args, f"http://127.0.0.1:{port}", server.pid, cookie, args.debounce, gc_log))
     finally:
         server.terminate()
         server.wait(timeout=60)
