@@ -1,10 +1,12 @@
 """Session runtimes: one Channels consumer per active chat session in the ASGI process, their registry,
 and the API that wakes them from anywhere.
 
-A runtime (`SessionRuntime`) is a `channels.consumer.AsyncConsumer`, run the way Channels runs every
-consumer: an instance called with a scope (`{"type": "chat.session", "session_pk", "last_seen_pk"}`),
-a receive callable and a send callable. It takes its own channel name from the channel layer and joins
-the group `chat.session.<pk>`. A wake is the channel-layer message
+A runtime (`SessionRuntime`) is a `channels.consumer.AsyncConsumer` (its handlers are named for the
+message types, as Channels dispatches them), called with a scope (`{"type": "chat.session",
+"session_pk", "last_seen_pk"}`). It takes its own channel name from the channel layer, joins the group
+`chat.session.<pk>` and then waits on its channel alone: its own dispatch loop, one await per message,
+where Channels' `await_many_dispatch` keeps two receive tasks and an `asyncio.wait` alive per consumer
+(the objects every full garbage collection walks, 10,000 runtimes over). A wake is the channel-layer message
 `{"type": "session.wake", "reason": "message"}`, so any process can wake a live runtime with
 `group_send`: `wake_session()` (async), `wake_session_soon()` (sync, any thread of the ASGI process),
 `wake_session_from_sync_process()` (a process with no event loop, e.g. the cluster). With REDIS_URL
@@ -12,9 +14,10 @@ set the layer is Redis and the group reaches the runtime from every process; on 
 (in-memory layer) only from within the ASGI process. A session without a live runtime ignores a wake:
 runtimes are started by the registry, below.
 
-The registry plays the ASGI server's part for runtimes: it owns each one's receive callable (an
-asyncio queue) and feeds it `session.start` (join the group, start the planner loop), the first wake
-(which cannot travel through the group before the runtime has joined it) and `session.stop`. The
+The registry plays the ASGI server's part for runtimes: it starts each one, hands it its first wake
+directly (`SessionRuntime.wake`: a wake cannot travel through the group before the runtime has joined
+it; the runtime takes it once it has), and stops it by cancelling its task (the consumer's cleanup
+then ends its planner work and leaves the group). The
 gateway sends `chat.services.inbound_stored` after storing inbound messages; the receiver here hands
 them to the registry's event loop with `call_soon_threadsafe` (whatever thread or loop the signal is
 sent from), which starts the session's runtime or wakes the live one through the channel layer.
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import os
 from collections.abc import Iterable
@@ -181,33 +185,6 @@ _blocked = sync_to_async(budget.blocked)
 # --- the runtime consumer ----------------------------------------------------------------------------
 
 
-class _Inbox:
-    """A runtime's receive callable's queue: what the registry sends it (start, the first wake, stop), in
-    order. `get()` returns a future rather than a coroutine, so Channels' dispatch loop waits on it
-    without a task of its own (a runtime's idle cost is counted per 10,000: see bench/sessions.py)."""
-
-    __slots__ = ("_items", "_waiter")
-
-    def __init__(self) -> None:
-        self._items: list[dict[str, Any]] = []
-        self._waiter: asyncio.Future | None = None
-
-    def put_nowait(self, message: dict[str, Any]) -> None:
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(message)
-        else:
-            self._items.append(message)
-
-    def get(self) -> asyncio.Future:
-        future = asyncio.get_running_loop().create_future()
-        if self._items:
-            future.set_result(self._items.pop(0))
-        else:
-            self._waiter = future
-        return future
-
-
 def _settle(future: asyncio.Future, value: str) -> None:
     if not future.done():
         future.set_result(value)
@@ -224,8 +201,8 @@ class SessionRuntime(AsyncConsumer):
     cycle, again while news keeps coming), and it ends when the runtime is idle again."""
 
     handled = frozenset({START, WAKE, STOP})
-    # Slots: 10,000 live runtimes each save the larger instance dict (Channels' own attributes, set in
-    # AsyncConsumer.__call__, still go to the dict).
+    # Slots: 10,000 live runtimes each save an instance dict (Channels' attributes included: this
+    # consumer sets only `scope`, `channel_layer` and `channel_name`).
     __slots__ = (
         "_news",
         "_quiet",
@@ -233,6 +210,7 @@ class SessionRuntime(AsyncConsumer):
         "_started",
         "backlog",
         "busy",
+        "channel_layer",
         "channel_name",
         "closed",
         "cycles",
@@ -245,6 +223,7 @@ class SessionRuntime(AsyncConsumer):
         "planner_task",
         "registry",
         "relook_at",
+        "scope",
         "session",
         "session_pk",
         "silent_streak",
@@ -272,6 +251,7 @@ class SessionRuntime(AsyncConsumer):
         self.silent_streak = 0
         # Made by the first model-planned cycle: offline answers and commands need no history.
         self.history: planner.HistoryCache | None = None
+        self.channel_layer: BaseChannelLayer | None = None
         self.channel_name: str | None = None
         self.joined_at: float | None = None
         self.task: asyncio.Task | None = None  # the consumer itself (set by the registry)
@@ -291,12 +271,32 @@ class SessionRuntime(AsyncConsumer):
     def __repr__(self) -> str:
         return f"<SessionRuntime session={self.session_pk} busy={self.busy} closed={self.closed}>"
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope, receive=None, send=None) -> None:
+        """Join the group, take the registry's first wake, then dispatch what comes on the channel until
+        `session.stop` or cancellation (the registry's stop). `receive` and `send` are unused: nothing
+        but the channel speaks to a runtime, and it speaks through the send service."""
         if scope.get("type") != "chat.session" or scope.get("session_pk") != self.session_pk:
             raise ValueError(f"a session runtime needs a chat.session scope for session {self.session_pk}")
+        self.scope = scope
         self.last_seen_pk = scope.get("last_seen_pk", 0)
+        self.channel_layer = get_channel_layer(self.channel_layer_alias)
         try:
-            await super().__call__(scope, receive, send)
+            if self.channel_layer is not None:
+                self.channel_name = await self.channel_layer.new_channel()
+            await self.session_start({"type": START})
+            if self._news or self._requested is not None:
+                self.notify()  # the wake the registry handed over before the runtime had joined
+            if self.channel_layer is None:
+                await self.loop.create_future()  # nothing can reach it: it waits for its stop
+            while True:
+                await self.dispatch(await self.channel_layer.receive(self.channel_name))
+        except StopConsumer:
+            pass
+        except asyncio.CancelledError:
+            if not self.closed:
+                raise  # cancelled from outside: it ends cancelled
+            # The registry's stop (it closes the runtime, then cancels its wait): a clean end.
+            asyncio.current_task().uncancel()
         finally:
             # However the consumer ends (session.stop, cancelled, or its channel receive failing, e.g.
             # Redis gone), its planner work ends with it: never a loop the registry no longer knows.
@@ -332,11 +332,19 @@ class SessionRuntime(AsyncConsumer):
         self._arm()
 
     async def session_wake(self, message: dict[str, Any]) -> None:
-        if not self.closed:
-            reason = str(message.get("reason") or "message")
-            if reason != "message":
-                self._requested = reason
+        self.wake(str(message.get("reason") or "message"))
+
+    def wake(self, reason: str = "message") -> None:
+        """A wake, as `session.wake` brings it; the registry calls it directly for a runtime's first wake
+        and when the channel layer failed. Before the runtime has started it is kept for its start."""
+        if self.closed:
+            return
+        if reason != "message":
+            self._requested = reason
+        if self._started:
             self.notify()
+        elif reason == "message":
+            self._news = True
 
     async def session_stop(self, message: dict[str, Any]) -> None:
         self.closed = True
@@ -591,11 +599,6 @@ class SessionRuntime(AsyncConsumer):
             self.relook_at = None
 
 
-async def _nothing_to_send(message: dict[str, Any]) -> None:
-    """A runtime has no client: its `send` goes nowhere (it speaks through the send service)."""
-    logger.debug("planner runtime sent %r to nobody", message.get("type"))
-
-
 # --- the registry -------------------------------------------------------------------------------------
 
 
@@ -606,7 +609,6 @@ class RuntimeRegistry:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.runtimes: dict[int, SessionRuntime] = {}
         self.stopping = False
-        self._inboxes: dict[SessionRuntime, _Inbox] = {}  # each runtime's receive
         self._tasks: set[asyncio.Task] = set()  # consumers still running, evicted ones included
         self._sends: set[asyncio.Task] = set()  # wakes on their way through the channel layer
 
@@ -642,10 +644,8 @@ class RuntimeRegistry:
         runtime = self.runtimes.get(session_pk)
         if runtime is None or runtime.closed:
             runtime = self._start(session_pk, last_seen_pk)
-        # Straight into its inbox: a runtime just started has not joined its group yet.
-        inbox = self._inboxes.get(runtime)
-        if inbox is not None:
-            inbox.put_nowait(wake_message(reason))
+        # Straight to the runtime: one just started has not joined its group yet.
+        runtime.wake(reason)
 
     def _caller_loop(self) -> asyncio.AbstractEventLoop | None:
         if self.loop is not None and not self.loop.is_closed():
@@ -662,7 +662,6 @@ class RuntimeRegistry:
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.runtimes = {}
-        self._inboxes = {}
         self._tasks = set()
         self._sends = set()
         self.stopping = False
@@ -682,20 +681,16 @@ class RuntimeRegistry:
     def _start(self, session_pk: int, last_seen_pk: int) -> SessionRuntime:
         self._make_room()
         runtime = SessionRuntime(self, session_pk)
-        inbox = _Inbox()
-        inbox.put_nowait({"type": START})
-        inbox.put_nowait(wake_message("message"))
-        self._inboxes[runtime] = inbox
+        runtime.wake("message")  # taken once it has joined its group
         self.runtimes[session_pk] = runtime
         scope = {"type": "chat.session", "session_pk": session_pk, "last_seen_pk": last_seen_pk}
+        context = contextvars.Context()
         task = asyncio.get_running_loop().create_task(
-            runtime(scope, inbox.get, _nothing_to_send),
-            name=f"planner-session-{session_pk}",
-            context=contextvars.Context(),
+            runtime(scope), name=f"planner-session-{session_pk}", context=context
         )
         runtime.task = task
         self._tasks.add(task)
-        task.add_done_callback(lambda t: self._reap(runtime, t))
+        task.add_done_callback(functools.partial(self._reap, runtime), context=context)
         return runtime
 
     def _send_wake(self, session_pk: int, reason: str, runtime: SessionRuntime | None) -> None:
@@ -713,8 +708,8 @@ class RuntimeRegistry:
         except Exception:
             logger.warning("channel layer unavailable: waking session %s directly", session_pk, exc_info=True)
             sent = False
-        if not sent and runtime is not None and runtime in self._inboxes:
-            self._inboxes[runtime].put_nowait(wake_message(reason))
+        if not sent and runtime is not None and runtime.task is not None and not runtime.task.done():
+            runtime.wake(reason)
 
     def _touch(self, runtime: SessionRuntime) -> None:
         """Keep `runtimes` ordered from least to most recently active (O(1)): eviction takes the first."""
@@ -734,10 +729,11 @@ class RuntimeRegistry:
             self._stop(victim)
 
     def _stop(self, runtime: SessionRuntime) -> None:
+        """Stop a runtime: its consumer is cancelled; its cleanup (see SessionRuntime.__call__) ends the
+        planner work (a cycle cut short is recorded as cancelled) and leaves the group."""
         runtime.closed = True
-        inbox = self._inboxes.get(runtime)
-        if inbox is not None:
-            inbox.put_nowait({"type": STOP})
+        if runtime.task is not None:
+            runtime.task.cancel()
 
     def _finished(self, runtime: SessionRuntime) -> None:
         """The runtime's planner loop ended (idle, stopped or crashed): forget it and end the consumer."""
@@ -747,7 +743,6 @@ class RuntimeRegistry:
 
     def _reap(self, runtime: SessionRuntime, task: asyncio.Task) -> None:
         self._tasks.discard(task)
-        self._inboxes.pop(runtime, None)
         if self.runtimes.get(runtime.session_pk) is runtime:
             del self.runtimes[runtime.session_pk]
         if not task.cancelled() and task.exception() is not None:
@@ -776,7 +771,6 @@ class RuntimeRegistry:
         await sync_to_async(connections.close_all)()
         logger.info("planner runtimes stopped (%d)", len(runtimes))
         self.runtimes = {}
-        self._inboxes = {}
         self._tasks = set()
         self._sends = set()
         self.loop = None

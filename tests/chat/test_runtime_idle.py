@@ -1,6 +1,6 @@
 """What an idle session runtime costs (issue #18: 10,000 live runtimes in one process): no planner task,
-one timer for its next timed event, two tasks in all (its consumer and the consumer's channel receive;
-channels_redis adds two helper tasks to a waiting receive);
+one timer for its next timed event, one task (its consumer, awaiting its channel; channels_redis adds
+two helper tasks to a waiting receive);
 and the cap's eviction by recent activity. Offline mode (the tests' default config): no model needed."""
 
 import asyncio
@@ -61,7 +61,7 @@ async def test_an_idle_runtime_holds_no_planner_task_only_a_timer_for_its_next_e
         assert runtime.timer.when() == pytest.approx(runtime.last_activity + 600)
 
 
-async def test_idle_runtimes_cost_two_tasks_each(runtimes, make_session):
+async def test_an_idle_runtime_costs_one_task(runtimes, make_session):
     sessions = [await asyncio.to_thread(make_session) for _ in range(20)]
     with config.override(chat=IDLE):
         before = len(asyncio.all_tasks())
@@ -70,10 +70,10 @@ async def test_idle_runtimes_cost_two_tasks_each(runtimes, make_session):
         for session in sessions:
             await answered(session)
             await idle(runtimes, session)
-        # Each: its consumer (Channels' dispatch loop) and that loop's wait on its channel; the registry's
-        # receive is a bare future, the timers are handles, the planner work has ended. channels_redis'
-        # receive waits with two helper tasks of its own (its receive lock and the channel's buffer).
-        per_runtime = 4 if isinstance(get_channel_layer(), RedisChannelLayer) else 2
+        # Each: its consumer alone, which awaits its channel itself (no receive task beside it); the
+        # timers are handles, the planner work has ended. channels_redis' receive waits with two helper
+        # tasks of its own (its receive lock and the channel's buffer).
+        per_runtime = 3 if isinstance(get_channel_layer(), RedisChannelLayer) else 1
         assert len(asyncio.all_tasks()) - before <= per_runtime * len(sessions)
         assert not any(t.get_name().startswith("planner-work-") for t in asyncio.all_tasks())
         assert len(runtimes.runtimes) == 20
