@@ -14,7 +14,10 @@ It prints, for the server process (read from /proc):
   alive (target: near zero, i.e. no per-runtime polling);
 - reply latency at the client, from just before its send to the reply's arrival: p50, p99, max
   against the target chat.debounce_seconds + 1 s;
-- the runtimes alive, as the operator console's dashboard shows them (a logged-in GET of /admin/console/).
+- the runtimes alive, as the operator console's dashboard shows them (a logged-in GET of /admin/console/);
+- the server's garbage collections while the sessions came (a gc.callbacks probe, GC_PROBE below):
+  the young ones' count and time, and each full (generation 2) collection's pause, during which the
+  event loop, and every reply in flight, waits.
 
     .venv/bin/python bench/sessions.py [--sessions 10000] [--rate 500] [--debounce 1.0] [--llm]
 """

@@ -30,7 +30,7 @@ rule) and runs it, again while news keeps coming; then it ends. An idle runtime 
 and no session row: its consumer waits on its channel and one timer (`loop.call_at`) waits for its next
 timed event (the one look after a silent private turn, letting its history cache go after
 `HISTORY_KEEP_SECONDS` of quiet, the hourly rejoin, idle eviction), so sleeping
-runtimes cost no CPU and about 10 KB each (bench/sessions.py measures 10,000).
+runtimes cost no CPU and about 5 KB each (bench/sessions.py measures 10,000).
 
 The registry holds at most `chat.max_runtimes` runtimes, ordered by recent activity: making room stops
 the least recently active idle one (or, if all are busy, the least recently active). A runtime idle for
