@@ -114,11 +114,13 @@ SESSION_CACHE_SIZE = 10_000
 
 
 def _sessions_for(
-    items: Sequence[InboundItem], learned: dict[tuple[str, str, str], tuple[tuple, ChatSession]]
+    items: Sequence[InboundItem],
+    keys: Sequence[tuple[str, str, str]],
+    learned: dict[tuple[str, str, str], tuple[tuple, ChatSession]],
 ) -> dict[tuple[str, str, str], ChatSession]:
-    latest: dict[tuple[str, str, str], InboundItem] = {}
-    for item in items:
-        latest[_session_key(item)] = item  # the last message carries the freshest names
+    """The session of each key (`keys[i]` is `_session_key(items[i])`)."""
+    # The last message of each chat carries the freshest names.
+    latest: dict[tuple[str, str, str], InboundItem] = dict(zip(keys, items, strict=True))
     sessions = {}
     for key, item in latest.items():
         info = item.message.info
@@ -246,11 +248,12 @@ def _store(items: Sequence[InboundItem]) -> list[Message]:
     # One getrandom call for the batch's uids rather than one per message (a tenth of the cost).
     random = os.urandom(16 * len(items))
     with transaction.atomic():
-        sessions = _sessions_for(items, learned)
+        keys = [_session_key(item) for item in items]
+        sessions = _sessions_for(items, keys, learned)
         media_cache: dict = {}
         messages = [
-            _build(item, sessions[_session_key(item)], now, media_cache, random[16 * i : 16 * i + 16])
-            for i, item in enumerate(items)
+            _build(item, sessions[key], now, media_cache, random[16 * i : 16 * i + 16])
+            for i, (item, key) in enumerate(zip(items, keys, strict=True))
         ]
         _insert(messages, now)
         ChatSession.objects.filter(pk__in={s.pk for s in sessions.values()}).update(last_active_at=now)

@@ -44,6 +44,7 @@ from chat.wire.inbound import (
     CustomMessage,
     EnvelopeError,
     is_custom_message,
+    json_text_is_storable,
     parse_api_package,
     parse_custom,
     parse_envelope,
@@ -310,10 +311,12 @@ class Gateway(outbox.Sink):
         except (ValueError, RecursionError) as exc:
             logger.warning("frame from %r dropped: not JSON (%s; %d bytes)", conn, str(exc)[:120], len(text))
             return
-        await self.frame_data(conn, data)
+        await self.frame_data(conn, data, storable=json_text_is_storable(text))
 
-    async def frame_data(self, conn: Connection, data: Any) -> None:
-        """A decoded frame: a chat message envelope or a custom message (receipt, command result)."""
+    async def frame_data(self, conn: Connection, data: Any, *, storable: bool = False) -> None:
+        """A decoded frame: a chat message envelope or a custom message (receipt, command result).
+        `storable`: its JSON text showed that none of its values can be unstorable (the check of each
+        value is skipped)."""
         if conn.closed:
             return
         if not isinstance(data, dict):
@@ -341,7 +344,7 @@ class Gateway(outbox.Sink):
             elif is_custom_message(data):
                 parsed = parse_custom(data)
             else:
-                parsed = parse_envelope(data)
+                parsed = parse_envelope(data, storable=storable)
         except EnvelopeError as exc:
             logger.warning("frame from %r dropped: %s", conn, exc)
             return

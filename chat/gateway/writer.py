@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import StrEnum
@@ -49,7 +50,11 @@ class IngestWriter:
     """The queue of parsed frames and the task that stores them, in arrival order."""
 
     def __init__(self) -> None:
-        self._queue: asyncio.Queue[_Queued] = asyncio.Queue()
+        # A deque and an event rather than an asyncio.Queue: a burst puts thousands of frames a second and
+        # the writer takes whatever is there at once, so the queue's per-item waiter bookkeeping was
+        # pure cost.
+        self._queue: deque[_Queued] = deque()
+        self._queued = asyncio.Event()
         # One thread, one database connection, for the writer's batches and the gateway's connection
         # records (chat.gateway.registry runs those here too).
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest")
@@ -58,17 +63,20 @@ class IngestWriter:
 
     def enqueue(self, conn: Connection, kind: FrameKind, payload: Any) -> None:
         conn.backlog += 1
-        self._queue.put_nowait(_Queued(conn, kind, payload))
+        self._queue.append(_Queued(conn, kind, payload))
+        self._queued.set()
 
     def enqueue_message(self, conn: Connection, item: InboundItem) -> None:
         self.enqueue(conn, FrameKind.MESSAGE, item)
 
     async def run(self) -> None:
         while True:
-            batch = [await self._queue.get()]
+            while not self._queue:
+                self._queued.clear()
+                await self._queued.wait()
             # Whatever piled up while the previous batch was being written goes in one transaction.
-            while len(batch) < INGEST_BATCH and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
+            queue = self._queue
+            batch = [queue.popleft() for _ in range(min(len(queue), INGEST_BATCH))]
             frames = AdapterFrames()
             for q in batch:
                 if q.kind is FrameKind.MESSAGE:

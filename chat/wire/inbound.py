@@ -5,6 +5,7 @@ APIMessageBase, `custom_<name>` or `sys_ack`). Outbound frames are built in chat
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, NotRequired
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -20,6 +21,21 @@ MAX_SEGMENT_DEPTH = 16
 # How deep the data of one segment (a notify, a card, a type we do not know) may nest: beyond it the
 # frame is refused, so nothing stored is too deep to read back (json's recursion limit).
 MAX_DATA_DEPTH = 32
+
+
+# What in a JSON text could decode to an unstorable string: a NUL or a surrogate in the text itself, or
+# an escape that decodes to one (\u0000, \uD800-\uDFFF; a pair of surrogate escapes, as an emoji
+# under ensure_ascii, is matched too and only costs the full check).
+_UNSAFE_IN_JSON_TEXT = re.compile(r"[\x00\ud800-\udfff]|\\u(?:0000|[dD][89abcdefABCDEF])")
+
+
+def json_text_is_storable(text: str) -> bool:
+    """True when no string decoded from the JSON `text` can be unstorable and no value in it nests
+    deeper than MAX_DATA_DEPTH, judged from the text alone: then the decoded frame needs no walk over
+    its values (`parse_envelope(..., storable=True)`). False means only that the values must be
+    checked one by one. Brackets are counted, not matched: those inside strings only make it say
+    False more often."""
+    return text.count("{") + text.count("[") <= MAX_DATA_DEPTH and not _UNSAFE_IN_JSON_TEXT.search(text)
 
 
 class _Lenient(BaseModel):
@@ -85,8 +101,9 @@ class EnvelopeError(ValueError):
     """A frame that is not a usable maim_message envelope; the message names the field and problem."""
 
 
-def _segments(seg: Any, depth: int = 0, where: tuple = ()) -> dict[str, Any]:
-    """Check a segment tree (seglists nest) into plain dicts; unknown types are kept as they are."""
+def _segments(seg: Any, depth: int = 0, where: tuple = (), storable: bool = False) -> dict[str, Any]:
+    """Check a segment tree (seglists nest) into plain dicts; unknown types are kept as they are.
+    `storable`: the values are known to be storable (json_text_is_storable), only the shape is checked."""
     if depth > MAX_SEGMENT_DEPTH:
         raise EnvelopeError(f"segments nested deeper than {MAX_SEGMENT_DEPTH}")
     if not isinstance(seg, dict) or not isinstance(seg.get("type"), str) or not 0 < len(seg["type"]) <= 64:
@@ -95,8 +112,11 @@ def _segments(seg: Any, depth: int = 0, where: tuple = ()) -> dict[str, Any]:
     if kind == "seglist":
         if not isinstance(data, list):
             raise EnvelopeError(f"{_path(where)}: a seglist's data must be a list of segments")
-        return {"type": "seglist", "data": [_segments(c, depth + 1, (*where, i)) for i, c in enumerate(data)]}
-    if problem := _unstorable(data):
+        return {
+            "type": "seglist",
+            "data": [_segments(c, depth + 1, (*where, i), storable) for i, c in enumerate(data)],
+        }
+    if not storable and (problem := _unstorable(data)):
         raise EnvelopeError(f"{_path(where)}.data: {problem}")
     return {"type": kind, "data": data}
 
@@ -147,16 +167,17 @@ class InboundMessage(BaseModel):
         return group is not None and bool(group.group_id)
 
 
-def parse_envelope(frame: dict[str, Any]) -> InboundMessage:
-    """Validate a message frame. Raises EnvelopeError naming the first problems."""
+def parse_envelope(frame: dict[str, Any], *, storable: bool = False) -> InboundMessage:
+    """Validate a message frame. Raises EnvelopeError naming the first problems. `storable`: the frame
+    was decoded from a JSON text that json_text_is_storable passed, so its values need no walk."""
     try:
         envelope = Envelope.model_validate(frame)
     except ValidationError as exc:
         raise EnvelopeError(_describe(exc)) from None
-    top = _segments(envelope.message_segment)
+    top = _segments(envelope.message_segment, storable=storable)
     segments = top["data"] if top["type"] == "seglist" else [top]
     info = envelope.message_info
-    if problem := _unstorable(frame.get("message_info")):
+    if not storable and (problem := _unstorable(frame.get("message_info"))):
         raise EnvelopeError(f"message_info: {problem}")
     if not (info.group_info and info.group_info.group_id) and not (info.user_info and info.user_info.user_id):
         raise EnvelopeError("message_info: a private message needs user_info.user_id")

@@ -19,7 +19,7 @@ from django.urls import reverse
 from chat.components import Command, _commands, register_command
 from chat.models import Message
 from chat.offline import offline_turn
-from chat.wire.inbound import EnvelopeError, parse_custom, parse_envelope
+from chat.wire.inbound import EnvelopeError, json_text_is_storable, parse_custom, parse_envelope
 from maibot import config
 from maibot.asgi import application
 from tests.chat.gateway_helpers import Adapter06, RawSocket, envelope
@@ -127,6 +127,25 @@ def test_frames_too_deep_or_unencodable_are_refused_naming_the_problem(frame, wo
     with pytest.raises(EnvelopeError) as refused:
         parse_envelope(frame())
     assert words in str(refused.value)
+
+
+@pytest.mark.parametrize("ensure_ascii", [True, False])
+def test_the_json_text_shortcut_never_vouches_for_a_poisonous_frame(ensure_ascii):
+    """The gateway skips the walk over a frame's values only when its JSON text shows none can be bad:
+    every poisonous frame above (escaped or raw) must be sent down the full check."""
+    poisonous = [
+        envelope(segments=[{"type": "mystery", "data": _deep(40)}]),
+        envelope(text="hi \ud800"),
+        envelope(text="nul \x00"),
+        envelope(text="emoji 😀 then \udfff"),
+        {**envelope(), "message_info": {**envelope()["message_info"], "user_info": {"user_nickname": "x\udfff"}}},
+    ]
+    for frame in poisonous:
+        text = json.dumps(frame, ensure_ascii=ensure_ascii)
+        assert not json_text_is_storable(text), text
+    plain = json.dumps(envelope(text="你好, plain text"), ensure_ascii=ensure_ascii)
+    assert json_text_is_storable(plain)
+    parse_envelope(json.loads(plain), storable=True)
 
 
 def test_a_receipt_too_deep_is_refused():
