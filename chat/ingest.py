@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import functools
 import logging
-import operator
 import os
 import time
 import uuid
@@ -13,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import InterfaceError, OperationalError, connections, models, transaction
+from django.db import InterfaceError, OperationalError, connections, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -32,7 +30,7 @@ from chat.models import (
     SourceKind,
 )
 from chat.outbox import outbox_platform_reconnected
-from chat.services import plain_text, session_get_or_create
+from chat.services import message_defaults, messages_insert, plain_text, session_get_or_create
 from chat.wire.inbound import MEDIA_SEGMENT_TYPES, InboundMessage
 
 logger = logging.getLogger(__name__)
@@ -79,17 +77,6 @@ def _store_media(segments: list[dict[str, Any]], media_cache: dict[tuple[str, st
         else:
             out.append(seg)
     return out
-
-
-@functools.cache
-def _message_defaults() -> list[tuple[str, Any]]:
-    defaults = []
-    for f in Message._meta.concrete_fields:
-        # Callable defaults (the uid) are always given explicitly, so only constants are cached.
-        defaults.append(
-            (f.attname, None if f.primary_key or (f.has_default() and callable(f.default)) else f.get_default())
-        )
-    return defaults
 
 
 def _message_time(value: float | None, now: datetime) -> datetime:
@@ -181,65 +168,11 @@ def _build(item: InboundItem, session: ChatSession, now: datetime, media_cache: 
     }
     # Positional construction skips Model.__init__'s keyword handling: a quarter of the ingest cost
     # for a burst. Fields not named above take their defaults.
-    message = Message(*[values.get(name, default) for name, default in _message_defaults()])
+    message = Message(*[values.get(name, default) for name, default in message_defaults()])
     Message.session.field.set_cached_value(message, session)
     # Lets the caller tell which stored row came from which frame (the browser page confirms its own).
     message.inbound_item = item
     return message
-
-
-def _insert(messages: list[Message], now: datetime) -> None:
-    """bulk_create for a burst of inbound rows, minus the ORM's per-value SQL compilation.
-
-    Profiling the ingest path showed bulk_create spending most of its time compiling each value of
-    each row (and SQLite's 999-parameter limit splitting a batch into ~45-row statements). One
-    executemany with values prepared by the fields themselves (only where a conversion is needed)
-    writes the same rows several times faster; the ids are read back by uid.
-    """
-    conn = connections[Message.objects.db]  # the wrapper itself, not the per-access proxy
-    fields = [f for f in Message._meta.concrete_fields if not f.primary_key]
-    plain = (models.CharField, models.TextField, models.IntegerField, models.BooleanField, models.ForeignKey)
-    # Only JSON, UUID and datetime columns need converting for the driver; the rest go as they are.
-    convert = [(i, f) for i, f in enumerate(fields) if not isinstance(f, plain)]
-    row_of = operator.attrgetter(*(f.attname for f in fields))
-    shared: dict[int, Any] = {}  # the batch's one timestamp object, converted once
-    rows = []
-    for m in messages:
-        m.created_at = now
-        row = list(row_of(m))
-        for i, f in convert:
-            v = row[i]
-            if v is None:
-                continue
-            if v is now:
-                if i not in shared:
-                    shared[i] = f.get_db_prep_save(v, conn)
-                row[i] = shared[i]
-            else:
-                row[i] = f.get_db_prep_save(v, conn)
-        rows.append(row)
-    qn = conn.ops.quote_name
-    sql = "INSERT INTO {} ({}) VALUES ({})".format(
-        qn(Message._meta.db_table), ", ".join(qn(f.column) for f in fields), ", ".join(["%s"] * len(fields))
-    )
-    uid_index = next(i for i, f in enumerate(fields) if f.attname == "uid")
-    # The uid as the driver gets it back (hex text on SQLite, a UUID on PostgreSQL): ids are read back
-    # without the ORM's per-row converters.
-    by_uid = {row[uid_index]: m for row, m in zip(rows, messages, strict=True)}
-    uids = list(by_uid)
-    table, id_col, uid_col = qn(Message._meta.db_table), qn(Message._meta.pk.column), qn(fields[uid_index].column)
-    with conn.cursor() as cursor:
-        cursor.executemany(sql, rows)
-        for start in range(0, len(uids), 500):
-            chunk = uids[start : start + 500]
-            cursor.execute(
-                f"SELECT {id_col}, {uid_col} FROM {table} WHERE {uid_col} IN ({', '.join(['%s'] * len(chunk))})", chunk
-            )
-            for pk, uid in cursor.fetchall():
-                by_uid[uid].pk = pk
-    for m in messages:
-        m._state.adding = False
-        m._state.db = conn.alias
 
 
 def _store(items: Sequence[InboundItem]) -> list[Message]:
@@ -255,7 +188,7 @@ def _store(items: Sequence[InboundItem]) -> list[Message]:
             _build(item, sessions[key], now, media_cache, random[16 * i : 16 * i + 16])
             for i, (item, key) in enumerate(zip(items, keys, strict=True))
         ]
-        _insert(messages, now)
+        messages_insert(messages, now)
         ChatSession.objects.filter(pk__in={s.pk for s in sessions.values()}).update(last_active_at=now)
     if len(_session_cache) + len(learned) > SESSION_CACHE_SIZE:
         _session_cache.clear()

@@ -25,12 +25,14 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from chat.models import SourceKind
+from chat.models import ChatSession, SourceKind
 from chat.services import Outbound, messages_send
 from maibot.config import get_config
 from scheduling.models import Actor, ScheduledMessage, ScheduledStatus
 
 logger = logging.getLogger(__name__)
+
+API = Actor.API.value  # compared once per claimed row: a plain string, not an enum lookup
 
 Clock = Callable[[], datetime]
 
@@ -80,7 +82,34 @@ def recover_expired_leases(now: datetime) -> int:
     )
 
 
-def claim_due(now: datetime, *, limit: int, lease_seconds: float) -> tuple[str, list[ScheduledMessage]]:
+@dataclass(slots=True)
+class ClaimedMessage:
+    """A scheduled message as its claim read it: the columns delivery needs, not a model instance
+    (building instances was a quarter of the dispatcher's cost for a burst)."""
+
+    pk: str
+    created_via: str
+    origin: str
+    message_text: str
+    segments: list
+    send_at: datetime
+    attempts: int
+    history: list
+    session: ChatSession
+    lease_until: datetime | None
+    sent_at: datetime | None = None
+    sent_message_id: int | None = None
+
+    @property
+    def lateness_seconds(self) -> float | None:
+        return None if self.sent_at is None else (self.sent_at - self.send_at).total_seconds()
+
+
+_CLAIMED_COLUMNS = ("pk", "created_via", "origin", "message_text", "segments", "send_at", "attempts", "history")
+_SESSION_COLUMNS = tuple(f.attname for f in ChatSession._meta.concrete_fields)
+
+
+def claim_due(now: datetime, *, limit: int, lease_seconds: float) -> tuple[str, list[ClaimedMessage]]:
     """Atomically claim up to `limit` due pending rows. Only rows this call moved to `sending` are
     returned: a concurrent claimer's rows fail the `status='pending'` condition and are skipped."""
     due_ids = list(
@@ -91,33 +120,44 @@ def claim_due(now: datetime, *, limit: int, lease_seconds: float) -> tuple[str, 
     return _claim(due_ids, now=now, lease_seconds=lease_seconds)
 
 
-def _claim(task_ids: list[str], *, now: datetime, lease_seconds: float) -> tuple[str, list[ScheduledMessage]]:
+def _claim(task_ids: list[str], *, now: datetime, lease_seconds: float) -> tuple[str, list[ClaimedMessage]]:
     token = uuid.uuid4().hex
     if not task_ids:
         return token, []
+    lease_until = now + timedelta(seconds=lease_seconds)
     ScheduledMessage.objects.filter(pk__in=task_ids, status=ScheduledStatus.PENDING).update(
         status=ScheduledStatus.SENDING,
         claim_token=token,
-        lease_until=now + timedelta(seconds=lease_seconds),
+        lease_until=lease_until,
         attempts=F("attempts") + 1,
         updated_at=now,
     )
-    claimed = list(
+    # One query, as with select_related, but as values: one ChatSession per distinct session.
+    rows = (
         ScheduledMessage.objects.filter(claim_token=token, status=ScheduledStatus.SENDING)
-        .select_related("session")
         .order_by("due_at")
+        .values_list(*_CLAIMED_COLUMNS, *(f"session__{c}" for c in _SESSION_COLUMNS))
     )
+    sessions: dict[int, ChatSession] = {}
+    claimed = []
+    width = len(_CLAIMED_COLUMNS)
+    for row in rows:
+        values = row[width:]
+        session = sessions.get(values[0])
+        if session is None:
+            session = sessions[values[0]] = ChatSession.from_db(connection.alias, _SESSION_COLUMNS, values)
+        claimed.append(ClaimedMessage(*row[:width], session, lease_until))
     return token, claimed
 
 
-def _outbound(task: ScheduledMessage) -> Outbound:
+def _outbound(task: ClaimedMessage) -> Outbound:
     # A message another system asked for through the API is a proactive message in the chat's
     # history, whether it was sent at once or at its send_at.
-    if task.created_via == Actor.API:
-        source_kind = SourceKind.PROACTIVE
+    if task.created_via == API:
+        source_kind = SourceKind.PROACTIVE.value
         extra = {"scheduled_message_id": task.pk, "origin": task.origin}
     else:
-        source_kind = SourceKind.SCHEDULED_SEND
+        source_kind = SourceKind.SCHEDULED_SEND.value
         extra = {"scheduled_message_id": task.pk}
     return Outbound(
         session=task.session,
@@ -128,7 +168,7 @@ def _outbound(task: ScheduledMessage) -> Outbound:
     )
 
 
-def _finish_batch(token: str, tasks: list[ScheduledMessage], clock: Clock = timezone.now) -> list[ScheduledMessage]:
+def _finish_batch(token: str, tasks: list[ClaimedMessage], clock: Clock = timezone.now) -> list[ClaimedMessage]:
     """Write the outbound messages and mark the tasks sent, in one transaction, for the rows the
     claim still holds. Returns the tasks sent."""
     with transaction.atomic():
@@ -159,11 +199,11 @@ def _finish_batch(token: str, tasks: list[ScheduledMessage], clock: Clock = time
         with connection.cursor() as cursor:
             cursor.executemany(sql, params)
         for task, message in zip(live, messages, strict=True):
-            task.status, task.sent_message, task.sent_at = ScheduledStatus.SENT, message, now
+            task.sent_message_id, task.sent_at = message.pk, now
     return live
 
 
-def _fail_or_retry(token: str, task: ScheduledMessage, error: str, clock: Clock = timezone.now) -> str:
+def _fail_or_retry(token: str, task: ClaimedMessage, error: str, clock: Clock = timezone.now) -> str:
     """After a failed attempt: retry later with exponential backoff, or fail for good."""
     cfg = get_config().scheduling
     now = clock()
@@ -195,9 +235,7 @@ def _fail_or_retry(token: str, task: ScheduledMessage, error: str, clock: Clock 
     return "retried"
 
 
-def deliver_claimed(
-    token: str, tasks: list[ScheduledMessage], report: RoundReport, clock: Clock = timezone.now
-) -> None:
+def deliver_claimed(token: str, tasks: list[ClaimedMessage], report: RoundReport, clock: Clock = timezone.now) -> None:
     try:
         sent = _finish_batch(token, tasks, clock)
     except Exception:
