@@ -8,7 +8,7 @@ import operator
 import os
 import sqlite3
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -175,8 +175,13 @@ def messages_insert(messages: list[Message], now: datetime) -> None:
     multi-row INSERTs as large as the database takes write the same rows several times faster. The
     ids come back by RETURNING, matched by uid (neither database promises RETURNING's row order).
     """
-    conn = connections[Message.objects.db]  # the wrapper itself, not the per-access proxy
-    fields = [f for f in Message._meta.concrete_fields if not f.primary_key]
+    _insert_rows(messages, _rows_for(messages, now))
+
+
+def _rows_for(messages: list[Message], now: datetime) -> list[list[Any]]:
+    """Each message's column values as the driver takes them (no database access)."""
+    conn = connections[Message.objects.db]
+    fields = _insert_fields()
     plain = (models.CharField, models.TextField, models.IntegerField, models.BooleanField, models.ForeignKey)
     # Only JSON, UUID and datetime columns need converting for the driver; the rest go as they are.
     convert = [(i, f) for i, f in enumerate(fields) if not isinstance(f, plain)]
@@ -197,6 +202,16 @@ def messages_insert(messages: list[Message], now: datetime) -> None:
             else:
                 row[i] = f.get_db_prep_save(v, conn)
         rows.append(row)
+    return rows
+
+
+def _insert_fields() -> list[models.Field]:
+    return [f for f in Message._meta.concrete_fields if not f.primary_key]
+
+
+def _insert_rows(messages: list[Message], rows: list[list[Any]]) -> None:
+    conn = connections[Message.objects.db]  # the wrapper itself, not the per-access proxy
+    fields = _insert_fields()
     uid_index = next(i for i, f in enumerate(fields) if f.attname == "uid")
     # The uid as the driver gets it back (hex text on SQLite, a UUID on PostgreSQL).
     by_uid = {row[uid_index]: m for row, m in zip(rows, messages, strict=True)}
@@ -229,20 +244,51 @@ def _max_parameters(conn) -> int:
     return conn.features.max_query_params or 65_535
 
 
-def messages_send(items: Sequence[Outbound], *, now: datetime | None = None) -> list[Message]:
-    """The send service: store outbound messages as pending outbox rows, in one transaction.
+@dataclass
+class PreparedSend:
+    """Outbound messages built and converted for the database, not yet written: what messages_send
+    does before its transaction, so that a caller writing inside a transaction of its own (the
+    dispatcher; on SQLite every transaction holds the one write lock from its start) does that work
+    before taking it."""
 
-    The ASGI side delivers pending rows to the adapter of their platform (chat.outbox). Call inside
-    a caller's transaction to make the send atomic with the caller's own writes.
-    """
+    messages: list[Message]
+    rows: list[list[Any]]
+    now: datetime
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def __iter__(self) -> Iterator[Message]:
+        return iter(self.messages)
+
+    def subset(self, indexes: Iterable[int]) -> PreparedSend:
+        """Only the messages at these positions (in the order given)."""
+        indexes = list(indexes)
+        return PreparedSend([self.messages[i] for i in indexes], [self.rows[i] for i in indexes], self.now)
+
+
+def messages_prepare(items: Sequence[Outbound], *, now: datetime | None = None) -> PreparedSend:
+    """Build and convert outbound messages for messages_send, without touching the database."""
     now = now or timezone.now()
     # One getrandom call for the batch's uids rather than one per message.
     random = os.urandom(16 * len(items))
     messages = [_build_message(item, now, random[16 * i : 16 * i + 16]) for i, item in enumerate(items)]
+    return PreparedSend(messages, _rows_for(messages, now), now)
+
+
+def messages_send(items: Sequence[Outbound] | PreparedSend, *, now: datetime | None = None) -> list[Message]:
+    """The send service: store outbound messages as pending outbox rows, in one transaction.
+
+    The ASGI side delivers pending rows to the adapter of their platform (chat.outbox). Call inside
+    a caller's transaction to make the send atomic with the caller's own writes (with `items` from
+    messages_prepare, made before that transaction began).
+    """
+    prepared = items if isinstance(items, PreparedSend) else messages_prepare(items, now=now)
+    messages = prepared.messages
     with transaction.atomic():
-        messages_insert(messages, now)
+        _insert_rows(messages, prepared.rows)
         session_ids = {m.session_id for m in messages}
-        ChatSession.objects.filter(pk__in=session_ids).update(last_active_at=now)
+        ChatSession.objects.filter(pk__in=session_ids).update(last_active_at=prepared.now)
         transaction.on_commit(lambda: _announce(messages))
     return messages
 

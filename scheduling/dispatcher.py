@@ -26,7 +26,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from chat.models import ChatSession, SourceKind
-from chat.services import Outbound, messages_send
+from chat.services import Outbound, messages_prepare, messages_send
 from maibot.config import get_config
 from scheduling.models import Actor, ScheduledMessage, ScheduledStatus
 
@@ -171,16 +171,20 @@ def _outbound(task: ClaimedMessage) -> Outbound:
 def _finish_batch(token: str, tasks: list[ClaimedMessage], clock: Clock = timezone.now) -> list[ClaimedMessage]:
     """Write the outbound messages and mark the tasks sent, in one transaction, for the rows the
     claim still holds. Returns the tasks sent."""
+    # Built before the transaction: on SQLite it holds the one write lock from its start, and the
+    # ASGI process claiming what earlier chunks wrote waits for it.
+    prepared = messages_prepare([_outbound(t) for t in tasks])
     with transaction.atomic():
         held = set(
             ScheduledMessage.objects.select_for_update()
             .filter(pk__in=[t.pk for t in tasks], claim_token=token, status=ScheduledStatus.SENDING)
             .values_list("pk", flat=True)
         )
-        live = [t for t in tasks if t.pk in held]
+        live = [i for i, t in enumerate(tasks) if t.pk in held]
         if not live:
             return []
-        messages = messages_send([_outbound(t) for t in live])
+        messages = messages_send(prepared if len(live) == len(tasks) else prepared.subset(live))
+        live = [tasks[i] for i in live]
         now = clock()  # after the outbound rows are written: lateness includes the write
         # One parameterised UPDATE per row, sent as a batch: Django's bulk_update builds a CASE
         # expression per row and field, which costs seconds for a 10,000-message burst.
@@ -235,21 +239,36 @@ def _fail_or_retry(token: str, task: ClaimedMessage, error: str, clock: Clock = 
     return "retried"
 
 
+# A claimed batch is written in chunks, each its own transaction: the ASGI process delivers one
+# chunk while the next is written. The first is small, so the first messages of a burst go out at once.
+FIRST_CHUNK = 100
+CHUNK = 500
+
+
+def _chunks(tasks: list[ClaimedMessage]) -> list[list[ClaimedMessage]]:
+    chunks, start, size = [], 0, FIRST_CHUNK
+    while start < len(tasks):
+        chunks.append(tasks[start : start + size])
+        start, size = start + size, CHUNK
+    return chunks
+
+
 def deliver_claimed(token: str, tasks: list[ClaimedMessage], report: RoundReport, clock: Clock = timezone.now) -> None:
-    try:
-        sent = _finish_batch(token, tasks, clock)
-    except Exception:
-        # One bad row must not hold back the rest: fall back to one transaction per row.
-        logger.exception("batch delivery failed; delivering %d messages one by one", len(tasks))
-        sent = []
-        for task in tasks:
-            try:
-                sent.extend(_finish_batch(token, [task], clock))
-            except Exception as exc:
-                outcome = _fail_or_retry(token, task, f"{type(exc).__name__}: {exc}", clock)
-                setattr(report, outcome, getattr(report, outcome) + 1)
-    report.sent += len(sent)
-    report.lateness.extend(t.lateness_seconds for t in sent)
+    for chunk in _chunks(tasks):
+        try:
+            sent = _finish_batch(token, chunk, clock)
+        except Exception:
+            # One bad row must not hold back the rest: fall back to one transaction per row.
+            logger.exception("batch delivery failed; delivering %d messages one by one", len(chunk))
+            sent = []
+            for task in chunk:
+                try:
+                    sent.extend(_finish_batch(token, [task], clock))
+                except Exception as exc:
+                    outcome = _fail_or_retry(token, task, f"{type(exc).__name__}: {exc}", clock)
+                    setattr(report, outcome, getattr(report, outcome) + 1)
+        report.sent += len(sent)
+        report.lateness.extend(t.lateness_seconds for t in sent)
 
 
 def deliver_due(now: datetime | None = None, *, clock: Clock = timezone.now) -> RoundReport:
