@@ -94,7 +94,6 @@ class ClaimedMessage:
     segments: list
     send_at: datetime
     attempts: int
-    history: list
     session: ChatSession
     lease_until: datetime | None
     sent_at: datetime | None = None
@@ -105,8 +104,10 @@ class ClaimedMessage:
         return None if self.sent_at is None else (self.sent_at - self.send_at).total_seconds()
 
 
-_CLAIMED_COLUMNS = ("pk", "created_via", "origin", "message_text", "segments", "send_at", "attempts", "history")
-_SESSION_COLUMNS = tuple(f.attname for f in ChatSession._meta.concrete_fields)
+_CLAIMED_COLUMNS = ("pk", "created_via", "origin", "message_text", "segments", "send_at", "attempts")
+# What the send service reads of a session (its id and its target); the rest is deferred, loaded only
+# if something asks for it.
+_SESSION_COLUMNS = ("id", "chat_type", "user_id", "group_id")
 
 
 def claim_due(now: datetime, *, limit: int, lease_seconds: float) -> tuple[str, list[ClaimedMessage]]:
@@ -212,7 +213,9 @@ def _fail_or_retry(token: str, task: ClaimedMessage, error: str, clock: Clock = 
     cfg = get_config().scheduling
     now = clock()
     error = error[:2000] or "send failed"
-    history = [*task.history, {"at": now.isoformat(), "event": "attempt_failed", "by": "dispatcher", "error": error}]
+    # Read here, not by the claim: only a failed attempt needs it.
+    earlier = ScheduledMessage.objects.filter(pk=task.pk).values_list("history", flat=True).first() or []
+    history = [*earlier, {"at": now.isoformat(), "event": "attempt_failed", "by": "dispatcher", "error": error}]
     held = ScheduledMessage.objects.filter(pk=task.pk, claim_token=token, status=ScheduledStatus.SENDING)
     if task.attempts >= cfg.max_attempts:
         held.update(
