@@ -210,20 +210,34 @@ def _insert_fields() -> list[models.Field]:
 
 
 def _insert_rows(messages: list[Message], rows: list[list[Any]]) -> None:
+    if not rows:
+        return
     conn = connections[Message.objects.db]  # the wrapper itself, not the per-access proxy
     fields = _insert_fields()
     uid_index = next(i for i, f in enumerate(fields) if f.attname == "uid")
     # The uid as the driver gets it back (hex text on SQLite, a UUID on PostgreSQL).
     by_uid = {row[uid_index]: m for row, m in zip(rows, messages, strict=True)}
     qn = conn.ops.quote_name
-    head = "INSERT INTO {} ({}) VALUES ".format(qn(Message._meta.db_table), ", ".join(qn(f.column) for f in fields))
+    head = "INSERT INTO {} ({}) ".format(qn(Message._meta.db_table), ", ".join(qn(f.column) for f in fields))
     tail = f" RETURNING {qn(Message._meta.pk.column)}, {qn(fields[uid_index].column)}"
-    one = "({})".format(", ".join(["%s"] * len(fields)))
-    per_statement = max(1, min(_MAX_ROWS_PER_INSERT, _max_parameters(conn) // len(fields)))
+    if conn.vendor == "postgresql":
+        # One array per column: a short statement whatever the number of rows. psycopg parses a
+        # statement's placeholders in Python and caches only short ones, so a multi-row VALUES list
+        # cost more there than the insert itself.
+        arrays = ", ".join(f"%s::{f.db_type(conn)}[]" for f in fields)
+        statements = [
+            (f"{head}SELECT * FROM unnest({arrays}){tail}", [list(column) for column in zip(*rows, strict=True)])
+        ]
+    else:
+        one = "({})".format(", ".join(["%s"] * len(fields)))
+        per_statement = max(1, min(_MAX_ROWS_PER_INSERT, _max_parameters(conn) // len(fields)))
+        statements = [
+            (head + "VALUES " + ", ".join([one] * len(chunk)) + tail, [v for row in chunk for v in row])
+            for chunk in (rows[start : start + per_statement] for start in range(0, len(rows), per_statement))
+        ]
     with conn.cursor() as cursor:
-        for start in range(0, len(rows), per_statement):
-            chunk = rows[start : start + per_statement]
-            cursor.execute(head + ", ".join([one] * len(chunk)) + tail, [v for row in chunk for v in row])
+        for sql, params in statements:
+            cursor.execute(sql, params)
             for pk, uid in cursor.fetchall():
                 by_uid[uid].pk = pk
     for m in messages:
@@ -236,12 +250,12 @@ _MAX_ROWS_PER_INSERT = 2000
 
 
 def _max_parameters(conn) -> int:
-    """Bind parameters one statement may carry: SQLite's compiled-in limit (Django assumes 999, the
-    limit before SQLite 3.32; builds since allow 32,766), PostgreSQL's 65,535."""
+    """Bind parameters one SQLite statement may carry: its compiled-in limit (Django assumes 999, the
+    limit before SQLite 3.32; builds since allow 32,766)."""
     if conn.vendor == "sqlite":
         conn.ensure_connection()
         return conn.connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-    return conn.features.max_query_params or 65_535
+    return conn.features.max_query_params or 999
 
 
 @dataclass
