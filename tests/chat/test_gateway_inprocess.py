@@ -180,9 +180,9 @@ def test_storing_a_batch_for_known_sessions_costs_the_same_queries_whatever_its_
     with CaptureQueriesContext(connection) as large:
         assert len(inbound_messages_store(items=_items(400, users, 10)).stored) == 400
     assert len(small) == len(large), [q["sql"][:80] for q in large]
-    # One INSERT for every row, one SELECT of their ids, one UPDATE of the sessions' activity, and the
-    # savepoint around them.
-    assert len(large) == 5
+    # One INSERT … RETURNING for every row (their ids come back with it), one UPDATE of the sessions'
+    # activity, and the savepoint around them.
+    assert len(large) == 4
     assert Message.objects.filter(direction="in").count() == 410
     assert ChatSession.objects.count() == 5
 
