@@ -5,7 +5,6 @@ unless they ask for it."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import socket
@@ -138,36 +137,19 @@ def call_before_server_shutdown(loop: asyncio.AbstractEventLoop, hook: Callable[
     return True
 
 
-# The cyclic garbage collector's first-generation threshold in the server (CPython's default is 700
-# allocations). An adapter burst allocates a few dozen container objects per message (the decoded
-# frame, its validated model, the row), so at 700 the collector ran every few messages: bench/ingest.py
-# put a third of the server's CPU per message there. 10,000 took about as much off as 50,000 did, with
-# shorter pauses (each young-generation pass stops the event loop for its length).
-GC_FIRST_THRESHOLD = 10_000
-
-
-def tune_garbage_collector() -> int:
-    """For a long-running server, once its code is loaded: move every object alive now (Django, the
-    apps, their modules: ~140,000 objects that live as long as the process) out of the collector's
-    reach after one full collection, and collect the young generation less often; returns how many
-    objects were frozen.
-
-    A full (generation 2) collection walks every tracked object and stops the event loop meanwhile;
-    walking the start-up objects again at every full collection only lengthened the pause (by ~0.1 s,
-    bench/sessions.py), which every reply in flight then waited for. Frozen objects are still freed by
-    reference counting; only a cycle among them that became garbage later would never be reclaimed,
-    and start-up state does not do that. Cycles made later are still collected, in bigger batches."""
-    gc.collect()
-    gc.freeze()
-    _first, second, third = gc.get_threshold()
-    gc.set_threshold(GC_FIRST_THRESHOLD, second, third)
-    return gc.get_freeze_count()
-
-
 def start_services_on_first_call(app):
     """Wrap the ASGI application so the server process starts its services when it first serves
-    (importing maibot.asgi alone, as tests do, starts nothing), after tuning its garbage collector
-    (`tune_garbage_collector`). settings.MAIBOT_CONSOLE_SERVICES turns the services off."""
+    (importing maibot.asgi alone, as tests do, starts nothing). settings.MAIBOT_CONSOLE_SERVICES turns
+    this off.
+
+    The garbage collector keeps CPython's defaults. Tried and measured (bench/ingest.py,
+    bench/sessions.py): freezing the start-up heap here (gc.freeze), with or without a young threshold
+    of 10,000, took a third off the server's CPU per ingested message and ~0.1 s off each full
+    collection with 10,000 live runtimes, but a lone message after an ingest burst then waited 50-190 ms
+    (paced p99, 4 runs of 5; 1-2 ms without, in 8 of 8; the target is 10 ms). Likely why: frozen
+    objects no longer count as long-lived, and CPython 3.11 starts a full collection once the objects
+    promoted since the last reach a quarter of the long-lived ones, so full collections come far more
+    often."""
     from django.conf import settings
 
     started = False
@@ -176,10 +158,6 @@ def start_services_on_first_call(app):
         nonlocal started
         if not started:
             started = True
-            # Everything the server loads to serve is loaded by now: the first request pays one full
-            # collection (~0.1 s), no later full collection walks these objects again.
-            frozen = tune_garbage_collector()
-            logger.info("web process %s: %d start-up objects frozen out of the garbage collector", os.getpid(), frozen)
             if getattr(settings, "MAIBOT_CONSOLE_SERVICES", True):
                 # In the background: the first request must not wait for the watcher to arm.
                 threading.Thread(target=start_process_services, args=("web",), daemon=True).start()
