@@ -132,8 +132,9 @@ def _changed_keys(new: BotConfig, old: BotConfig) -> list[str]:
 
 def _record(result: ReloadResult) -> ReloadResult:
     global last_result, last_error
-    last_result = result
+    # last_error first: whoever sees this reload's last_result sees its last_error too.
     last_error = None if result.ok else result
+    last_result = result
     return result
 
 

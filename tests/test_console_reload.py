@@ -57,7 +57,9 @@ def test_a_valid_edit_of_the_file_is_applied_without_restart(config_file, watche
     edit(config_file, 'nickname = "麦麦"', 'nickname = "小麦 Mai"')
 
     assert wait_for(lambda: get_config().bot.nickname == "小麦 Mai")
-    assert wait_for(lambda: seen == [("麦麦", "小麦 Mai")])
+    # The reload is over once its result is recorded (after the swap and the callbacks).
+    assert wait_for(lambda: reload.last_result is not None and reload.last_result.changed_keys == ["bot.nickname"])
+    assert seen == [("麦麦", "小麦 Mai")]
     assert reload.last_error is None
     assert reload.last_result.changed_keys == ["bot.nickname"]
 
@@ -81,6 +83,7 @@ def test_an_invalid_edit_is_rejected_and_the_old_config_stays(config_file, watch
     # Fixing the file applies it and clears the error.
     config_file.write_text(render_template().replace("max_rounds = 5", "max_rounds = 7"), encoding="utf-8")
     assert wait_for(lambda: get_config().chat.max_rounds == 7)
+    assert wait_for(lambda: reload.last_result.ok and reload.last_result.changed_keys == ["chat.max_rounds"])
     assert reload.last_error is None
     assert len(calls) == 1
 
@@ -143,7 +146,7 @@ def test_a_burst_of_writes_is_one_reload(config_file, slow_watcher):
     # One more edit after the burst: the watcher handles changes in order, so once this one is applied
     # every event of the burst has been handled, and no second reload of the burst can still come.
     edit(config_file, 'nickname = "burst 5"', 'nickname = "after the burst"')
-    assert wait_for(lambda: get_config().bot.nickname == "after the burst")
+    assert wait_for(lambda: get_config().bot.nickname == "after the burst" and watcher.reloads >= 2)
     assert calls == ["burst 5", "after the burst"]
     assert watcher.reloads == 2
 
