@@ -119,7 +119,11 @@ async def test_stdio_server_tools_are_called_recorded_and_survive_a_kill(start_s
             assert (await adapter.next_message(timeout=30))["message_segment"]["data"][0]["data"] == "服务器挂了"
             slow = await record("calc__slow")
             assert (slow.ok, slow.result["error"]["code"]) == (False, "mcp_unavailable"), slow.result
-            cycle = await db(lambda: PlannerCycle.objects.get(pk=slow.cycle_id))
+            # The reply goes out before the cycle's own record is finished: wait for its end.
+            cycle = await wait_for_async(
+                lambda: PlannerCycle.objects.filter(pk=slow.cycle_id, ended_at__isnull=False).first(),
+                what="the cycle recorded",
+            )
             assert cycle.action == "reply" and not cycle.error
 
             # 4. It is started again and its tools come back.
