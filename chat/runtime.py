@@ -71,6 +71,8 @@ logger = logging.getLogger(__name__)
 WAKE = "session.wake"
 START = "session.start"
 STOP = "session.stop"
+# How long a runtime asked to stop has before it is cancelled (see RuntimeRegistry._stop).
+STOP_SECONDS = 5.0
 # Group memberships expire (both layers default to a day): a long-lived runtime joins again hourly.
 REJOIN_SECONDS = 3600.0
 # A runtime quiet this long lets its history cache go (the next cycle reads the window again, one query):
@@ -611,6 +613,8 @@ class RuntimeRegistry:
         self.stopping = False
         self._tasks: set[asyncio.Task] = set()  # consumers still running, evicted ones included
         self._sends: set[asyncio.Task] = set()  # wakes on their way through the channel layer
+        self._stoppers: set[asyncio.Task] = set()  # stops on their way (see _stop)
+        self._stopping: set[asyncio.Task] = set()  # consumers asked to stop
 
     # --- from any thread ---------------------------------------------------------------------------------
     def notify(self, session_pk: int, message_pks: Iterable[int]) -> bool:
@@ -729,11 +733,35 @@ class RuntimeRegistry:
             self._stop(victim)
 
     def _stop(self, runtime: SessionRuntime) -> None:
-        """Stop a runtime: its consumer is cancelled; its cleanup (see SessionRuntime.__call__) ends the
-        planner work (a cycle cut short is recorded as cancelled) and leaves the group."""
+        """Stop a runtime: a `session.stop` on its own channel ends its consumer (its cleanup, see
+        SessionRuntime.__call__, ends the planner work, a cycle cut short recorded as cancelled, and
+        leaves the group). Not a cancellation first: on Redis one that arrives while the consumer waits
+        in channels_redis' blocking pop was seen to be taken in only when the pop returned, or never
+        (the task stayed "cancelling" in the receive). The consumer is cancelled only if the message
+        cannot be sent, or it has not ended STOP_SECONDS later."""
         runtime.closed = True
-        if runtime.task is not None:
-            runtime.task.cancel()
+        task = runtime.task
+        if task is None or task.done() or task in self._stopping:
+            return
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+        layer, channel = runtime.channel_layer, runtime.channel_name
+        if layer is None or not channel:
+            task.cancel()
+            return
+
+        async def ask() -> None:
+            try:
+                await layer.send(channel, {"type": STOP})
+                await asyncio.wait([task], timeout=STOP_SECONDS)
+            except Exception:
+                logger.warning("could not ask planner runtime %s to stop; cancelling it", task.get_name())
+            if not task.done():
+                task.cancel()
+
+        stopper = asyncio.ensure_future(ask())
+        self._stoppers.add(stopper)
+        stopper.add_done_callback(self._stoppers.discard)
 
     def _finished(self, runtime: SessionRuntime) -> None:
         """The runtime's planner loop ended (idle, stopped or crashed): forget it and end the consumer."""
