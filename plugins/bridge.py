@@ -204,6 +204,24 @@ def _command(host: ComponentHost, record: PluginRecord, component: ComponentInfo
     )
 
 
+def _register_tool(
+    host: ComponentHost, record: PluginRecord, component: ComponentInfo, *, scopes: frozenset[str] | None = None
+) -> None:
+    """Register a plugin tool (with `scopes` instead of its declared ones when given), or note on the
+    component why it was not: an invalid name, or one already taken."""
+    if not _TOOL_NAME.fullmatch(component.name):
+        component.note = "a tool name must be 1–64 letters, digits, _ or -"
+        return
+    if registry.registry.get(component.name) is not None:
+        component.note = f"the tool name {component.name} is already taken"
+        return
+    tool = _tool(host, record, component)
+    if scopes is not None:
+        tool.scopes = scopes
+    registry.registry.register(tool)
+    host.on_unregister(lambda name=component.name: registry.registry.unregister(name))
+
+
 def register_components(host: ComponentHost, record: PluginRecord, *, life_only: bool = False) -> None:
     """Register the record's components. `life_only` (a cluster worker's host): only tools offered to
     the life loop, with scope "life" alone (the worker runs no chat planner, commands or chat events)."""
@@ -214,25 +232,9 @@ def register_components(host: ComponentHost, record: PluginRecord, *, life_only:
                 if kind != "TOOL" or LIFE not in tool_scopes(component.metadata):
                     component.note = "not registered in a cluster worker (life-loop tools only)"
                     continue
-                if not _TOOL_NAME.fullmatch(component.name):
-                    component.note = "a tool name must be 1–64 letters, digits, _ or -"
-                    continue
-                if registry.registry.get(component.name) is not None:
-                    component.note = f"the tool name {component.name} is already taken"
-                    continue
-                tool = _tool(host, record, component)
-                tool.scopes = frozenset({LIFE})
-                registry.registry.register(tool)
-                host.on_unregister(lambda name=component.name: registry.registry.unregister(name))
+                _register_tool(host, record, component, scopes=frozenset({LIFE}))
             elif kind == "TOOL":
-                if not _TOOL_NAME.fullmatch(component.name):
-                    component.note = "a tool name must be 1–64 letters, digits, _ or -"
-                    continue
-                if registry.registry.get(component.name) is not None:
-                    component.note = f"the tool name {component.name} is already taken"
-                    continue
-                registry.registry.register(_tool(host, record, component))
-                host.on_unregister(lambda name=component.name: registry.registry.unregister(name))
+                _register_tool(host, record, component)
             elif kind == "COMMAND":
                 command = _command(host, record, component)
                 registry.register_command(command)
