@@ -14,14 +14,13 @@ from chat import events
 from chat.components import LIFE, commands, registry
 from chat.events import Point
 from chat.models import ToolCallRecord
-from maibot import config
 from plugins import host as plugin_host
 from plugins.host import PluginHost
 from scheduling.life import loop
 from scheduling.life.loop import run_firing
 from scheduling.life.timers import timer_create
 from scheduling.services import SYSTEM
-from tests.fake_llm import FakeLLM
+from tests.chat.planner_helpers import fake_llm_fixture  # noqa: F401  (the `fake_llm` fixture)
 from tests.plugins.conftest import copy_plugins
 from tests.scheduling.test_life import fire
 
@@ -69,15 +68,6 @@ def test_only_plugins_with_life_loop_tools_start_and_only_those_tools_register(t
     finally:
         host.stop()
     assert registry.get("write_diary") is None and registry.get("diary_note") is None
-
-
-@pytest.fixture
-def fake_llm():
-    with (
-        FakeLLM() as server,
-        config.override(llm={"base_url": server.base_url, "model": "fake-model", "max_retries": 0}),
-    ):
-        yield server
 
 
 @pytest.fixture
