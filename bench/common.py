@@ -77,3 +77,72 @@ def fresh_postgres(url: str, *, redis_url: str = "", reuse: bool = False, **env:
 
     django.setup()
     return data_dir, sub_env
+
+
+# Loaded into the server process (a sitecustomize on its PYTHONPATH): times every garbage collection
+# through gc.callbacks. Each full (generation 2) collection is one line; the per-generation totals are
+# written at most once a second and at each full collection, so the probe costs nothing measurable.
+GC_PROBE = """
+import gc, os, time
+_log = open(os.environ["MAIBOT_BENCH_GC_LOG"], "a")
+_totals = [[0, 0.0], [0, 0.0], [0, 0.0]]
+_state = {"start": 0.0, "cpu": 0.0, "written": 0.0}
+def _timed(phase, info):
+    now = time.perf_counter()
+    if phase == "start":
+        _state["start"], _state["cpu"] = now, time.process_time()
+        return
+    gen, pause = info["generation"], now - _state["start"]
+    _totals[gen][0] += 1
+    _totals[gen][1] += pause
+    if gen == 2:
+        cpu = time.process_time() - _state["cpu"]
+        _log.write(f"full {time.time():.3f} {pause * 1000:.1f} {cpu * 1000:.1f}\\n")
+    if gen == 2 or now - _state["written"] > 1.0:
+        _state["written"] = now
+        flat = " ".join(f"{n} {t:.4f}" for n, t in _totals)
+        _log.write(f"totals {time.time():.3f} {flat}\\n")
+        _log.flush()
+gc.callbacks.append(_timed)
+"""
+
+
+def with_gc_probe(data_dir: Path, env: dict) -> tuple[dict, Path]:
+    """`env` for a server process that loads GC_PROBE, and the log it writes (for gc_summary)."""
+    probe_dir = data_dir / "gc_probe"
+    probe_dir.mkdir()
+    (probe_dir / "sitecustomize.py").write_text(GC_PROBE, encoding="utf-8")
+    gc_log = data_dir / "gc.log"
+    env = {
+        **env,
+        "MAIBOT_BENCH_GC_LOG": str(gc_log),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(probe_dir), env.get("PYTHONPATH", "")])),
+    }
+    return env, gc_log
+
+
+def gc_summary(log: Path, since: float, until: float) -> str:
+    """The server's garbage collections between two instants, from the GC probe's log."""
+    pauses, cpu, totals = [], [], []
+    for line in log.read_text().splitlines():
+        kind, at, *rest = line.split()
+        if not since <= float(at) <= until + 1.5:  # totals are written up to a second late
+            continue
+        if kind == "full":
+            pauses.append(float(rest[0]))
+            cpu.append(float(rest[1]) if len(rest) > 1 else 0.0)
+        elif kind == "totals":
+            totals.append([float(x) for x in rest])
+    if len(totals) < 2:
+        # The totals are written at a collection at most once a second: fewer than two, few collections.
+        return f"full (gen 2): {len(pauses)}; too few young collections to total"
+    first, last = totals[0], totals[-1]
+    spent = [(last[i] - first[i], last[i + 1] - first[i + 1]) for i in (0, 2, 4)]
+    young = ", ".join(f"gen {g}: {n:.0f} in {t * 1000:.0f} ms" for g, (n, t) in enumerate(spent[:2]))
+    full = ", ".join(f"{p:.0f}" for p in pauses) or "none"
+    # The pause is wall time (what a reply waits); on a loaded machine the process's CPU time for the
+    # same collection is the figure that depends less on the load.
+    return (
+        f"{young}; full (gen 2): {len(pauses)}, pauses ms: {full}; "
+        f"longest {max(pauses, default=0):.0f} ms wall, {max(cpu, default=0):.0f} ms CPU"
+    )

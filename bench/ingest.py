@@ -6,7 +6,8 @@ Starts its own daphne on a temporary SQLite data dir (the embedded default), the
 2. outbound: N messages queued at once through the send service (messages_send); reports the time
    until the client has received all of them, as msg/s.
 It also prints the server process's CPU time per message (user + system), a figure that holds when
-the machine is shared, and the load average, which says how shared it was.
+the machine is shared, the load average, which says how shared it was, and the server's garbage
+collections in each phase (bench.common.GC_PROBE).
 Usage: .venv/bin/python bench/ingest.py [--messages 20000]
 """
 
@@ -27,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import embedded_default, free_port, pct  # noqa: E402
+from bench.common import embedded_default, free_port, gc_summary, pct, with_gc_probe  # noqa: E402
 
 
 def cpu_seconds(pid: int) -> float:
@@ -36,7 +37,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def run(n: int, base: str, server_pid: int) -> None:
+async def run(n: int, base: str, server_pid: int, gc_log: Path) -> None:
     from asgiref.sync import sync_to_async
     from maim_message import BaseMessageInfo, FormatInfo, MessageBase, RouteConfig, Router, Seg, TargetConfig, UserInfo
 
@@ -109,6 +110,7 @@ async def run(n: int, base: str, server_pid: int) -> None:
     print(
         f"          server CPU {cpu:.2f} s = {cpu / n * 1e6:.0f} us per message -> {n / cpu:,.0f} msg/s per busy core"
     )
+    print(f"          server GC: {gc_summary(gc_log, t0, last_stored)}")
 
     # --- a lone message is not held back for a batch: paced sends, one every 10 ms
     def paced_latencies(first_id: int) -> list[float]:
@@ -118,6 +120,7 @@ async def run(n: int, base: str, server_pid: int) -> None:
         return [(c - t).total_seconds() * 1000 for t, c in rows]
 
     paced = 300
+    paced_from = time.time()
     for i in range(paced):
         frames[i]["message_info"]["message_id"] = 9_000_000 + i
         frames[i]["message_info"]["time"] = time.time()
@@ -128,8 +131,9 @@ async def run(n: int, base: str, server_pid: int) -> None:
     lone = await sync_to_async(paced_latencies)(9_000_000)
     print(
         f"paced:    {paced} messages 10 ms apart: latency p50 {statistics.median(lone):.1f} ms, "
-        f"p99 {pct(lone, 0.99):.1f} ms"
+        f"p99 {pct(lone, 0.99):.1f} ms, max {max(lone):.1f} ms"
     )
+    print(f"          server GC: {gc_summary(gc_log, paced_from, time.time())}")
 
     # --- outbound
     def queue_outbound() -> float:
@@ -172,6 +176,7 @@ def main() -> None:
     from maibot.management.commands.serve import daphne_argv
 
     port = free_port()
+    env, gc_log = with_gc_probe(data_dir, env)
     log = open(data_dir / "daphne.log", "wb")
     argv = daphne_argv("127.0.0.1", port, keepalive_seconds=BotConfig().gateway.keepalive_seconds)
     if os.environ.get("BENCH_PROFILE"):
@@ -196,7 +201,7 @@ def main() -> None:
                 time.sleep(0.1)
         load = " ".join(f"{x:.1f}" for x in os.getloadavg())
         print(f"daphne on 127.0.0.1:{port}, SQLite in {data_dir}, {os.cpu_count()} CPUs, load average {load}")
-        asyncio.run(run(args.messages, f"http://127.0.0.1:{port}", server.pid))
+        asyncio.run(run(args.messages, f"http://127.0.0.1:{port}", server.pid, gc_log))
     finally:
         server.terminate()
         server.wait(timeout=30)

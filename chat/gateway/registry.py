@@ -83,7 +83,7 @@ class Gateway(outbox.Sink):
         self._listen_thread: threading.Thread | None = None
         self._listen_loop: asyncio.AbstractEventLoop | None = None
         self._listen_task: asyncio.Task | None = None
-        self.writer = IngestWriter()
+        self.writer = IngestWriter(decode=self.decode_text)
         # Connection records are written on the writer's thread (one thread, one database connection).
         self._open = db_call(self.writer.executor, adapter_connection_open)
         self._close = db_call(self.writer.executor, adapter_connection_close)
@@ -301,8 +301,22 @@ class Gateway(outbox.Sink):
                 del self.browsers[conn.user_id]
 
     # --- inbound frames
+    #
+    # A plain (legacy-mode) 0.6.x frame is queued as its text and decoded by the writer just before its
+    # batch is stored (`decode_text`): under a flood the frames waiting for the writer are strings, which
+    # the garbage collector never walks, rather than ~17 parsed objects each that live long enough to
+    # reach its oldest generation (a burst of 20,000 left ~250,000 of them, and each full collection
+    # then paused the event loop 100-250 ms). API-Server frames are decoded on receipt (each is
+    # acknowledged at once), and so are frames too big to decode on the event loop.
     async def frame_text(self, conn: Connection, text: str) -> None:
         """A text frame from a 0.6.x adapter: JSON, then as frame_data."""
+        if conn.closed:
+            return
+        if not conn.api_server and len(text) <= THREAD_PARSE_BYTES:
+            if await self._flooded(conn):
+                return
+            self.writer.enqueue(conn, FrameKind.TEXT, text)
+            return
         try:
             if len(text) > THREAD_PARSE_BYTES:
                 data = await asyncio.to_thread(json.loads, text)
@@ -313,6 +327,19 @@ class Gateway(outbox.Sink):
             return
         await self.frame_data(conn, data, storable=json_text_is_storable(text))
 
+    def decode_text(self, conn: Connection, text: str, received_at: float) -> tuple[FrameKind, Any] | None:
+        """For the writer: what a queued plain frame's text, received at `received_at` (epoch seconds),
+        becomes (None: dropped, with a warning)."""
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            logger.warning("frame from %r dropped: not JSON (%s; %d bytes)", conn, str(exc)[:120], len(text))
+            return None
+        if not isinstance(data, dict):
+            logger.warning("frame from %r dropped: expected a JSON object, got %s", conn, type(data).__name__)
+            return None
+        return self._decode(conn, data, storable=json_text_is_storable(text), received_at=received_at)
+
     async def frame_data(self, conn: Connection, data: Any, *, storable: bool = False) -> None:
         """A decoded frame: a chat message envelope or a custom message (receipt, command result).
         `storable`: its JSON text showed that none of its values can be unstorable (the check of each
@@ -322,48 +349,64 @@ class Gateway(outbox.Sink):
         if not isinstance(data, dict):
             logger.warning("frame from %r dropped: expected a JSON object, got %s", conn, type(data).__name__)
             return
-        limit = get_config().gateway.max_backlog
-        if conn.backlog >= limit:
-            logger.error(
-                "flood from %r: %d frames waiting to be stored (limit %d); closing with %d",
-                conn,
-                conn.backlog,
-                limit,
-                CLOSE_POLICY,
-            )
-            await conn.close(CLOSE_POLICY)
+        if await self._flooded(conn):
             return
+        if conn.api_server:
+            await self._acknowledge(conn, data)
+            if self._api_seen_before(conn, data):
+                return
+        decoded = self._decode(conn, data, storable=storable)
+        if decoded is not None:
+            self.writer.enqueue(conn, *decoded)
+
+    async def _flooded(self, conn: Connection) -> bool:
+        """The flood guard: a connection with gateway.max_backlog frames waiting to be stored is closed."""
+        limit = get_config().gateway.max_backlog
+        if conn.backlog < limit:
+            return False
+        logger.error(
+            "flood from %r: %d frames waiting to be stored (limit %d); closing with %d",
+            conn,
+            conn.backlog,
+            limit,
+            CLOSE_POLICY,
+        )
+        await conn.close(CLOSE_POLICY)
+        return True
+
+    def _decode(
+        self, conn: Connection, data: dict[str, Any], *, storable: bool, received_at: float = 0.0
+    ) -> tuple[FrameKind, Any] | None:
+        """What a frame's JSON object is for the writer: a message, a receipt or a command's result
+        (None: nothing to store; dropped ones are logged)."""
         try:
             if conn.api_server:
-                await self._acknowledge(conn, data)
-                if self._api_seen_before(conn, data):
-                    return
                 parsed = parse_api_package(data)
                 if parsed is None:
-                    return  # a system package (sys_ack): nothing for us
+                    return None  # a system package (sys_ack): nothing for us
             elif is_custom_message(data):
                 parsed = parse_custom(data)
             else:
                 parsed = parse_envelope(data, storable=storable)
         except EnvelopeError as exc:
             logger.warning("frame from %r dropped: %s", conn, exc)
-            return
+            return None
         if isinstance(parsed, CustomMessage):
             if parsed.message_type_name == "message_id_echo":
-                self.writer.enqueue(conn, FrameKind.RECEIPT, parsed.content)
                 self._echo_seen(conn, parsed.content)
-            elif parsed.message_type_name == "command_response":
-                self.writer.enqueue(conn, FrameKind.COMMAND_RESPONSE, parsed.content)
-            else:
-                logger.info("custom message %r from %r ignored", parsed.message_type_name, conn)
-            return
+                return FrameKind.RECEIPT, parsed.content
+            if parsed.message_type_name == "command_response":
+                return FrameKind.COMMAND_RESPONSE, parsed.content
+            logger.info("custom message %r from %r ignored", parsed.message_type_name, conn)
+            return None
         message = parsed
         fmt = message.info.format_info
         if fmt is not None and fmt.accept_format and self.accept.get(conn.platform) != fmt.accept_format:
             self.accept[conn.platform] = list(fmt.accept_format)
             if conn.record_id is not None:
                 self._remember_accept_soon(conn.record_id, conn.platform, list(fmt.accept_format))
-        self.writer.enqueue_message(conn, InboundItem(platform=conn.platform, message=message, received_at=time.time()))
+        item = InboundItem(platform=conn.platform, message=message, received_at=received_at or time.time())
+        return FrameKind.MESSAGE, item
 
     def enqueue_message(self, conn: Connection, item: InboundItem) -> None:
         """For the browser chat: a message already parsed."""

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import StrEnum
@@ -34,22 +36,36 @@ def close_old_connection() -> None:
 
 
 class FrameKind(StrEnum):
+    # A plain frame's JSON text, decoded (into one of the others, or dropped) just before it is stored.
+    TEXT = "text"
     MESSAGE = "message"
     RECEIPT = "receipt"
     COMMAND_RESPONSE = "command_response"
 
 
-@dataclass
+# Frames decoded between two yields to the event loop (a batch's decoding must not hold the loop for
+# long: ~40 us each).
+DECODE_SLICE = 100
+
+Decode = Callable[[Connection, str, float], "tuple[FrameKind, Any] | None"]
+
+
+@dataclass(slots=True)
 class _Queued:
     conn: Connection
     kind: FrameKind
     payload: Any
+    # When it was received (epoch seconds; kept for a TEXT frame, decoded later).
+    at: float = 0.0
 
 
 class IngestWriter:
-    """The queue of parsed frames and the task that stores them, in arrival order."""
+    """The queue of frames (parsed, or a plain frame's text) and the task that stores them, in arrival
+    order."""
 
-    def __init__(self) -> None:
+    def __init__(self, decode: Decode | None = None) -> None:
+        # What a TEXT frame becomes (the gateway's decode_text).
+        self._decode = decode
         # A deque and an event rather than an asyncio.Queue: a burst puts thousands of frames a second and
         # the writer takes whatever is there at once, so the queue's per-item waiter bookkeeping was
         # pure cost.
@@ -63,7 +79,7 @@ class IngestWriter:
 
     def enqueue(self, conn: Connection, kind: FrameKind, payload: Any) -> None:
         conn.backlog += 1
-        self._queue.append(_Queued(conn, kind, payload))
+        self._queue.append(_Queued(conn, kind, payload, time.time() if kind is FrameKind.TEXT else 0.0))
         self._queued.set()
 
     def enqueue_message(self, conn: Connection, item: InboundItem) -> None:
@@ -78,7 +94,18 @@ class IngestWriter:
             queue = self._queue
             batch = [queue.popleft() for _ in range(min(len(queue), INGEST_BATCH))]
             frames = AdapterFrames()
-            for q in batch:
+            for i, q in enumerate(batch):
+                if q.kind is FrameKind.TEXT:
+                    if i and not i % DECODE_SLICE:
+                        await asyncio.sleep(0)
+                    try:
+                        decoded = self._decode(q.conn, q.payload, q.at) if self._decode is not None else None
+                    except Exception:
+                        logger.exception("frame from %r dropped: decoding it failed", q.conn)
+                        decoded = None
+                    if decoded is None:
+                        continue
+                    q.kind, q.payload = decoded
                 if q.kind is FrameKind.MESSAGE:
                     frames.messages.append(q.payload)
                 elif q.kind is FrameKind.RECEIPT:

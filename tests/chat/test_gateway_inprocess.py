@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from collections import deque
 
 import pytest
 from channels.testing import WebsocketCommunicator
@@ -137,6 +138,63 @@ async def test_bad_frames_are_dropped_and_the_connection_keeps_working(app, capl
         "custom message 'something_new'",
     ):
         assert needle in log
+
+
+async def test_frames_waiting_for_the_writer_are_kept_as_text_and_decoded_in_order_when_stored(
+    app, caplog, monkeypatch
+):
+    """Under a flood the frames that wait for the writer are their JSON text (which the garbage
+    collector never walks), decoded just before their batch is stored: same order, bad ones dropped
+    with their warning, and a frame whose decoding fails for any reason costs only itself."""
+    from chat.gateway import get_gateway
+    from chat.gateway.writer import FrameKind
+    from chat.wire import inbound
+
+    comm = await _connected(app)
+    writer = get_gateway().writer
+    hold = threading.Event()
+    # The writer stores on its one thread: while this occupies it, every frame waits in the queue.
+    blocker = writer.executor.submit(hold.wait, TIMEOUT)
+    real_parse = inbound.parse_envelope
+
+    def parse(data, **kwargs):
+        if "boom" in json.dumps(data):
+            raise RuntimeError("a bug in decoding")
+        return real_parse(data, **kwargs)
+
+    monkeypatch.setattr("chat.gateway.registry.parse_envelope", parse)
+    try:
+        await comm.send_json_to(envelope(text="first 第一"))
+
+        conn = get_gateway().adapters["qq"]
+
+        async def taken() -> bool:
+            return conn.backlog == 1 and not writer._queue
+
+        # The first is taken at once, and its batch waits for the thread.
+        await wait_for_async(taken, what="the first frame taken by the writer")
+        await comm.send_to(text_data="this is not json {")
+        await comm.send_json_to(envelope(text="boom"))
+        await comm.send_json_to(envelope(text="second 第二", user_id=10002))
+        await comm.send_json_to(envelope(text="third 第三"))
+        async def four_queued() -> bool:
+            return len(writer._queue) == 4
+
+        await wait_for_async(four_queued, what="four frames queued")
+        assert [q.kind for q in writer._queue] == [FrameKind.TEXT] * 4
+        assert not await db(lambda: Message.objects.filter(direction="in").exists())
+        hold.set()
+        await wait_for_async(
+            lambda: Message.objects.filter(direction="in").count() == 3, what="the three good frames stored"
+        )
+    finally:
+        hold.set()
+        blocker.result(timeout=TIMEOUT)
+        await comm.disconnect(timeout=TIMEOUT)
+    rows = await db(lambda: list(Message.objects.filter(direction="in").order_by("id").values_list("text", "sender_id")))
+    assert rows == [("first 第一", "10001"), ("second 第二", "10002"), ("third 第三", "10001")]
+    assert "not JSON" in caplog.text and "decoding it failed" in caplog.text
+    assert writer._queue == deque()
 
 
 async def test_the_chat_page_refuses_text_longer_than_the_configured_limit(app):
