@@ -177,6 +177,7 @@ async def test_frames_waiting_for_the_writer_are_kept_as_text_and_decoded_in_ord
         await comm.send_json_to(envelope(text="boom"))
         await comm.send_json_to(envelope(text="second 第二", user_id=10002))
         await comm.send_json_to(envelope(text="third 第三"))
+
         async def four_queued() -> bool:
             return len(writer._queue) == 4
 
@@ -191,7 +192,9 @@ async def test_frames_waiting_for_the_writer_are_kept_as_text_and_decoded_in_ord
         hold.set()
         blocker.result(timeout=TIMEOUT)
         await comm.disconnect(timeout=TIMEOUT)
-    rows = await db(lambda: list(Message.objects.filter(direction="in").order_by("id").values_list("text", "sender_id")))
+    rows = await db(
+        lambda: list(Message.objects.filter(direction="in").order_by("id").values_list("text", "sender_id"))
+    )
     assert rows == [("first 第一", "10001"), ("second 第二", "10002"), ("third 第三", "10001")]
     assert "not JSON" in caplog.text and "decoding it failed" in caplog.text
     assert writer._queue == deque()
