@@ -37,6 +37,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+async def stored_at_least(n: int, count, timeout: float = 120) -> None:
+    """Wait until `count()` reaches n; a run that loses messages ends with how many were stored."""
+    from asgiref.sync import sync_to_async
+
+    deadline = time.monotonic() + timeout
+    while (stored := await sync_to_async(count)()) < n:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"only {stored} of {n} messages stored after {timeout:.0f} s (see the server's log)")
+        await asyncio.sleep(0.05)
+
+
 async def run(n: int, base: str, server_pid: int, gc_log: Path) -> None:
     from asgiref.sync import sync_to_async
     from maim_message import BaseMessageInfo, FormatInfo, MessageBase, RouteConfig, Router, Seg, TargetConfig, UserInfo
@@ -89,8 +100,7 @@ async def run(n: int, base: str, server_pid: int, gc_log: Path) -> None:
     def count() -> int:
         return Message.objects.filter(direction="in").count()
 
-    while await sync_to_async(count)() < n:
-        await asyncio.sleep(0.05)
+    await stored_at_least(n, count)
 
     def figures() -> tuple[float, list[float]]:
         rows = list(Message.objects.filter(direction="in").values_list("time", "created_at"))
@@ -126,8 +136,7 @@ async def run(n: int, base: str, server_pid: int, gc_log: Path) -> None:
         frames[i]["message_info"]["time"] = time.time()
         await client.send_message(frames[i])
         await asyncio.sleep(0.01)
-    while await sync_to_async(count)() < n + paced:
-        await asyncio.sleep(0.05)
+    await stored_at_least(n + paced, count)
     lone = await sync_to_async(paced_latencies)(9_000_000)
     print(
         f"paced:    {paced} messages 10 ms apart: latency p50 {statistics.median(lone):.1f} ms, "
