@@ -9,7 +9,8 @@ bench-b; on 2 + 2 the balancer puts one on each server). Figures, all measured b
   ingest      both adapters send --ingest messages each as fast as they can: stored msg/s;
   api         --api-seconds of POST /api/v1/messages (send now) from --api-concurrency threads: req/s;
   reply       --replies private messages, one at a time, each answered by the bot (offline mode,
-              debounce 0): adapter send → reply at the adapter, p50 / p99;
+              debounce 0), once the ingest's sessions have answered: adapter send → reply at the
+              adapter, p50 / max;
   burst       --burst scheduled messages due at one instant (half per platform): due → last one at
               its adapter, and the median.
 With --soak SECONDS only 2 + 2 runs, under a mixed load for that long, one round every --soak-round
@@ -293,6 +294,19 @@ def api_load(base: str, token: str, seconds: float, concurrency: int) -> float:
     return sum(counts) / (time.monotonic() - started)
 
 
+async def settled(count, quiet: float = 1.0, timeout: float = 120.0) -> None:
+    """Wait until `count()` (ORM, run through db) has not changed for `quiet` seconds."""
+    deadline = time.monotonic() + timeout
+    last, since = await db(count), time.monotonic()
+    while time.monotonic() - since < quiet:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"still changing after {timeout:.0f} s ({last})")
+        await asyncio.sleep(0.1)
+        now = await db(count)
+        if now != last:
+            last, since = now, time.monotonic()
+
+
 async def measure(base: str, args) -> dict:
     from chat.models import Message
     from chat.services import session_get_or_create
@@ -315,6 +329,10 @@ async def measure(base: str, args) -> dict:
         await wait_until(stored, 300, "ingest stored", interval=0.02)
         out["ingest_msgs"] = 2 * n / (time.time() - t0)
 
+        # The ingest's sessions answer their messages: the reply figures are taken once they have (no
+        # outbound row written for a second), not while those replies still queue ahead of them.
+        await settled(lambda: Message.objects.filter(direction="out").count())
+
         # reply latency (offline mode, debounce 0), one at a time on fresh private chats
         latencies = []
         for j in range(args.replies):
@@ -326,7 +344,7 @@ async def measure(base: str, args) -> dict:
             await adapter.send(user, "hello")
             latencies.append((await asyncio.wait_for(waiter, 60) - sent) * 1000)
         out["reply_p50_ms"] = statistics.median(latencies)
-        out["reply_p99_ms"] = pct(latencies, 0.99)
+        out["reply_max_ms"] = max(latencies)
 
         # API requests/s
         out["api_rps"] = await asyncio.to_thread(api_load, base, token, args.api_seconds, args.api_concurrency)
@@ -614,14 +632,14 @@ def main() -> None:
         print(json.dumps(results[0], indent=2))
         return
     header = (
-        f"{'setup':<10}{'ingest msg/s':>14}{'API req/s':>11}{'reply p50':>11}{'reply p99':>11}"
+        f"{'setup':<10}{'ingest msg/s':>14}{'API req/s':>11}{'reply p50':>11}{'reply max':>11}"
         f"{'burst last':>12}{'burst p50':>11}{'dup':>5}"
     )
     print(header)
     for r in results:
         print(
             f"{r['setup']:<10}{r['ingest_msgs']:>14.0f}{r['api_rps']:>11.0f}{r['reply_p50_ms']:>9.0f}ms"
-            f"{r['reply_p99_ms']:>9.0f}ms{r['burst_last_s']:>11.2f}s{r['burst_p50_s']:>10.2f}s{r['burst_duplicates']:>5}"
+            f"{r['reply_max_ms']:>9.0f}ms{r['burst_last_s']:>11.2f}s{r['burst_p50_s']:>10.2f}s{r['burst_duplicates']:>5}"
         )
     print(f"(burst of {args.burst} due at one instant; ingest {args.ingest} per adapter x 2; {args.replies} replies;")
     print(f" API: {args.api_concurrency} threads for {args.api_seconds:g} s, send now)")

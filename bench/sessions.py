@@ -15,7 +15,7 @@ It prints, for the server process (read from /proc):
 - reply latency at the client, from just before its send to the reply's arrival: p50, p99, max
   against the target chat.debounce_seconds + 1 s;
 - the runtimes alive, as the operator console's dashboard shows them (a logged-in GET of /admin/console/);
-- the server's garbage collections while the sessions came (a gc.callbacks probe, GC_PROBE below):
+- the server's garbage collections while the sessions came (a gc.callbacks probe, bench.common.GC_PROBE):
   the young ones' count and time, and each full (generation 2) collection's pause, during which the
   event loop, and every reply in flight, waits.
 

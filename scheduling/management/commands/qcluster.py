@@ -13,6 +13,7 @@ from django.db import connections
 from django_q.cluster import Cluster
 from django_q.management.commands.qcluster import Command as DjangoQCommand
 
+from maibot.process import freeze_loaded_code
 from scheduling.dispatcher import Dispatcher
 
 
@@ -41,6 +42,11 @@ class Command(DjangoQCommand):
             post_spawn.connect(_store_worker_logs, dispatch_uid="maibot-worker-logs")
         # The cluster forks: no database connection may be shared across the fork.
         connections.close_all()
+        # What is loaded now lives as long as the process (and its forked workers share it): out of
+        # the garbage collector's sight (maibot.process.freeze_loaded_code).
+        import scheduling.sources  # noqa: F401 - the timer source registers itself with the dispatcher
+
+        freeze_loaded_code()
         cluster = Cluster()
         cluster.start()
         if options.get("run_once"):
@@ -66,9 +72,6 @@ class Command(DjangoQCommand):
 
             logdb.activate("cluster")
         if not options.get("no_dispatcher"):
-            # Import the timer source so it registers itself with the dispatcher.
-            import scheduling.sources  # noqa: F401
-
             dispatcher = Dispatcher()
             thread = threading.Thread(target=dispatcher.run_forever, name="maibot-dispatcher", daemon=True)
             thread.start()
