@@ -309,7 +309,8 @@ class Gateway(outbox.Sink):
     # then paused the event loop 100-250 ms). API-Server frames are decoded on receipt (each is
     # acknowledged at once), and so are frames too big to decode on the event loop.
     async def frame_text(self, conn: Connection, text: str) -> None:
-        """A text frame from a 0.6.x adapter: JSON, then as frame_data."""
+        """A text frame from a 0.6.x adapter: queued as it is for the writer to decode (legacy mode), or
+        decoded now and taken as frame_data (API-Server mode, or too big for the event loop)."""
         if conn.closed:
             return
         if not conn.api_server and len(text) <= THREAD_PARSE_BYTES:
