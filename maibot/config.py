@@ -312,7 +312,7 @@ class ChatSection(Section):
         10_000,
         ge=1,
         le=100_000,
-        description="At most this many session loops live at once (an idle one costs 10-20 KB and no CPU).",
+        description="At most this many session loops live at once (an idle one costs ~6-10 KB and no CPU).",
     )
     idle_evict_seconds: float = Field(
         1800.0,
