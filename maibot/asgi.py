@@ -12,7 +12,7 @@ from channels.routing import URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from chat.gateway import GatewayRouter  # noqa: E402
-from maibot.process import freeze_loaded_code, start_services_on_first_call  # noqa: E402
+from maibot.process import start_services_on_first_call, tune_garbage_collector  # noqa: E402
 from maibot.routing import websocket_urlpatterns  # noqa: E402
 from plugins.host import start_on_first_call as load_plugins_on_first_call  # noqa: E402
 from scheduling.mcp.client import start_mcp_clients_on_first_call  # noqa: E402
@@ -37,5 +37,6 @@ application = load_plugins_on_first_call(
         )
     )
 )
-# Everything loaded so far lives as long as the process: out of the garbage collector's sight.
-freeze_loaded_code()
+# Everything loaded so far lives as long as the process: out of the garbage collector's sight, and the
+# young generation collected less often.
+tune_garbage_collector()

@@ -138,7 +138,7 @@ def call_before_server_shutdown(loop: asyncio.AbstractEventLoop, hook: Callable[
     return True
 
 
-def freeze_loaded_code() -> None:
+def tune_garbage_collector() -> None:
     """Set the garbage collector up for a long-running server: move every object the process has so
     far (Django, the apps, their libraries: ~140,000-190,000 objects, loaded at import and kept for the
     process's life) out of its sight, after one collection of what is garbage already, and collect the

@@ -63,7 +63,7 @@ class IngestWriter:
     """The queue of frames (parsed, or a plain frame's text) and the task that stores them, in arrival
     order."""
 
-    def __init__(self, decode: Decode | None = None) -> None:
+    def __init__(self, decode: Decode) -> None:
         # What a TEXT frame becomes (the gateway's decode_text).
         self._decode = decode
         # A deque and an event rather than an asyncio.Queue: a burst puts thousands of frames a second and
@@ -99,7 +99,7 @@ class IngestWriter:
                     if i and not i % DECODE_SLICE:
                         await asyncio.sleep(0)
                     try:
-                        decoded = self._decode(q.conn, q.payload, q.at) if self._decode is not None else None
+                        decoded = self._decode(q.conn, q.payload, q.at)
                     except Exception:
                         logger.exception("frame from %r dropped: decoding it failed", q.conn)
                         decoded = None

@@ -13,7 +13,7 @@ from django.db import connections
 from django_q.cluster import Cluster
 from django_q.management.commands.qcluster import Command as DjangoQCommand
 
-from maibot.process import freeze_loaded_code
+from maibot.process import tune_garbage_collector
 from scheduling.dispatcher import Dispatcher
 
 
@@ -43,10 +43,10 @@ class Command(DjangoQCommand):
         # The cluster forks: no database connection may be shared across the fork.
         connections.close_all()
         # What is loaded now lives as long as the process (and its forked workers share it): out of
-        # the garbage collector's sight (maibot.process.freeze_loaded_code).
+        # the garbage collector's sight (maibot.process.tune_garbage_collector).
         import scheduling.sources  # noqa: F401 - the timer source registers itself with the dispatcher
 
-        freeze_loaded_code()
+        tune_garbage_collector()
         cluster = Cluster()
         cluster.start()
         if options.get("run_once"):
