@@ -37,14 +37,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def stored_at_least(n: int, count, timeout: float = 120) -> None:
-    """Wait until `count()` reaches n; a run that loses messages ends with how many were stored."""
+async def at_least(n: int, count, what: str, timeout: float = 120) -> None:
+    """Wait until `count()` (ORM) reaches n; a run that loses messages ends with how far it got."""
     from asgiref.sync import sync_to_async
 
     deadline = time.monotonic() + timeout
-    while (stored := await sync_to_async(count)()) < n:
+    while (reached := await sync_to_async(count)()) < n:
         if time.monotonic() > deadline:
-            raise SystemExit(f"only {stored} of {n} messages stored after {timeout:.0f} s (see the server's log)")
+            raise SystemExit(f"only {reached} of {n} messages {what} after {timeout:.0f} s (see the server's log)")
         await asyncio.sleep(0.05)
 
 
@@ -100,7 +100,7 @@ async def run(n: int, base: str, server_pid: int, gc_log: Path) -> None:
     def count() -> int:
         return Message.objects.filter(direction="in").count()
 
-    await stored_at_least(n, count)
+    await at_least(n, count, "stored")
 
     def figures() -> tuple[float, list[float]]:
         rows = list(Message.objects.filter(direction="in").values_list("time", "created_at"))
@@ -136,7 +136,7 @@ async def run(n: int, base: str, server_pid: int, gc_log: Path) -> None:
         frames[i]["message_info"]["time"] = time.time()
         await client.send_message(frames[i])
         await asyncio.sleep(0.01)
-    await stored_at_least(n + paced, count)
+    await at_least(n + paced, count, "stored")
     lone = await sync_to_async(paced_latencies)(9_000_000)
     print(
         f"paced:    {paced} messages 10 ms apart: latency p50 {statistics.median(lone):.1f} ms, "
@@ -166,8 +166,7 @@ async def run(n: int, base: str, server_pid: int, gc_log: Path) -> None:
     def delivered() -> int:
         return Message.objects.filter(direction="out", delivery_status="sent").count()
 
-    while await sync_to_async(delivered)() < n:
-        await asyncio.sleep(0.05)
+    await at_least(n, delivered, "marked sent")
     print(f"          all {n} marked sent")
     await router.stop()
     task.cancel()

@@ -65,6 +65,14 @@ GROUP_REJOIN_SECONDS = 600
 CLOSE_SECONDS = 5.0
 
 
+def _dropped_not_json(conn: Connection, text: str, exc: Exception) -> None:
+    logger.warning("frame from %r dropped: not JSON (%s; %d bytes)", conn, str(exc)[:120], len(text))
+
+
+def _dropped_not_an_object(conn: Connection, data: Any) -> None:
+    logger.warning("frame from %r dropped: expected a JSON object, got %s", conn, type(data).__name__)
+
+
 class Gateway(outbox.Sink):
     def __init__(self) -> None:
         self.adapters: dict[str, Connection] = {}
@@ -324,7 +332,7 @@ class Gateway(outbox.Sink):
             else:
                 data = json.loads(text)
         except (ValueError, RecursionError) as exc:
-            logger.warning("frame from %r dropped: not JSON (%s; %d bytes)", conn, str(exc)[:120], len(text))
+            _dropped_not_json(conn, text, exc)
             return
         await self.frame_data(conn, data, storable=json_text_is_storable(text))
 
@@ -334,10 +342,10 @@ class Gateway(outbox.Sink):
         try:
             data = json.loads(text)
         except (ValueError, RecursionError) as exc:
-            logger.warning("frame from %r dropped: not JSON (%s; %d bytes)", conn, str(exc)[:120], len(text))
+            _dropped_not_json(conn, text, exc)
             return None
         if not isinstance(data, dict):
-            logger.warning("frame from %r dropped: expected a JSON object, got %s", conn, type(data).__name__)
+            _dropped_not_an_object(conn, data)
             return None
         return self._decode(conn, data, storable=json_text_is_storable(text), received_at=received_at)
 
@@ -348,7 +356,7 @@ class Gateway(outbox.Sink):
         if conn.closed:
             return
         if not isinstance(data, dict):
-            logger.warning("frame from %r dropped: expected a JSON object, got %s", conn, type(data).__name__)
+            _dropped_not_an_object(conn, data)
             return
         if await self._flooded(conn):
             return
