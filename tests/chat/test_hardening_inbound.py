@@ -21,7 +21,6 @@ from chat.models import Message
 from chat.offline import offline_turn
 from chat.wire.inbound import EnvelopeError, json_text_is_storable, parse_custom, parse_envelope
 from maibot import config
-from maibot.asgi import application
 from tests.chat.gateway_helpers import Adapter06, RawSocket, envelope
 from tests.conftest import SHARED_ADAPTER_TOKENS, wait_for
 
@@ -211,8 +210,10 @@ def _staff() -> User:
 @pytest.mark.parametrize(
     "frame", ["[" * 100_000 + "]" * 100_000, "not json", "[1, 2]", json.dumps({"type": "send", "text": "a\ud800"})]
 )
-async def test_the_chat_page_socket_answers_bad_frames_and_stays_open(frame, caplog):
-    communicator = WebsocketCommunicator(application, "/chat/ws/", headers=[(b"origin", b"http://127.0.0.1")])
+async def test_the_chat_page_socket_answers_bad_frames_and_stays_open(app, frame, caplog):
+    # The `app` fixture closes the gateway this starts: its outbox claims (on PostgreSQL, a transaction
+    # over several tables) must not run into the teardown's TRUNCATE, which once deadlocked with one.
+    communicator = WebsocketCommunicator(app, "/chat/ws/", headers=[(b"origin", b"http://127.0.0.1")])
     communicator.scope["user"] = await _staff()
     connected, _ = await communicator.connect()
     assert connected
