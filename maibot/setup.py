@@ -171,8 +171,10 @@ def _locked_for(times: list[float], limit: int, now: float) -> float:
 
 
 def code_attempt(given: str, *, client: str | None) -> CodeCheck:
-    """Check a code someone typed, counting it if wrong (see the module for the limits)."""
+    """Check a code someone typed, counting it if wrong (see the module for the limits; no code at all
+    is no guess and is not counted)."""
     key = client_key(client)
+    given = given.strip()
     with exclusive():
         now = time.time()
         failures = _read_failures(now)
@@ -186,7 +188,9 @@ def code_attempt(given: str, *, client: str | None) -> CodeCheck:
             expected = code_path().read_text(encoding="utf-8").strip()
         except FileNotFoundError:
             return CodeCheck(ok=False)
-        if given and hmac.compare_digest(given.strip().encode(), expected.encode()):
+        if not given:
+            return CodeCheck(ok=False)
+        if hmac.compare_digest(given.encode(), expected.encode()):
             return CodeCheck(ok=True)
         failures.append((now, key))
         _write_failures(failures)
