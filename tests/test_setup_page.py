@@ -135,6 +135,12 @@ def test_an_operator_made_with_createsuperuser_closes_the_set_up_for_good(code, 
     assert not (tmp_path / deployment_env.FILE_NAME).exists()
 
 
+def test_a_start_after_createsuperuser_removes_a_leftover_code(code, tmp_path):
+    get_user_model().objects.create_superuser(username="boss", email="", password="x-long-password")
+    call_command("bootstrap", "--setup-page", verbosity=0)
+    assert not (tmp_path / setup.CODE_FILE).exists()
+
+
 def test_a_form_that_passed_its_checks_makes_no_operator_once_one_exists(code, client, monkeypatch):
     """The second of two concurrent completions: its code was right, but by the time it holds the
     set-up's lock an operator exists."""
