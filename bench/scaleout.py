@@ -117,13 +117,13 @@ class Stack:
         import django
 
         django.setup()
-        from maibot.management.commands.run_cluster import haproxy_argv, haproxy_env
+        from maibot.management.commands.run_cluster import haproxy_argv, haproxy_env, web_server_env
         from maibot.management.commands.serve import daphne_argv
 
         ports = [free_port() for _ in range(self.webs)]
+        web_env = {**env, **web_server_env()} if self.webs > 1 else env
         for i, port in enumerate(ports):
-            argv = daphne_argv("127.0.0.1", port, keepalive_seconds=30, proxy_headers=self.webs > 1)
-            self._spawn(argv, env, f"web{i + 1}")
+            self._spawn(daphne_argv("127.0.0.1", port, keepalive_seconds=30), web_env, f"web{i + 1}")
         for i in range(self.clusters):
             # INFO: its "dispatcher started" line says it is ready.
             self._spawn([sys.executable, "manage.py", "qcluster"], {**env, "LOG_LEVEL": "INFO"}, f"cluster{i + 1}")

@@ -1,5 +1,6 @@
 """The first-run set-up page of the single file: operator account, model (with a test call), bot nickname and
-persona, adapter token. After it, the normal admin. Who may open it and when: maibot.setup.
+persona, adapter token. After it, the normal admin. When the page is open and what it asks for (always the
+one-time code, attempts limited): maibot.setup.
 """
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from django import forms
 from django.conf import settings
@@ -14,7 +16,7 @@ from django.contrib.auth import get_user_model, login
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.http import HttpRequest, HttpResponse, HttpResponseForbidden, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.views.decorators.cache import never_cache
@@ -22,13 +24,29 @@ from django.views.decorators.http import require_POST
 
 from chat.agent import llm
 from console.config_editor import read_config_file, toml_with_values
-from maibot import deployment_env, reload
+from maibot import deployment_env, reload, setup
 from maibot.config import BotConfig, LLMModel, get_config
-from maibot.setup import code_ok, code_path, from_loopback, setup_pending
+
+WRONG_CODE = "This is not the code printed in the console."
+
+
+def locked_message(retry_after: int) -> str:
+    minutes = max(1, -(-retry_after // 60))
+    return (
+        f"Too many wrong codes: the set-up is locked for about {minutes} min. The code is printed in the "
+        "console where maibot started; the operator account can also be made there with "
+        "`maibot manage createsuperuser`, which closes this page."
+    )
+
+
+def _client(request: HttpRequest) -> str | None:
+    # The address maibot.proxies decided (a trusted proxy's X-Forwarded-For, else the peer).
+    return request.META.get("REMOTE_ADDR") or None
 
 
 class SetupForm(forms.Form):
-    code = forms.CharField(required=False, max_length=64, label="One-time code (printed in the console)")
+    # First: a wrong code is counted before anything else is looked at.
+    code = forms.CharField(max_length=64, label="One-time code (printed in the console)")
     username = forms.CharField(max_length=150, initial="admin", label="Operator user name")
     password = forms.CharField(max_length=128, widget=forms.PasswordInput, label="Password")
     password2 = forms.CharField(max_length=128, widget=forms.PasswordInput, label="Password again")
@@ -43,16 +61,19 @@ class SetupForm(forms.Form):
         required=False, max_length=256, label="Adapter token (empty: only loopback adapters)"
     )
 
-    def __init__(self, *args, need_code: bool, **kwargs) -> None:
+    def __init__(self, *args, client: str | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.need_code = need_code
-        if not need_code:
-            del self.fields["code"]
+        self.client = client
+        self.locked_for = 0  # seconds, when the attempt was refused by the lock-out
 
     def clean_code(self) -> str:
         code = self.cleaned_data.get("code", "")
-        if not code_ok(code):
-            raise ValidationError("This is not the code printed in the console.")
+        check = setup.code_attempt(code, client=self.client)
+        if check.retry_after:
+            self.locked_for = check.retry_after
+            raise ValidationError(locked_message(check.retry_after))
+        if not check.ok:
+            raise ValidationError(WRONG_CODE)
         return code
 
     def clean_username(self) -> str:
@@ -100,17 +121,13 @@ def _apply_secrets(data: dict) -> None:
         settings.MAIBOT_ADAPTER_TOKENS = [token]
 
 
-def _allowed(request: HttpRequest, code: str) -> bool:
-    return from_loopback(request) or code_ok(code)
-
-
 @never_cache
 def setup_view(request: HttpRequest) -> HttpResponse:
-    if not setup_pending():
+    if not setup.setup_pending():
         return redirect("/admin/")
-    need_code = not from_loopback(request)
+    status = 200
     if request.method == "POST":
-        form = SetupForm(request.POST, need_code=need_code)
+        form = SetupForm(request.POST, client=_client(request))
         if form.is_valid():
             data = form.cleaned_data
             try:
@@ -118,13 +135,18 @@ def setup_view(request: HttpRequest) -> HttpResponse:
             except (ValueError, ValidationError) as exc:
                 form.add_error(None, f"Invalid bot settings: {exc}")
             else:
-                user = _finish(request, data, cfg)
+                user = _finish(data, cfg)
+                if user is None:  # another request finished it meanwhile
+                    return redirect("/admin/")
                 login(request, user, backend="django.contrib.auth.backends.ModelBackend")
                 return redirect("/admin/")
+        elif form.locked_for:
+            status = 429
+        elif "code" in form.errors:
+            status = 403
     else:
         cfg = get_config()
         form = SetupForm(
-            need_code=need_code,
             initial={
                 "nickname": cfg.bot.nickname,
                 "persona": cfg.bot.persona,
@@ -133,30 +155,46 @@ def setup_view(request: HttpRequest) -> HttpResponse:
                 "adapter_token": secrets.token_urlsafe(24),
             },
         )
-    return TemplateResponse(request, "setup/setup.html", {"form": form, "need_code": need_code})
+    return TemplateResponse(request, "setup/setup.html", {"form": form}, status=status)
 
 
-def _finish(request: HttpRequest, data: dict, cfg):
-    text, _, _ = read_config_file()
-    reload.config_save_text(text=toml_with_values(text, cfg), source="set-up page")
-    _apply_secrets(data)
-    with transaction.atomic():
-        user = get_user_model().objects.create_superuser(username=data["username"], email="", password=data["password"])
-    # Last: until here a failure leaves the set-up open to be done again.
-    code_path().unlink(missing_ok=True)
+def _finish(data: dict, cfg):
+    """Save the settings and create the operator, once: under the set-up's lock, and only while it is
+    still pending (None when another request or `createsuperuser` got there first)."""
+    with setup.exclusive():
+        if not setup.setup_pending():
+            return None
+        text, _, _ = read_config_file()
+        reload.config_save_text(text=toml_with_values(text, cfg), source="set-up page")
+        _apply_secrets(data)
+        with transaction.atomic():
+            user = get_user_model().objects.create_superuser(
+                username=data["username"], email="", password=data["password"]
+            )
+        # Last: until here a failure leaves the set-up open to be done again.
+        setup.close()
     return user
 
 
 @never_cache
 @require_POST
-def test_model_view(request: HttpRequest) -> JsonResponse | HttpResponse:
-    """One tiny call to the model the form names (not saved yet): its answer and latency."""
-    if not setup_pending() or not _allowed(request, request.POST.get("code", "")):
-        return HttpResponseForbidden("The set-up is done, or the one-time code is wrong.")
+def test_model_view(request: HttpRequest) -> JsonResponse:
+    """One tiny call to the model the form names (not saved yet), with the code. The answer says only
+    how it went (OK, or the HTTP status / kind of failure), how long it took and whether the model
+    called the offered tool: never what the remote end sent, so it cannot read another service."""
+    if not setup.setup_pending():
+        return JsonResponse({"ok": False, "error": "The set-up is done."}, status=404)
+    check = setup.code_attempt(request.POST.get("code", ""), client=_client(request))
+    if check.retry_after:
+        return JsonResponse({"ok": False, "error": locked_message(check.retry_after)}, status=429)
+    if not check.ok:
+        return JsonResponse({"ok": False, "error": WRONG_CODE}, status=403)
     base_url = request.POST.get("llm_base_url", "").strip()[:2048]
     model = request.POST.get("llm_model", "").strip()[:256]
     if not base_url or not model:
         return JsonResponse({"ok": False, "error": "Fill in the base URL and the model name first."}, status=400)
+    if urlsplit(base_url).scheme not in ("http", "https"):
+        return JsonResponse({"ok": False, "error": "The base URL must start with http:// or https://."}, status=400)
     result = llm.model_test(
         LLMModel(
             name="default",
@@ -170,5 +208,10 @@ def test_model_view(request: HttpRequest) -> JsonResponse | HttpResponse:
         )
     )
     return JsonResponse(
-        {"ok": result.ok, "latency_ms": result.latency_ms, "answer": result.answer, "error": result.error}
+        {
+            "ok": result.ok,
+            "latency_ms": result.latency_ms,
+            "outcome": result.outcome,
+            "tool_calling": result.tool_calling,
+        }
     )

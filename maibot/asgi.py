@@ -13,6 +13,7 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 
 from chat.gateway import GatewayRouter  # noqa: E402
 from maibot.process import start_services_on_first_call, tune_garbage_collector  # noqa: E402
+from maibot.proxies import ForwardedClientMiddleware  # noqa: E402
 from maibot.routing import websocket_urlpatterns  # noqa: E402
 from plugins.host import start_on_first_call as load_plugins_on_first_call  # noqa: E402
 from scheduling.mcp.client import start_mcp_clients_on_first_call  # noqa: E402
@@ -22,17 +23,20 @@ from scheduling.mcp.mount import endpoint as mcp_endpoint  # noqa: E402
 # /ws (adapters, both maim_message wire versions, including Socket.IO's HTTP long-polling) is served
 # by the gateway, /mcp by the MCP endpoint; every other HTTP request goes to Django and every other
 # websocket to the routes the apps list in maibot.routing. Plugins (the data dir's plugins/ folder)
-# load in this process, the one whose planner uses them.
-application = load_plugins_on_first_call(
-    start_services_on_first_call(
-        start_mcp_clients_on_first_call(
-            GatewayRouter(
-                # The admin's CSS/JS (and the console's) come from this process too: `make run` has no
-                # separate web server, and nothing may come from a CDN.
-                http=ASGIStaticFilesHandler(django_asgi_app),
-                websocket=AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
-                # The bot's own MCP endpoint (streamable HTTP), authenticated with the API's bearer tokens.
-                http_mounts={MCP_PATHS: mcp_endpoint},
+# load in this process, the one whose planner uses them. Outermost: the client address every layer
+# sees (trusted proxies' X-Forwarded-For, maibot.proxies).
+application = ForwardedClientMiddleware(
+    load_plugins_on_first_call(
+        start_services_on_first_call(
+            start_mcp_clients_on_first_call(
+                GatewayRouter(
+                    # The admin's CSS/JS (and the console's) come from this process too: `make run` has no
+                    # separate web server, and nothing may come from a CDN.
+                    http=ASGIStaticFilesHandler(django_asgi_app),
+                    websocket=AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
+                    # The bot's own MCP endpoint (streamable HTTP), authenticated with the API's bearer tokens.
+                    http_mounts={MCP_PATHS: mcp_endpoint},
+                )
             )
         )
     )

@@ -49,6 +49,10 @@ def _secret_key() -> str:
 
 SECRET_KEY = _secret_key()
 DEBUG = os.environ.get("DEBUG", "").lower() in {"1", "true", "yes"}
+# Comma-separated CIDRs of the reverse proxies in front of this server (nginx, Caddy, run_cluster's
+# HAProxy): only from them are X-Forwarded-For and X-Forwarded-Proto believed (maibot.proxies). Empty:
+# the peer is the client. A bad entry stops start-up naming it.
+MAIBOT_TRUSTED_PROXIES = parse_networks(os.environ.get("MAIBOT_TRUSTED_PROXIES", ""), name="MAIBOT_TRUSTED_PROXIES")
 ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",") if h]
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 

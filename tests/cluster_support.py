@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from maibot.management.commands.run_cluster import haproxy_argv, haproxy_env
+from maibot.management.commands.run_cluster import haproxy_argv, haproxy_env, web_server_env
 from maibot.management.commands.serve import daphne_argv
 from tests.conftest import ROOT, Proc, free_port, subprocess_env, wait_for
 
@@ -68,7 +68,7 @@ def kill_tree(proc: Proc) -> None:
 
 
 class Deployment:
-    """HAProxy on a port of its own in front of two ASGI servers (daphne with --proxy-headers), all
+    """HAProxy on a port of its own in front of two ASGI servers (trusting it as their proxy), all
     against the test database. `env` goes to the servers (e.g. REDIS_URL); each server's data dir gets
     `bot_config` as its bot_config.toml."""
 
@@ -114,8 +114,8 @@ class Deployment:
         (data / "bot_config.toml").write_text(self.bot_config, encoding="utf-8")
         keepalive = bot_config.parse_config(self.bot_config).gateway.keepalive_seconds
         proc = Proc(
-            daphne_argv("127.0.0.1", self.ports[i], keepalive_seconds=keepalive, proxy_headers=True),
-            subprocess_env(MAIBOT_DATA_DIR=str(data), MAIBOT_CONSOLE_SERVICES="0", **self.env),
+            daphne_argv("127.0.0.1", self.ports[i], keepalive_seconds=keepalive),
+            subprocess_env(MAIBOT_DATA_DIR=str(data), MAIBOT_CONSOLE_SERVICES="0", **{**web_server_env(), **self.env}),
             self.root / f"web{i + 1}-{self._runs}.log",
         )
         self.servers[i] = proc

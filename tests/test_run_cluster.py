@@ -12,9 +12,9 @@ from maibot.management.commands import run_cluster
 from maibot.management.commands.serve import daphne_argv
 
 
-def test_servers_behind_the_balancer_take_the_client_address_from_its_header():
-    assert "--proxy-headers" in daphne_argv("127.0.0.1", 8001, keepalive_seconds=30, proxy_headers=True)
-    # `serve` (no balancer in front) never trusts a header for the client address.
+def test_servers_behind_the_balancer_trust_only_the_balancer_for_the_client_address():
+    assert run_cluster.web_server_env() == {"MAIBOT_TRUSTED_PROXIES": "127.0.0.1"}
+    # daphne's own --proxy-headers would believe the left-most X-Forwarded-For entry from anyone.
     assert "--proxy-headers" not in daphne_argv("127.0.0.1", 8000, keepalive_seconds=30)
 
 
@@ -30,6 +30,7 @@ def test_the_balancer_replaces_forwarded_for_instead_of_appending():
     """A client's own X-Forwarded-For must never reach the servers (it could claim to be loopback)."""
     lines = [line.strip() for line in run_cluster.HAPROXY_CONFIG.read_text().splitlines()]
     assert "http-request set-header X-Forwarded-For %[src]" in lines
+    assert "http-request set-header X-Forwarded-Proto %[ssl_fc,iif(https,http)]" in lines
     assert "option forwardfor" not in lines
 
 

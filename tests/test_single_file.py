@@ -1,5 +1,5 @@
 """The single file's parts without building it: the data dir's version stamp and the refusal, the secrets file,
-the set-up page's gate (loopback or the one-time code), the `maibot` command and the supervisor's children.
+the set-up page's gate (the one-time code, always), the `maibot` command and the supervisor's children.
 The built file itself is tested live in tests/test_pyz.py."""
 
 from __future__ import annotations
@@ -131,14 +131,14 @@ def test_while_set_up_is_pending_pages_lead_to_it_and_the_api_and_health_do_not(
     assert client.get("/chat/").url == "/setup/"
     assert client.get("/healthz").status_code in (200, 503)
     page = client.get("/setup/")
-    assert page.status_code == 200 and b'name="code"' not in page.content  # loopback: no code asked
+    assert page.status_code == 200 and b'name="code"' in page.content  # loopback too: the code is asked
 
 
 def test_from_another_machine_the_code_is_needed_and_a_wrong_one_creates_nothing(pending, client):
     page = client.get("/setup/", **FAR)
     assert b'name="code"' in page.content
     wrong = client.post("/setup/", {**FORM, "code": "guess"}, **FAR)
-    assert b"not the code printed in the console" in wrong.content
+    assert wrong.status_code == 403 and b"not the code printed in the console" in wrong.content
     assert not get_user_model().objects.exists() and setup.setup_pending()
     assert client.post("/setup/test-model/", {"code": "guess"}, **FAR).status_code == 403
 
@@ -156,7 +156,7 @@ def test_finishing_set_up_creates_the_operator_saves_the_settings_and_closes_the
 
 
 def test_set_up_refuses_bad_input_and_keeps_the_page_open(pending, client):
-    bad = {**FORM, "password2": "other", "llm_model": "gpt", "adapter_token": "a,b"}
+    bad = {**FORM, "code": pending, "password2": "other", "llm_model": "gpt", "adapter_token": "a,b"}
     page = client.post("/setup/", bad)
     text = page.content.decode()
     assert "The passwords differ." in text and "A model needs its API base URL." in text

@@ -125,6 +125,9 @@ class LLMResult:
     cached_tokens: int = 0
     latency_ms: int = 0
     error: str = ""
+    # The error's kind without anything the remote end sent ("HTTP 401", "timeout", "connection failed"),
+    # for pages that must not show a remote response (the set-up's model test).
+    failure: str = ""
     timed_out: bool = False
     call_id: int | None = None
     model_name: str = ""  # the configured model that answered (or failed last)
@@ -235,13 +238,21 @@ def _call_errors() -> tuple[type[Exception], ...]:
 
 
 def _failed(exc: Exception, result: LLMResult, timeout: float) -> None:
-    if isinstance(exc, _openai().APITimeoutError):
-        result.error = f"timeout after {timeout:g}s"
+    openai = _openai()
+    if isinstance(exc, openai.APITimeoutError):
+        result.error = result.failure = f"timeout after {timeout:g}s"
         result.timed_out = True
-    elif isinstance(exc, _openai().APIStatusError):
+    elif isinstance(exc, openai.APIStatusError):
         result.error = f"HTTP {exc.status_code}: {str(exc)[:500]}"
+        result.failure = f"HTTP {exc.status_code}"
     else:
         result.error = f"{type(exc).__name__}: {str(exc)[:500]}"
+        if isinstance(exc, openai.APIConnectionError):
+            result.failure = "connection failed"
+        elif isinstance(exc, openai.OpenAIError):
+            result.failure = type(exc).__name__
+        else:  # _read found no chat-completions answer in what came back
+            result.failure = "not a chat-completions answer"
 
 
 def _finish(result: LLMResult, started: float, purpose: str, model: str) -> None:
@@ -422,6 +433,8 @@ class ModelTest:
     answer: str
     tool_calling: bool
     error: str
+    # "ok", else LLMResult.failure: nothing the remote end sent.
+    outcome: str
 
 
 def model_test(model: LLMModel) -> ModelTest:
@@ -457,4 +470,5 @@ def model_test(model: LLMModel) -> ModelTest:
         answer=shown[:500],
         tool_calling=bool(calls) and str(calls[0].arguments.get("word", "")).strip().lower() == "ping",
         error=result.error,
+        outcome="ok" if result.ok else result.failure or "failed",
     )

@@ -33,7 +33,8 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         datadir.write_stamp()
         User = get_user_model()
-        if User.objects.filter(is_superuser=True).exists():
+        if setup.operator_exists():
+            setup.close()  # an operator made meanwhile (`createsuperuser`) ends a pending set-up
             return
         if options["setup_page"] and not os.environ.get("DJANGO_SUPERUSER_PASSWORD"):
             code = setup.issue_code()
@@ -41,7 +42,7 @@ class Command(BaseCommand):
             self.stdout.write(
                 self.style.WARNING("First run: finish the set-up in your browser")
                 + f"\n  set-up page:   {base}/setup/"
-                + f"\n  one-time code: {code}  (asked for when the page is opened from another machine)"
+                + f"\n  one-time code: {code}  (the page asks for it)"
             )
             return
         username = os.environ.get("DJANGO_SUPERUSER_USERNAME") or "admin"

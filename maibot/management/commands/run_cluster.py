@@ -21,13 +21,22 @@ from django.core.management.base import CommandError
 
 from maibot import datadir, logdb
 from maibot.config import get_config
-from maibot.management.commands.serve import TICK_SECONDS, Child, daphne_argv, manage_argv
+from maibot.management.commands.serve import TICK_SECONDS, Child, daphne_argv, manage_argv, trusted_proxies_env
 from maibot.management.commands.serve import Command as ServeCommand
 
 logger = logging.getLogger("maibot.serve")
 
 HAPROXY_CONFIG = settings.BASE_DIR / "config" / "haproxy.cfg"
 WEB_SERVERS = 2  # config/haproxy.cfg names web1 and web2
+# Where the balancer's connections to the servers come from: the one proxy the servers trust (its
+# X-Forwarded-For carries the client's address). Every process on this host can reach the servers'
+# ports and would be believed too: the host is trusted as a whole.
+BALANCER_ADDRESS = "127.0.0.1"
+
+
+def web_server_env() -> dict[str, str]:
+    """What a server behind the balancer is started with (tests and benchmarks start them the same)."""
+    return trusted_proxies_env(BALANCER_ADDRESS)
 
 
 def haproxy_argv(config: str = str(HAPROXY_CONFIG)) -> list[str]:
@@ -100,10 +109,8 @@ class Command(ServeCommand):
         servers = [f"127.0.0.1:{web_port + i}" for i in range(WEB_SERVERS)]
         children = [Child("balancer", haproxy_argv(), env=haproxy_env(f"{host}:{port}", servers))]
         for i, addr in enumerate(servers, 1):
-            argv = daphne_argv(
-                "127.0.0.1", int(addr.rsplit(":", 1)[1]), keepalive_seconds=keepalive, proxy_headers=True
-            )
-            children.append(Child(f"web{i}", argv))
+            argv = daphne_argv("127.0.0.1", int(addr.rsplit(":", 1)[1]), keepalive_seconds=keepalive)
+            children.append(Child(f"web{i}", argv, env=web_server_env()))
         clusters = options["clusters"]
         for i in range(1, clusters + 1):
             children.append(Child(f"cluster{i}", manage_argv("qcluster")))

@@ -19,10 +19,12 @@ import time
 from dataclasses import dataclass, field
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from maibot import datadir, deployment_env, logdb
 from maibot.config import get_config
+from maibot.networks import parse_networks
 
 logger = logging.getLogger("maibot.serve")
 
@@ -58,12 +60,12 @@ def keepalive_options(keepalive_seconds: float) -> list[str]:
     return ["--ping-interval", str(timeout + 1), "--ping-timeout", str(timeout)]
 
 
-def daphne_argv(host: str, port: int, *, keepalive_seconds: float, proxy_headers: bool = False) -> list[str]:
+def daphne_argv(host: str, port: int, *, keepalive_seconds: float) -> list[str]:
     """The command line of the ASGI server, as `serve` runs it (tests and benchmarks run the same).
 
-    `proxy_headers`: behind a balancer (run_cluster), the client address is the balancer's
-    X-Forwarded-For (which it replaces, never appends to); the server must then listen on an address
-    only the balancer reaches.
+    Never daphne's `--proxy-headers`: it believes the left-most X-Forwarded-For entry from any peer.
+    The application decides the client address itself, trusting only MAIBOT_TRUSTED_PROXIES
+    (maibot.proxies); `trusted_proxies_env` hands that to the server process.
     """
     return [
         sys.executable,
@@ -75,9 +77,18 @@ def daphne_argv(host: str, port: int, *, keepalive_seconds: float, proxy_headers
         str(port),
         *DAPHNE_OPTIONS,
         *keepalive_options(keepalive_seconds),
-        *(["--proxy-headers"] if proxy_headers else []),
         ASGI_APPLICATION,
     ]
+
+
+def trusted_proxies_env(value: str) -> dict[str, str]:
+    """The server process's MAIBOT_TRUSTED_PROXIES (comma-separated CIDRs), checked here so that a bad
+    entry stops the supervisor naming it instead of a server that keeps failing to start."""
+    try:
+        parse_networks(value, name="--trusted-proxies")
+    except ImproperlyConfigured as exc:
+        raise CommandError(str(exc)) from None
+    return {"MAIBOT_TRUSTED_PROXIES": value}
 
 
 def manage_argv(*args: str) -> list[str]:
@@ -160,9 +171,20 @@ class Command(BaseCommand):
     def add_arguments(self, parser) -> None:
         parser.add_argument("--host", default=settings.HOST)
         parser.add_argument("--port", type=int, default=settings.PORT)
+        parser.add_argument(
+            "--trusted-proxies",
+            default=None,
+            metavar="CIDRS",
+            help="comma-separated addresses or networks of the reverse proxies in front of the server, whose "
+            "X-Forwarded-For / X-Forwarded-Proto are believed (default: MAIBOT_TRUSTED_PROXIES, else none)",
+        )
 
     def handle(self, *args, **options) -> None:
         host, port = options["host"], options["port"]
+        proxies = options["trusted_proxies"]
+        if proxies is None:
+            proxies = os.environ.get("MAIBOT_TRUSTED_PROXIES", "")
+        web_env = trusted_proxies_env(proxies)
         try:
             datadir.check_not_newer()
         except datadir.DataDirTooNew as exc:
@@ -170,7 +192,7 @@ class Command(BaseCommand):
         # The supervisor's own lines (restarts) go to the console's log like the children's.
         logdb.activate("supervisor")
         daphne = daphne_argv(host, port, keepalive_seconds=get_config().gateway.keepalive_seconds)
-        children = [Child("web", daphne), Child("cluster", manage_argv("qcluster"))]
+        children = [Child("web", daphne, env=web_env), Child("cluster", manage_argv("qcluster"))]
         for child in children:
             child.start()
         base = f"http://{host}:{port}"
@@ -181,6 +203,7 @@ class Command(BaseCommand):
             + f"\n  API docs:         {base}/api/v1/docs"
             + f"\n  adapters connect: ws://{host}:{port}/ws"
             + f"\n  data dir:         {settings.DATA_DIR}"
+            + f"\n  trusted proxies:  {proxies or 'none (X-Forwarded-For is ignored)'}"
             + "\nPress Ctrl-C to stop."
         )
         self.stdout.flush()  # seen at once also when the output goes to a file
