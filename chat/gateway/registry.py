@@ -43,6 +43,7 @@ from chat.wake import WakeEndpoint
 from chat.wire.inbound import (
     CustomMessage,
     EnvelopeError,
+    claimed_platforms,
     is_custom_message,
     json_text_is_storable,
     parse_api_package,
@@ -399,6 +400,11 @@ class Gateway(outbox.Sink):
                 parsed = parse_envelope(data, storable=storable)
         except EnvelopeError as exc:
             logger.warning("frame from %r dropped: %s", conn, exc)
+            return None
+        claimed = claimed_platforms(data, parsed, api_server=conn.api_server)
+        if claimed and claimed != {conn.platform}:
+            others = ", ".join(sorted(claimed - {conn.platform}))[:200]
+            logger.warning("frame from %r dropped: it names platform %s, not its connection's", conn, others)
             return None
         if isinstance(parsed, CustomMessage):
             if parsed.message_type_name == "message_id_echo":
