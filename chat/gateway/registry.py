@@ -388,7 +388,8 @@ class Gateway(outbox.Sink):
         self, conn: Connection, data: dict[str, Any], *, storable: bool, received_at: float = 0.0
     ) -> tuple[FrameKind, Any] | None:
         """What a frame's JSON object is for the writer: a message, a receipt or a command's result
-        (None: nothing to store; dropped ones are logged)."""
+        (None: nothing to store; dropped ones are logged). A connection speaks for its own platform:
+        a frame naming another (chat.wire.inbound.claimed_platforms) is dropped."""
         try:
             if conn.api_server:
                 parsed = parse_api_package(data)
