@@ -215,7 +215,11 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the temporary data dir")
     args = parser.parse_args()
 
-    extra = {"MAIBOT_ADAPTER_TOKENS": TOKEN, "PYTHONUNBUFFERED": "1", "MAIBOT_Q_NAME": f"bench-{os.getpid()}"}
+    extra = {
+        "MAIBOT_ADAPTER_TOKENS": f"{PLATFORM}:{TOKEN}",
+        "PYTHONUNBUFFERED": "1",
+        "MAIBOT_Q_NAME": f"bench-{os.getpid()}",
+    }
     if args.database_url:
         if args.redis_url:
             import redis

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import InterfaceError, OperationalError, connections, transaction
-from django.db.models import F, Value
+from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -232,7 +232,12 @@ def inbound_messages_store(*, items: Sequence[InboundItem]) -> IngestResult:
 
 
 def outbound_receipt_apply(*, platform: str, echo: Any, actual_id: Any) -> bool:
-    """`message_id_echo`: record the platform's id for one of our outbound messages (matched by uid)."""
+    """`message_id_echo` from `platform`'s adapter: record the platform's id for one of our outbound
+    messages (matched by uid) and mark it delivered. Only a message of that platform that was handed
+    over counts: claimed for the hand-over (`sending`: the echo may overtake the mark of its
+    hand-over) or handed over at least once (`sent_at` set: sent, unconfirmed, delivered, or pending
+    again after a missed confirm deadline). An echo naming a message of another platform, or one never
+    handed over, changes nothing."""
     try:
         uid = uuid.UUID(str(echo))
     except ValueError:
@@ -242,7 +247,8 @@ def outbound_receipt_apply(*, platform: str, echo: Any, actual_id: Any) -> bool:
         logger.warning("receipt from %s for %s carries no actual_id", platform, uid)
         return False
     now = timezone.now()
-    updated = Message.objects.filter(uid=uid, direction=Direction.OUT).update(
+    handed_over = Q(sent_at__isnull=False) | Q(delivery_status=DeliveryStatus.SENDING)
+    updated = Message.objects.filter(handed_over, uid=uid, direction=Direction.OUT, session__platform=platform).update(
         platform_message_id=str(actual_id)[:128],
         delivery_status=DeliveryStatus.DELIVERED,
         delivered_at=now,
@@ -253,7 +259,7 @@ def outbound_receipt_apply(*, platform: str, echo: Any, actual_id: Any) -> bool:
         next_attempt_at=None,
     )
     if not updated:
-        logger.warning("receipt from %s for unknown message %s", platform, uid)
+        logger.warning("receipt from %s for %s ignored: no message of that platform handed over with it", platform, uid)
     return bool(updated)
 
 

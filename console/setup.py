@@ -25,6 +25,7 @@ from django.views.decorators.http import require_POST
 from chat.agent import llm
 from console.config_editor import read_config_file, toml_with_values
 from maibot import deployment_env, reload, setup
+from maibot.adapter_tokens import DEFAULT_PLATFORM, parse_adapter_tokens
 from maibot.config import BotConfig, LLMModel, get_config
 
 WRONG_CODE = "This is not the code printed in the console."
@@ -113,12 +114,14 @@ def _bot_config(data: dict):
 def _apply_secrets(data: dict) -> None:
     key, token = data.get("llm_api_key") or "", data.get("adapter_token") or ""
     env_file = Path(settings.DATA_DIR) / deployment_env.FILE_NAME
-    deployment_env.update(env_file, {"OPENAI_API_KEY": key, "MAIBOT_ADAPTER_TOKENS": token})
+    # The set-up's token is the NapCat adapter's: bound to qq, written so (a bare token means the same).
+    tokens = f"{DEFAULT_PLATFORM}:{token}" if token else ""
+    deployment_env.update(env_file, {"OPENAI_API_KEY": key, "MAIBOT_ADAPTER_TOKENS": tokens})
     # This process applies them now; `serve` restarts the cluster for the file's change.
     if key:
         os.environ.setdefault("OPENAI_API_KEY", key)
     if token and not settings.MAIBOT_ADAPTER_TOKENS:
-        settings.MAIBOT_ADAPTER_TOKENS = [token]
+        settings.MAIBOT_ADAPTER_TOKENS = parse_adapter_tokens(tokens, name="MAIBOT_ADAPTER_TOKENS")
 
 
 @never_cache

@@ -12,6 +12,7 @@ from pathlib import Path
 import dj_database_url
 
 from maibot import deployment_env
+from maibot.adapter_tokens import parse_adapter_tokens
 from maibot.networks import parse_networks
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -191,8 +192,9 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 
 # --- adapters -------------------------------------------------------------------------------------
-# Comma-separated tokens accepted from platform adapters (the raw `Authorization` header).
-MAIBOT_ADAPTER_TOKENS = [t.strip() for t in os.environ.get("MAIBOT_ADAPTER_TOKENS", "").split(",") if t.strip()]
+# Comma-separated `platform:token` entries (a bare token is qq's): the token an adapter sends (the raw
+# `Authorization` / `x-apikey` header) admits it as that platform only (maibot.adapter_tokens).
+MAIBOT_ADAPTER_TOKENS = parse_adapter_tokens(os.environ.get("MAIBOT_ADAPTER_TOKENS", ""), name="MAIBOT_ADAPTER_TOKENS")
 # Comma-separated CIDRs whose adapters are admitted without a token (legacy adapters that cannot send
 # one); a bad entry stops start-up naming it (chat.gateway.auth).
 MAIBOT_ADAPTER_ALLOW_FROM = parse_networks(

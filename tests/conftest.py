@@ -367,8 +367,25 @@ def start_server(tmp_path, transactional_db) -> Iterator[Callable[..., tuple[Pro
 # The shared processes run without the console services (config watcher, log writer, heartbeat): they
 # would write log lines and heartbeats into the database other tests look at.
 SHARED_ENV = {"MAIBOT_CONSOLE_SERVICES": "0"}
-# The adapter tokens the shared server accepts (MAIBOT_ADAPTER_TOKENS).
+# The adapter tokens the shared server accepts (MAIBOT_ADAPTER_TOKENS), each bound to one platform: these
+# two to qq; every other platform a live test connects as has its own (shared_adapter_token).
 SHARED_ADAPTER_TOKENS = ("shared-adapter-token", "shared-adapter-token-2")
+SHARED_ADAPTER_PLATFORMS = ("qq068", "probe", "narrow", "wechat", "mcptest", "discord")
+
+
+def shared_adapter_token(platform: str) -> str:
+    """The shared server's token for `platform` (qq: SHARED_ADAPTER_TOKENS[0])."""
+    if platform == "qq":
+        return SHARED_ADAPTER_TOKENS[0]
+    assert platform in SHARED_ADAPTER_PLATFORMS, f"add {platform!r} to SHARED_ADAPTER_PLATFORMS"
+    return f"shared-adapter-token-{platform}"
+
+
+def shared_adapter_tokens_env() -> str:
+    """The shared server's MAIBOT_ADAPTER_TOKENS."""
+    bound = [f"qq:{token}" for token in SHARED_ADAPTER_TOKENS]
+    bound += [f"{platform}:{shared_adapter_token(platform)}" for platform in SHARED_ADAPTER_PLATFORMS]
+    return ",".join(bound)
 
 
 class LogView:
@@ -399,7 +416,7 @@ class LogView:
 def _shared_daphne(django_db_setup, tmp_path_factory) -> Iterator[tuple[Proc, str]]:
     root = tmp_path_factory.mktemp("shared-server")
     proc, base = launch_daphne(
-        root / "data", root / "daphne.log", MAIBOT_ADAPTER_TOKENS=",".join(SHARED_ADAPTER_TOKENS), **SHARED_ENV
+        root / "data", root / "daphne.log", MAIBOT_ADAPTER_TOKENS=shared_adapter_tokens_env(), **SHARED_ENV
     )
     yield proc, base
     proc.stop()

@@ -117,7 +117,7 @@ FAR = {"REMOTE_ADDR": "203.0.113.9"}
 
 @pytest.fixture
 def pending(data_dir, settings) -> str:
-    settings.MAIBOT_ADAPTER_TOKENS = []
+    settings.MAIBOT_ADAPTER_TOKENS = ()
     return setup.issue_code()
 
 
@@ -151,7 +151,7 @@ def test_finishing_set_up_creates_the_operator_saves_the_settings_and_closes_the
     assert not setup.setup_pending()
     assert get_config().bot.nickname == "Setty" and get_config().offline
     assert 'nickname = "Setty"' in (data_dir / "bot_config.toml").read_text()
-    assert deployment_env.read(data_dir / deployment_env.FILE_NAME) == {"MAIBOT_ADAPTER_TOKENS": "tok-123"}
+    assert deployment_env.read(data_dir / deployment_env.FILE_NAME) == {"MAIBOT_ADAPTER_TOKENS": "qq:tok-123"}
     assert client.get("/setup/").url == "/admin/"
 
 

@@ -6,11 +6,17 @@ Two ways an adapter introduces itself on /ws (both wire versions):
   `enable_api_server = true`): `x-platform`, the key in `x-apikey` (and a connection id in `x-uuid`);
   its frames are APIMessageBase packages (chat.wire.inbound / chat.wire.outbound).
 
-The rules: with MAIBOT_ADAPTER_TOKENS set, the token (or key) must be one of them (compared in constant
-time); an adapter that sends none is admitted only from a network in MAIBOT_ADAPTER_ALLOW_FROM (legacy
-adapters that cannot send a token). With no tokens configured, loopback and the ALLOW_FROM networks
-are admitted. A wrong token is refused wherever it comes from. Refusals are logged once per address
-and reason per minute (RefusalLog): a refused adapter retries every few seconds.
+The rules: each token in MAIBOT_ADAPTER_TOKENS is bound to one platform (maibot.adapter_tokens), and
+admits its holder as that platform only: the token (or key) sent must be one bound to the platform the
+adapter claims (compared in constant time with every configured token). An adapter that sends none is
+admitted from a network in MAIBOT_ADAPTER_ALLOW_FROM (legacy adapters that cannot send a token), and
+only for a platform that has no token: a platform with a token is reachable with it alone. With no
+tokens configured, loopback and the ALLOW_FROM networks are admitted, as any platform. A wrong token
+is refused wherever it comes from. So a connection's platform is its identity: only a holder of
+platform X's token (or, for a platform without one, an admitted address) can be X, receive X's
+messages, send as X, echo X's deliveries or replace X's connection (chat.gateway.registry).
+Refusals are logged once per address and reason per minute (RefusalLog): a refused adapter retries
+every few seconds.
 """
 
 from __future__ import annotations
@@ -20,12 +26,13 @@ import ipaddress
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from django.conf import settings
 
 from chat.outbox import WEB_PLATFORM
+from maibot.adapter_tokens import AdapterToken
 from maibot.networks import address_in
 
 logger = logging.getLogger(__name__)
@@ -71,12 +78,14 @@ def _is_loopback(host: str | None) -> bool:
     return address.is_loopback
 
 
-def _token_matches(given: str, tokens: list[str]) -> bool:
-    # Every configured token is compared, so the time taken says nothing about which one nearly matched.
-    matched = False
+def _token_platforms(given: str, tokens: Collection[AdapterToken]) -> set[str]:
+    """The platforms `given` is a token of. Every configured token is compared, so the time taken says
+    nothing about which one nearly matched."""
+    platforms = set()
     for token in tokens:
-        matched |= hmac.compare_digest(given.encode(), token.encode())
-    return matched
+        if hmac.compare_digest(given.encode(), token.secret.encode()):
+            platforms.add(token.platform)
+    return platforms
 
 
 def adapter_auth_problem(
@@ -91,10 +100,17 @@ def adapter_auth_problem(
     if given.lower().startswith("bearer "):
         given = given[7:].strip()
     allowed = address_in(client_host, settings.MAIBOT_ADAPTER_ALLOW_FROM)
-    tokens = settings.MAIBOT_ADAPTER_TOKENS
+    tokens: tuple[AdapterToken, ...] = settings.MAIBOT_ADAPTER_TOKENS
     if tokens:
         if given:
-            return None if _token_matches(given, tokens) else "invalid token"
+            platforms = _token_platforms(given, tokens)
+            if platform in platforms:
+                return None
+            if platforms:
+                return f"the token is bound to platform {', '.join(sorted(platforms))}, not {platform!r}"
+            return "invalid token"
+        if any(token.platform == platform for token in tokens):
+            return f"missing token (platform {platform!r} has one in MAIBOT_ADAPTER_TOKENS: its adapter must send it)"
         if allowed:
             return None
         return "missing token (and the address is not in MAIBOT_ADAPTER_ALLOW_FROM)"

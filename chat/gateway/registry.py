@@ -43,6 +43,7 @@ from chat.wake import WakeEndpoint
 from chat.wire.inbound import (
     CustomMessage,
     EnvelopeError,
+    claimed_platforms,
     is_custom_message,
     json_text_is_storable,
     parse_api_package,
@@ -387,7 +388,8 @@ class Gateway(outbox.Sink):
         self, conn: Connection, data: dict[str, Any], *, storable: bool, received_at: float = 0.0
     ) -> tuple[FrameKind, Any] | None:
         """What a frame's JSON object is for the writer: a message, a receipt or a command's result
-        (None: nothing to store; dropped ones are logged)."""
+        (None: nothing to store; dropped ones are logged). A connection speaks for its own platform:
+        a frame naming another (chat.wire.inbound.claimed_platforms) is dropped."""
         try:
             if conn.api_server:
                 parsed = parse_api_package(data)
@@ -399,6 +401,11 @@ class Gateway(outbox.Sink):
                 parsed = parse_envelope(data, storable=storable)
         except EnvelopeError as exc:
             logger.warning("frame from %r dropped: %s", conn, exc)
+            return None
+        claimed = claimed_platforms(data, parsed, api_server=conn.api_server)
+        if claimed and claimed != {conn.platform}:
+            others = ", ".join(sorted(claimed - {conn.platform}))[:200]
+            logger.warning("frame from %r dropped: it names platform %s, not its connection's", conn, others)
             return None
         if isinstance(parsed, CustomMessage):
             if parsed.message_type_name == "message_id_echo":

@@ -263,3 +263,30 @@ def parse_api_package(frame: dict[str, Any]) -> InboundMessage | CustomMessage |
     if package.type.startswith("sys_"):
         return None
     raise EnvelopeError(f"type: unknown API-Server package type {package.type[:64]!r}")
+
+
+# --- which platform a frame claims to come from -----------------------------------------------------
+
+
+def _platform_of(value: Any) -> str | None:
+    platform = value.get("platform") if isinstance(value, dict) else getattr(value, "platform", None)
+    return platform if isinstance(platform, str) and platform else None
+
+
+def claimed_platforms(frame: dict[str, Any], parsed: InboundMessage | CustomMessage, *, api_server: bool) -> set[str]:
+    """Every platform a frame names for itself: a message's `message_info.platform` and the platforms of
+    its `user_info` / `group_info`; a custom message's `platform`; in API-Server mode also the package's
+    `meta.platform` and its payload's `message_dim.platform`. Empty or missing values name none. The
+    gateway stores a frame as its connection's platform, and drops one that names another (a
+    connection speaks for its own platform only)."""
+    if isinstance(parsed, CustomMessage):
+        named = [parsed.platform]
+    else:
+        info = parsed.info
+        named = [info.platform, _platform_of(info.user_info), _platform_of(info.group_info)]
+    if api_server:
+        named.append(_platform_of(frame.get("meta")))
+        payload = frame.get("payload")
+        if isinstance(payload, dict):
+            named.append(_platform_of(payload.get("message_dim")))
+    return {p for p in named if p}

@@ -29,6 +29,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 
+from chat.models import ApiToken
 from maibot.config import get_config
 from maibot.process import call_before_server_shutdown
 from scheduling.mcp import endpoint_tools
@@ -56,11 +57,23 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, indent=None)
 
 
-async def _list_tools(ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None):
-    from chat.models import ApiToken
+def _refused(exc: ApiError) -> MCPError:
+    # A listing or a resource has no error result: the refusal is a protocol error carrying our code
+    # and sentence (a refusal of the request itself, whatever it asked: invalid request).
+    code = types.INVALID_REQUEST if exc.status in (401, 429) else types.INVALID_PARAMS
+    return MCPError(code=code, message=f"{exc.code}: {exc.message}", data=exc.as_dict())
 
-    token_id = _token_id(ctx)
-    token = await database_sync_to_async(ApiToken.objects.get)(pk=token_id)
+
+async def _counted_token(ctx: ServerRequestContext[Any, Any]) -> ApiToken:
+    """The request's token, the request counted against its rate limit (as every tool call is)."""
+    try:
+        return await database_sync_to_async(endpoint_tools.request_token)(token_id=_token_id(ctx))
+    except ApiError as exc:
+        raise _refused(exc) from None
+
+
+async def _list_tools(ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None):
+    token = await _counted_token(ctx)
     return types.ListToolsResult(
         tools=[
             types.Tool(
@@ -85,8 +98,8 @@ async def _call_tool(ctx: ServerRequestContext[Any, Any], params: types.CallTool
 
 
 async def _list_resources(ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None):
-    token_id = _token_id(ctx)
-    sessions = await database_sync_to_async(endpoint_tools.history_conversations)(token_id=token_id)
+    token = await _counted_token(ctx)
+    sessions = await database_sync_to_async(endpoint_tools.history_conversations)(token=token)
     resources = [
         types.Resource(
             uri=endpoint_tools.CONVERSATIONS_URI,
@@ -108,6 +121,7 @@ async def _list_resources(ctx: ServerRequestContext[Any, Any], params: types.Pag
 
 
 async def _list_templates(ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None):
+    await _counted_token(ctx)
     return types.ListResourceTemplatesResult(
         resource_templates=[
             types.ResourceTemplate(
@@ -121,20 +135,19 @@ async def _list_templates(ctx: ServerRequestContext[Any, Any], params: types.Pag
 
 
 async def _read_resource(ctx: ServerRequestContext[Any, Any], params: types.ReadResourceRequestParams):
-    token_id = _token_id(ctx)
+    token = await _counted_token(ctx)
     uri = str(params.uri)
     try:
         if uri == endpoint_tools.CONVERSATIONS_URI:
-            body = await database_sync_to_async(endpoint_tools.conversations_resource)(token_id=token_id)
+            body = await database_sync_to_async(endpoint_tools.conversations_resource)(token=token)
         elif match := _HISTORY_URI.match(uri):
             body = await database_sync_to_async(endpoint_tools.history_resource)(
-                token_id=token_id, conversation_id=match["conversation_id"]
+                token=token, conversation_id=match["conversation_id"]
             )
         else:
             raise ApiError(ApiErrorCode.NOT_FOUND, f"no resource {uri!r}")
     except ApiError as exc:
-        # A resource has no error result: the refusal is a protocol error carrying our code and sentence.
-        raise MCPError(code=types.INVALID_PARAMS, message=f"{exc.code}: {exc.message}", data=exc.as_dict()) from None
+        raise _refused(exc) from None
     return types.ReadResourceResult(
         contents=[types.TextResourceContents(uri=uri, text=_json(body), mime_type="application/json")]
     )

@@ -32,10 +32,11 @@ from scheduling.life.timers import timer_as_dict, timer_cancel, timer_create, ti
 from scheduling.mcp.models import McpEndpointCall
 from scheduling.models import Actor
 from scheduling.proactive.access import (
-    PRIVATE_CHANNELS,
     idempotent_call,
     rate_limit_hit,
     request_fingerprint,
+    token_conversations,
+    token_is_bounded,
     token_may_reach,
     token_require,
 )
@@ -210,15 +211,17 @@ def _acted_by(token: ApiToken) -> ActedBy:
     return ActedBy(via=Actor.API, token=token, origin=Origin.MCP)
 
 
+def _global_allowed(token: ApiToken, what: str, *, field: str | None = None) -> None:
+    """Refuse (forbidden_conversation) a token bound to channels or conversations anything global: the
+    bot's own memory, timers and inner state belong to no conversation."""
+    if token_is_bounded(token):
+        raise ApiError(Code.FORBIDDEN_CONVERSATION, f"this token is limited to some conversations; {what}", field=field)
+
+
 def _where(token: ApiToken, conversation_id: str | None) -> ChatSession | None:
     """The conversation a memory or timer call is about (None: the bot's own), if the token may reach it."""
     if conversation_id is None:
-        if token.allowed_channels or token.allowed_conversations:
-            raise ApiError(
-                Code.FORBIDDEN_CONVERSATION,
-                "this token is limited to some conversations; name one with conversation_id",
-                field="conversation_id",
-            )
+        _global_allowed(token, "name one with conversation_id", field="conversation_id")
         return None
     session = ChatSession.objects.filter(session_id=conversation_id).first()
     if session is None:
@@ -273,12 +276,14 @@ def list_conversations(token: ApiToken, args: ListConversationsArgs) -> Result:
 
 def get_inner_state(token: ApiToken, args: NoArgs) -> Result:
     token_require(token, ApiScope.INNER_STATE)
+    _global_allowed(token, "the inner state is the bot's own, of no conversation")
     state = inner_state_get()
     return {"text": state.text, "updated_at": _instant(state.updated_at), "updated_by": state.updated_by}
 
 
 def update_inner_state(token: ApiToken, args: InnerStateArgs) -> Result:
     token_require(token, ApiScope.INNER_STATE)
+    _global_allowed(token, "the inner state is the bot's own, of no conversation")
     state = inner_state_update(text=args.text, via="mcp")
     return {"text": state.text, "updated_at": _instant(state.updated_at), "updated_by": state.updated_by}
 
@@ -287,7 +292,7 @@ def list_memory(token: ApiToken, args: WhereArgs) -> Result:
     token_require(token, ApiScope.MEMORY)
     session = _where(token, args.conversation_id)
     global_slots, own = memory_slots_for(session)
-    if session is not None and (token.allowed_channels or token.allowed_conversations):
+    if session is not None and token_is_bounded(token):
         global_slots = []  # a limited token sees only the conversations it may reach
     return {
         "global": [_slot(s) for s in global_slots],
@@ -343,6 +348,8 @@ class EndpointTool:
     # Writes that take an idempotency_key (replayed per token and key, as the API's Idempotency-Key).
     idempotent: bool = False
     read_only: bool = False
+    # About the bot as a whole (its inner state): never offered to a token bound to some conversations.
+    global_only: bool = False
 
     def input_schema(self) -> dict[str, Any]:
         return self.arguments.model_json_schema()
@@ -401,6 +408,7 @@ TOOLS: dict[str, EndpointTool] = {
             get_inner_state,
             (ApiScope.INNER_STATE,),
             read_only=True,
+            global_only=True,
         ),
         EndpointTool(
             "update_inner_state",
@@ -408,6 +416,7 @@ TOOLS: dict[str, EndpointTool] = {
             InnerStateArgs,
             update_inner_state,
             (ApiScope.INNER_STATE,),
+            global_only=True,
         ),
         EndpointTool(
             "list_memory",
@@ -458,8 +467,22 @@ TOOLS: dict[str, EndpointTool] = {
 
 
 def tools_for(token: ApiToken) -> list[EndpointTool]:
-    """The tools a token is offered (those it has a scope for)."""
-    return [t for t in TOOLS.values() if any(s in token.scopes for s in t.scopes)]
+    """The tools a token is offered: those it has a scope for (a token bound to some conversations: but
+    the global ones, which it would be refused)."""
+    bounded = token_is_bounded(token)
+    return [t for t in TOOLS.values() if any(s in token.scopes for s in t.scopes) and not (bounded and t.global_only)]
+
+
+def request_token(*, token_id: int) -> ApiToken:
+    """The token of an MCP request (a tool call, listing tools, resources or templates, reading a
+    resource), each counted against the token's rate limit. Raises ApiError: token_revoked, rate_limited."""
+    token = ApiToken.objects.filter(pk=token_id, revoked_at__isnull=True).first()
+    if token is None:
+        raise ApiError(Code.TOKEN_REVOKED, "this token has been revoked")
+    wait = rate_limit_hit(token=token)
+    if wait is not None:
+        raise ApiError(Code.RATE_LIMITED, f"too many requests for this token; retry in {wait} s")
+    return token
 
 
 def _validation_error(exc: ValidationError) -> ApiError:
@@ -497,15 +520,13 @@ def tool_call(*, token_id: int, name: str, arguments: dict[str, Any] | None) -> 
 
 
 def _tool_call(*, token_id: int, name: str, arguments: dict[str, Any] | None) -> tuple[bool, Result]:
-    token = ApiToken.objects.filter(pk=token_id, revoked_at__isnull=True).first()
-    if token is None:
-        return False, ApiError(Code.TOKEN_REVOKED, "this token has been revoked").as_dict()
+    try:
+        token = request_token(token_id=token_id)
+    except ApiError as exc:
+        return False, exc.as_dict()
     tool = TOOLS.get(name)
     if tool is None:
         return False, {"code": "unknown_tool", "message": f"no tool {name!r}; list_tools says what there is"}
-    wait = rate_limit_hit(token=token)
-    if wait is not None:
-        return False, ApiError(Code.RATE_LIMITED, f"too many requests for this token; retry in {wait} s").as_dict()
     try:
         args = tool.arguments.model_validate(arguments or {})
     except ValidationError as exc:
@@ -535,16 +556,14 @@ CONVERSATIONS_URI = "maibot://conversations"
 HISTORY_TEMPLATE = "maibot://conversations/{conversation_id}/messages"
 
 
-def conversations_resource(*, token_id: int) -> Result:
+def conversations_resource(*, token: ApiToken) -> Result:
     """The conversations the token may send to (the first 100), as list_conversations shows them."""
-    token = ApiToken.objects.get(pk=token_id)
     qs = conversations_list(token=token)
     return {"items": [_conversation(s) for s in qs[:100]], "count": qs.count()}
 
 
-def history_resource(*, token_id: int, conversation_id: str) -> Result:
+def history_resource(*, token: ApiToken, conversation_id: str) -> Result:
     """A conversation's recent messages, oldest first."""
-    token = ApiToken.objects.get(pk=token_id)
     token_require(token, ApiScope.HISTORY)
     session = _where(token, conversation_id)
     rows = list(Message.objects.filter(session=session).order_by("-time", "-id")[:HISTORY_MESSAGES])
@@ -565,16 +584,8 @@ def history_resource(*, token_id: int, conversation_id: str) -> Result:
     }
 
 
-def history_conversations(*, token_id: int) -> list[ChatSession]:
+def history_conversations(*, token: ApiToken) -> list[ChatSession]:
     """The conversations whose history the token may read (for the resource list), the first 100."""
-    token = ApiToken.objects.get(pk=token_id)
     if ApiScope.HISTORY not in token.scopes:
         return []
-    qs = ChatSession.objects.order_by("-last_active_at", "-pk")
-    if token.allowed_channels:
-        qs = qs.filter(platform__in=token.allowed_channels)
-    else:
-        qs = qs.exclude(platform__in=PRIVATE_CHANNELS)
-    if token.allowed_conversations:
-        qs = qs.filter(session_id__in=token.allowed_conversations)
-    return list(qs[:100])
+    return list(ChatSession.objects.filter(token_conversations(token)).order_by("-last_active_at", "-pk")[:100])

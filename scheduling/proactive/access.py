@@ -100,12 +100,32 @@ def token_may_reach(token: ApiToken, *, channel: str, conversation_id: str | Non
         )
 
 
+def token_is_bounded(token: ApiToken) -> bool:
+    """Whether the token is limited to some channels or conversations (so never reaches what is global)."""
+    return bool(token.allowed_channels or token.allowed_conversations)
+
+
+def token_conversations(token: ApiToken, *, via: str = "") -> Q:
+    """The conversations a token may reach, as a filter on ChatSession (`via`: the path from the model
+    filtered to its session, e.g. "session__"): its channels and conversations when it names some,
+    else every channel but the private ones. The same bounds as token_may_reach, for reading."""
+    if token.allowed_channels:
+        reach = Q(**{f"{via}platform__in": list(token.allowed_channels)})
+    else:
+        reach = ~Q(**{f"{via}platform__in": PRIVATE_CHANNELS})
+    if token.allowed_conversations:
+        reach &= Q(**{f"{via}session_id__in": list(token.allowed_conversations)})
+    return reach
+
+
 def token_readable(token: ApiToken) -> Q:
-    """The proactive messages a token may read (and so cancel): its own, or all with read_all."""
+    """The proactive messages a token may read (and so cancel): its own, or all with read_all; either
+    way only in the conversations it may reach (read_all on a token bound to channels is every
+    message of those channels)."""
     if ApiScope.READ_ALL in token.scopes:
-        return Q()
+        return token_conversations(token, via="session__")
     if ApiScope.READ_OWN in token.scopes:
-        return Q(created_by_token=token)
+        return Q(created_by_token=token) & token_conversations(token, via="session__")
     raise ApiError(Code.INSUFFICIENT_SCOPE, "this token lacks the scope 'read_own' (read the messages it created)")
 
 

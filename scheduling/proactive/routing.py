@@ -44,7 +44,12 @@ from maibot.text import is_blank
 from scheduling.dispatcher import deliver_one
 from scheduling.error_codes import SchedulingError, SchedulingErrorCode
 from scheduling.models import Actor, ScheduledMessage
-from scheduling.proactive.access import PRIVATE_CHANNELS, token_may_reach, token_readable, token_require
+from scheduling.proactive.access import (
+    token_conversations,
+    token_may_reach,
+    token_readable,
+    token_require,
+)
 from scheduling.proactive.errors import ApiError, ApiErrorCode
 from scheduling.services import ActedBy, scheduled_message_cancel, scheduled_message_create
 
@@ -410,13 +415,7 @@ def conversations_list(
     channel_thread_id: str | None = None,
 ) -> QuerySet[ChatSession]:
     token_require(token, ApiScope.SEND)  # finding a conversation is part of sending to it
-    qs = ChatSession.objects.all()
-    if token.allowed_channels:
-        qs = qs.filter(platform__in=token.allowed_channels)
-    else:
-        qs = qs.exclude(platform__in=PRIVATE_CHANNELS)
-    if token.allowed_conversations:
-        qs = qs.filter(session_id__in=token.allowed_conversations)
+    qs = ChatSession.objects.filter(token_conversations(token))
     if channel_type:
         qs = qs.filter(platform=channel_type)
     if chat_type:

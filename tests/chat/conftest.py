@@ -6,15 +6,16 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from chat.gateway import close_old_connection, get_gateway
+from maibot.adapter_tokens import parse_adapter_tokens
 from tests.chat.api_support import api, token_pair  # noqa: F401
-from tests.chat.gateway_helpers import TOKEN
+from tests.chat.gateway_helpers import ADAPTER_TOKENS
 
 
 @pytest.fixture
 async def app(settings):
     """The project's ASGI application; afterwards the gateway's tasks and threads are released, and any
     session runtime an inbound message started on this test's loop is stopped."""
-    settings.MAIBOT_ADAPTER_TOKENS = [TOKEN]
+    settings.MAIBOT_ADAPTER_TOKENS = parse_adapter_tokens(ADAPTER_TOKENS, name="MAIBOT_ADAPTER_TOKENS")
     from maibot.asgi import application
 
     yield application

@@ -13,8 +13,11 @@ from channels.testing import WebsocketCommunicator
 
 from tests.conftest import wait_for_async
 
-# The adapter token the in-process `app` fixture (tests/chat/conftest.py) admits.
+# The adapter tokens the in-process `app` fixture (tests/chat/conftest.py) admits: TOKEN for qq,
+# DISCORD_TOKEN for discord.
 TOKEN = "in-process-token"
+DISCORD_TOKEN = "in-process-token-discord"
+ADAPTER_TOKENS = f"qq:{TOKEN},discord:{DISCORD_TOKEN}"
 # Under a loaded machine the gateway's first call (starting its tasks) can take more than the
 # communicator's default second.
 TIMEOUT = 10

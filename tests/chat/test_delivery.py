@@ -201,6 +201,7 @@ def test_a_sent_row_of_a_platform_nobody_serves_is_settled_by_the_sweep_one_leas
 def test_echoes_mark_their_platform_with_one_statement_per_round_whatever_their_number(make_session):
     session = make_session()
     messages = messages_send([Outbound(session=session, source_kind="proactive", text=f"m{i}") for i in range(41)])
+    assert len(hand_over(timezone.now(), echoing=False)) == 41  # only a message handed over is echoed
 
     def receipts(chunk):
         return [("qq", {"type": "echo", "echo": str(m.uid), "actual_id": m.pk}) for m in chunk]

@@ -9,7 +9,7 @@ import pytest
 from chat.models import AdapterConnection, ChatSession, DeliveryStatus, Message
 from chat.services import message_send
 from tests.chat.gateway_helpers import LEGACY_PYTHON, MM07_PYTHON, Adapter06, Adapter07, ApiClient, envelope
-from tests.conftest import SHARED_ADAPTER_TOKENS, db, wait_for_async
+from tests.conftest import SHARED_ADAPTER_TOKENS, db, shared_adapter_token, wait_for_async
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
@@ -93,7 +93,7 @@ async def test_api_server_client_with_a_wrong_key_is_refused_and_nothing_is_stor
 
 async def test_the_068_api_server_client_over_the_plain_websocket(server):
     _, base = server
-    client = ApiClient(base, api_key=KEY, platform="qq068", python=LEGACY_PYTHON)
+    client = ApiClient(base, api_key=shared_adapter_token("qq068"), platform="qq068", python=LEGACY_PYTHON)
     try:
         assert await client.start() == "connected"
         assert client.version == "0.6.8"
@@ -118,7 +118,8 @@ async def test_the_068_api_server_client_over_the_plain_websocket(server):
 
 
 async def test_a_legacy_client_without_a_token_is_admitted_from_an_allowed_network(start_server):
-    _, base = start_server("allow", MAIBOT_ADAPTER_TOKENS="some-token", MAIBOT_ADAPTER_ALLOW_FROM="127.0.0.0/8")
+    # Tokens for other platforms only: a platform with a token is reachable with it alone.
+    _, base = start_server("allow", MAIBOT_ADAPTER_TOKENS="discord:some-token", MAIBOT_ADAPTER_ALLOW_FROM="127.0.0.0/8")
     adapter = await Adapter06(base, token=None).start()
     try:
         await adapter.send(envelope(text="no token, allowed network"))

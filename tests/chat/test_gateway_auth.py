@@ -21,6 +21,7 @@ from chat.models import AdapterConnection, ChatSession, DeliveryStatus, Message
 from chat.services import message_send, session_get_or_create
 from chat.wire.inbound import CustomMessage, EnvelopeError, InboundMessage, parse_api_package, parse_envelope
 from chat.wire.outbound import api_server_ack, api_server_package
+from maibot.adapter_tokens import parse_adapter_tokens
 from maibot.networks import MAX_NETWORKS, address_in, parse_networks
 from tests.chat.gateway_helpers import TIMEOUT, TOKEN, envelope
 from tests.conftest import db, wait_for_async
@@ -31,7 +32,7 @@ NAME = "MAIBOT_ADAPTER_ALLOW_FROM"
 # --- the rules ---------------------------------------------------------------------------------------
 @pytest.fixture
 def tokens(settings):
-    settings.MAIBOT_ADAPTER_TOKENS = ["key-one", "key-two"]
+    settings.MAIBOT_ADAPTER_TOKENS = parse_adapter_tokens("qq:key-one,key-two,discord:key-dc", name="T")
     settings.MAIBOT_ADAPTER_ALLOW_FROM = parse_networks("10.0.0.0/8, fd00::/8", name=NAME)
     return settings
 
@@ -47,17 +48,24 @@ def test_with_tokens_the_right_token_is_admitted_from_anywhere_and_a_wrong_one_f
     assert adapter_auth_problem(token="key-three", client_host="127.0.0.1", **check) == "invalid token"
 
 
-def test_with_tokens_no_token_is_admitted_only_from_an_allowed_network(tokens):
+def test_with_tokens_no_token_is_admitted_only_from_an_allowed_network_for_a_platform_without_one(tokens):
     for host in ("10.1.2.3", "::ffff:10.9.9.9", "fd00::1", "[fd00::2]"):
-        assert adapter_auth_problem(platform="qq", token=None, client_host=host) is None, host
-        assert adapter_auth_problem(platform="qq", token="  ", client_host=host) is None, host
+        assert adapter_auth_problem(platform="telegram", token=None, client_host=host) is None, host
+        assert adapter_auth_problem(platform="telegram", token="  ", client_host=host) is None, host
+        # qq and discord have tokens: an allowed address does not stand in for them.
+        for platform in ("qq", "discord"):
+            problem = adapter_auth_problem(platform=platform, token=None, client_host=host)
+            assert (
+                problem
+                == f"missing token (platform {platform!r} has one in MAIBOT_ADAPTER_TOKENS: its adapter must send it)"
+            )
     for host in ("127.0.0.1", "192.168.1.20", "fe80::1", "", None, "not-an-address"):
-        problem = adapter_auth_problem(platform="qq", token=None, client_host=host)
+        problem = adapter_auth_problem(platform="telegram", token=None, client_host=host)
         assert problem is not None and "MAIBOT_ADAPTER_ALLOW_FROM" in problem, host
 
 
 def test_without_tokens_loopback_and_the_allowed_networks_are_admitted(settings):
-    settings.MAIBOT_ADAPTER_TOKENS = []
+    settings.MAIBOT_ADAPTER_TOKENS = ()
     settings.MAIBOT_ADAPTER_ALLOW_FROM = parse_networks("192.168.1.0/24", name=NAME)
     for host in ("127.0.0.1", "::1", "::ffff:127.0.0.1", "192.168.1.77"):
         assert adapter_auth_problem(platform="qq", token=None, client_host=host) is None, host
@@ -81,8 +89,8 @@ def test_every_configured_token_is_compared_in_constant_time(tokens, monkeypatch
 
     monkeypatch.setattr(auth.hmac, "compare_digest", compare)
     assert adapter_auth_problem(platform="qq", token="key-one", client_host="1.2.3.4") is None
-    # The first token matched; the second was compared all the same.
-    assert calls == [(b"key-one", b"key-one"), (b"key-one", b"key-two")]
+    # The first token matched; the others were compared all the same.
+    assert calls == [(b"key-one", b"key-one"), (b"key-one", b"key-two"), (b"key-one", b"key-dc")]
 
 
 def test_the_mode_is_read_from_the_headers():
@@ -390,14 +398,15 @@ async def test_an_api_server_connection_with_a_wrong_or_no_key_is_closed_and_not
 
 @pytestmark_db
 async def test_a_legacy_adapter_without_a_token_is_admitted_from_an_allowed_network(app, settings):
+    # For a platform without a token (the app fixture has tokens for qq and discord).
     settings.MAIBOT_ADAPTER_ALLOW_FROM = parse_networks("192.0.2.0/24", name=NAME)
     for host, admitted in (("192.0.2.10", True), ("198.51.100.1", False)):
-        comm = WebsocketCommunicator(app, "/ws", headers=[(b"platform", b"qq")])
+        comm = WebsocketCommunicator(app, "/ws", headers=[(b"platform", b"telegram")])
         comm.scope["client"] = (host, 40000)
         connected, _ = await comm.connect(timeout=TIMEOUT)
         assert connected
         if admitted:
-            await comm.send_json_to(envelope(text=f"from {host}"))
+            await comm.send_json_to(envelope(platform="telegram", text=f"from {host}"))
             await wait_for_async(lambda h=host: Message.objects.filter(text=f"from {h}").exists())
             await comm.disconnect(timeout=TIMEOUT)
         else:

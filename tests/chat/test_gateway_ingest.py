@@ -10,6 +10,7 @@ from channels.testing import WebsocketCommunicator
 from chat.gateway import close_old_connection, get_gateway
 from chat.models import AdapterConnection, Message
 from chat.services import inbound_stored
+from maibot.adapter_tokens import parse_adapter_tokens
 from tests.chat.gateway_helpers import envelope
 from tests.conftest import db, wait_for_async
 
@@ -29,7 +30,7 @@ def announced():
 
 
 async def test_stored_messages_are_announced_to_the_planner_hook_in_batches(settings, announced):
-    settings.MAIBOT_ADAPTER_TOKENS = ["tok"]
+    settings.MAIBOT_ADAPTER_TOKENS = parse_adapter_tokens("tok", name="T")
     from maibot.asgi import application
 
     comm = WebsocketCommunicator(application, "/ws", headers=[(b"platform", b"qq"), (b"authorization", b"tok")])

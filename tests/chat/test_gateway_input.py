@@ -16,11 +16,12 @@ from chat.gateway import adapter_auth_problem
 from chat.models import ChatSession, DeliveryStatus, Media, Message
 from chat.services import message_send
 from tests.chat.gateway_helpers import Adapter06, RawSocket, envelope, write_bot_config
-from tests.conftest import SHARED_ADAPTER_TOKENS, db, wait_for_async
+from tests.conftest import SHARED_ADAPTER_TOKENS, db, shared_adapter_token, wait_for_async
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
 TOKEN = SHARED_ADAPTER_TOKENS[0]
+WECHAT_TOKEN = shared_adapter_token("wechat")
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00\x01\x02fake image payload" * 20
 
 
@@ -137,7 +138,7 @@ async def test_a_20_mb_frame_is_stored_while_other_adapters_are_served(live):
         envelope(segments=[{"type": "image", "data": base64.b64encode(b"\x89PNG\r\n\x1a\n" + big).decode()}])
     )
     assert len(frame) > 20 * 1024 * 1024
-    other = await Adapter06(base, platform="wechat", token=TOKEN).start()
+    other = await Adapter06(base, platform="wechat", token=WECHAT_TOKEN).start()
     try:
         async with RawSocket(base, token=TOKEN) as ws:
             await ws.send(frame)
@@ -167,8 +168,8 @@ async def test_a_frame_over_100_mib_drops_that_connection_only(live):
 
 async def test_a_flood_is_closed_with_1008_and_nothing_is_half_stored(start_server, tmp_path):
     write_bot_config(tmp_path / "data-flood", "[gateway]\nmax_backlog = 50\n")
-    proc, base = start_server("flood", MAIBOT_ADAPTER_TOKENS=TOKEN)
-    other = await Adapter06(base, platform="wechat", token=TOKEN).start()
+    proc, base = start_server("flood", MAIBOT_ADAPTER_TOKENS=f"{TOKEN},wechat:{WECHAT_TOKEN}")
+    other = await Adapter06(base, platform="wechat", token=WECHAT_TOKEN).start()
     try:
         async with RawSocket(base, token=TOKEN) as ws:
             frames = [json.dumps(envelope(text=f"flood {i}", message_id=i)) for i in range(5000)]

@@ -13,7 +13,7 @@ from django.conf import settings
 from chat.models import AdapterConnection, ChatSession, CommandResponse, DeliveryStatus, Media, Message
 from chat.services import Outbound, message_send, messages_send
 from tests.chat.gateway_helpers import Adapter06, RawSocket, envelope
-from tests.conftest import SHARED_ADAPTER_TOKENS, db, wait_for_async
+from tests.conftest import SHARED_ADAPTER_TOKENS, db, shared_adapter_token, wait_for_async
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
@@ -161,7 +161,7 @@ async def test_offline_messages_wait_and_go_out_on_reconnect_in_order(server, ma
     # A probe on another platform: once its message is delivered, the server's outbox has run a round
     # after the two were stored, and they are still waiting for their (offline) adapter.
     probe_session = await db(make_session, platform="probe", user_id="30004")
-    async with RawSocket(server, platform="probe", token=TOKEN) as probe:
+    async with RawSocket(server, platform="probe", token=shared_adapter_token("probe")) as probe:
         await wait_for_async(lambda: AdapterConnection.objects.filter(platform="probe").exists())
         marker = await db(message_send, session=probe_session, source_kind="reply", text="probe")
         assert (await probe.recv_json())["message_info"]["message_id"] == str(marker.uid)
@@ -201,7 +201,7 @@ async def test_with_redis_a_send_from_another_process_is_delivered_at_once(serve
 async def test_outbound_follows_the_adapters_accept_format_and_inlines_media(server, make_session):
     png = b"\x89PNG\r\n\x1a\n" + b"outbound image" * 10
     # A platform of its own: the server keeps a platform's accept_format across connections.
-    adapter = await Adapter06(server, platform="narrow", token=TOKEN).start()
+    adapter = await Adapter06(server, platform="narrow", token=shared_adapter_token("narrow")).start()
     try:
         # This adapter cannot quote and takes no voice: it says so in its messages' format_info. Its
         # image is stored by the server; the bot sends it back by reference.

@@ -17,7 +17,7 @@ from scheduling.life.models import InnerState, InnerStateRevision, MemorySlot, T
 from scheduling.models import ScheduledMessage
 from scheduling.proactive.access import api_token_create, api_token_revoke
 from tests.chat.gateway_helpers import Adapter06
-from tests.conftest import SHARED_ADAPTER_TOKENS, db
+from tests.conftest import db, shared_adapter_token
 from tests.mcp.client import call, mcp_session
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
@@ -43,7 +43,7 @@ async def test_messages_now_and_scheduled_reach_the_real_adapter(shared_server, 
     _, base = shared_server
     raw = await token("mcp-messages", scopes=ALL_SCOPES)
     group = await db(make_session, chat_type="group", platform=PLATFORM)
-    adapter = await Adapter06(base, platform=PLATFORM, token=SHARED_ADAPTER_TOKENS[0]).start()
+    adapter = await Adapter06(base, platform=PLATFORM, token=shared_adapter_token(PLATFORM)).start()
     try:
         async with mcp_session(base, raw) as mcp:
             names = {t.name for t in (await mcp.list_tools()).tools}

@@ -99,3 +99,29 @@ def test_operators_set_scopes_in_the_admin_and_the_command(admin_client, capsys)
     made = ApiToken.objects.get(name="cron-job")
     assert made.scopes == ["send", "read_all"] and made.allowed_channels == ["qq"]
     assert "send, read_all" in capsys.readouterr().err
+
+
+def test_read_all_on_a_token_bound_to_channels_or_conversations_reads_only_those(make_session):
+    writer = client_for("writer", allowed_channels=["qq", "discord", "web"])
+    qq_chat, qq_group = make_session(user_id="10001"), make_session(chat_type="group", group_id="777")
+    discord_chat = make_session(platform="discord", user_id="d-1")
+    browser = make_session(platform="web", user_id="op-1")
+    ids = {
+        name: schedule(writer, conversation_id=session.session_id)
+        for name, session in (("qq", qq_chat), ("group", qq_group), ("discord", discord_chat), ("web", browser))
+    }
+
+    qq_auditor = client_for("qq-auditor", scopes=["read_all", "cancel"], allowed_channels=["qq"])
+    assert sorted(m["id"] for m in qq_auditor.get("/messages").json()["items"]) == sorted([ids["qq"], ids["group"]])
+    assert qq_auditor.get("/messages", {"conversation_id": discord_chat.session_id}).json()["count"] == 0
+    assert qq_auditor.get(f"/messages/{ids['discord']}").json()["code"] == "message_not_found"
+    assert qq_auditor.post(f"/messages/{ids['discord']}/cancel").status_code == 404
+    assert ScheduledMessage.objects.get(pk=ids["discord"]).status == "pending"
+
+    one_chat = client_for("one-chat", scopes=["read_all"], allowed_conversations=[qq_group.session_id])
+    assert [m["id"] for m in one_chat.get("/messages").json()["items"]] == [ids["group"]]
+    assert one_chat.get(f"/messages/{ids['qq']}").status_code == 404
+    # A token bound to nothing reads every channel but the operators' browser chat, as it sends.
+    auditor = client_for("auditor", scopes=["read_all"])
+    assert ids["web"] not in [m["id"] for m in auditor.get("/messages").json()["items"]]
+    assert auditor.get("/messages").json()["count"] == 3
