@@ -213,7 +213,7 @@ async def test_allow_from_matches_the_forwarded_address_and_never_a_forged_one(s
     _, base = start_server(
         "allow",
         MAIBOT_TRUSTED_PROXIES=PROXY_SOURCE,
-        MAIBOT_ADAPTER_TOKENS="the-token",
+        MAIBOT_ADAPTER_TOKENS="discord:the-token",  # qq and wechat have no token: ALLOW_FROM admits them
         MAIBOT_ADAPTER_ALLOW_FROM="203.0.113.0/24",
     )
     proxy = edge(base, {"listed": "203.0.113.5", "unlisted": "198.51.100.5"})
