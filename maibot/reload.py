@@ -11,7 +11,6 @@ then sees the write finds nothing new: one save, one round of callbacks.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import inspect
 import itertools
 import logging
@@ -118,7 +117,11 @@ def run_reload_callbacks(new: BotConfig, old: BotConfig) -> list[str]:
 
 
 def text_digest(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    """A digest of the config text, keyed with SECRET_KEY: the editor's page carries it, and a plain hash
+    of a text whose only unknown is a short secret would let the page's reader guess that secret."""
+    from django.utils.crypto import salted_hmac
+
+    return salted_hmac("maibot.reload.text_digest", text, algorithm="sha256").hexdigest()
 
 
 class ConfigChanged(ConfigError):

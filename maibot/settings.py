@@ -195,6 +195,28 @@ MAIBOT_ADAPTER_ALLOW_FROM = parse_networks(
     os.environ.get("MAIBOT_ADAPTER_ALLOW_FROM", ""), name="MAIBOT_ADAPTER_ALLOW_FROM"
 )
 
+# --- plugins' Python dependencies ----------------------------------------------------------------
+# Installing code is the deployment's decision, never the bot config's (plugins.deps): whether a plugin's
+# missing packages are pip-installed when it loads, and the package index pip uses (unset: pip's own
+# configuration of the server's user). The extra index may list several URLs, separated by spaces.
+MAIBOT_PLUGIN_AUTO_INSTALL = os.environ.get("MAIBOT_PLUGIN_AUTO_INSTALL", "").lower() in {"1", "true", "yes"}
+
+
+def _index_urls(name: str, *, many: bool) -> list[str]:
+    from django.core.exceptions import ImproperlyConfigured
+
+    urls = os.environ.get(name, "").split()
+    if len(urls) > 1 and not many:
+        raise ImproperlyConfigured(f"{name}: one URL (more indexes go in MAIBOT_PIP_EXTRA_INDEX_URL)")
+    for url in urls:
+        if not url.startswith(("https://", "http://", "file://")):
+            raise ImproperlyConfigured(f"{name}: {url!r} is not an http(s):// or file:// URL")
+    return urls
+
+
+MAIBOT_PIP_INDEX_URL = "".join(_index_urls("MAIBOT_PIP_INDEX_URL", many=False))
+MAIBOT_PIP_EXTRA_INDEX_URLS = _index_urls("MAIBOT_PIP_EXTRA_INDEX_URL", many=True)
+
 # The server and the cluster run the config watcher, the log writer and the heartbeat (maibot.process).
 MAIBOT_CONSOLE_SERVICES = os.environ.get("MAIBOT_CONSOLE_SERVICES", "1") != "0"
 
