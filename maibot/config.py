@@ -832,7 +832,8 @@ def ensure_config_file(path: Path | None = None) -> Path:
         # Write aside, then link into place: the file appears whole or not at all, and a
         # concurrent first start never overwrites what another process created.
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text, encoding="utf-8")
+        tmp.unlink(missing_ok=True)  # a leftover of a crashed start with the same pid
+        private_write(tmp, text)
         try:
             os.link(tmp, path)
         except FileExistsError:
@@ -840,6 +841,13 @@ def ensure_config_file(path: Path | None = None) -> Path:
         finally:
             tmp.unlink(missing_ok=True)
     return path
+
+
+def private_write(path: Path, text: str) -> None:
+    """Write `text` to a new file `path`, mode 0600 whatever the umask (the data dir is private)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
 
 
 def load_config(path: Path | None = None) -> BotConfig:

@@ -15,7 +15,6 @@ import inspect
 import itertools
 import logging
 import os
-import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -241,9 +240,8 @@ def config_save_text(
                 )
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
-            tmp.write_text(text, encoding="utf-8")
-            if path.exists():
-                shutil.copymode(path, tmp)  # keep the file's permissions across the replace
+            tmp.unlink(missing_ok=True)  # a leftover of a crashed save
+            bot_config.private_write(tmp, text)  # 0600: the replaced file's mode is not carried over
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from maibot import deployment_env
+from maibot import datadir, deployment_env
 from maibot.networks import parse_networks
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -20,8 +20,17 @@ DATA_DIR = Path(os.environ.get("MAIBOT_DATA_DIR") or BASE_DIR / "data").resolve(
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Parallel test workers (`make test-fast`) each keep their config file, media and databases apart.
     DATA_DIR = DATA_DIR / os.environ["PYTEST_XDIST_WORKER"]
-DATA_DIR.mkdir(parents=True, exist_ok=True)
+# The data dir is the server user's alone (maibot.datadir): what this process creates is 0700/0600,
+# and the folder and the files directly in it (the database, before its first connection: SQLite gives
+# its -wal/-shm the database file's mode) are made so now. The bootstrap and each server and cluster
+# start see to everything deeper.
+os.umask(0o077)
+DATA_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+datadir.make_private(DATA_DIR, deep=False)
 MEDIA_ROOT = DATA_DIR / "media"
+# Django's storage chmods each saved file (0o644 by default): media are kept private like the rest.
+FILE_UPLOAD_PERMISSIONS = 0o600
+FILE_UPLOAD_DIRECTORY_PERMISSIONS = 0o700
 # The API key and adapter tokens the set-up page saved (the environment wins over them).
 deployment_env.load_into_environ(DATA_DIR / deployment_env.FILE_NAME)
 MEDIA_URL = "/media/"
