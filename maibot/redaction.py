@@ -7,7 +7,8 @@ What is secret:
 - every value of the deployment's secrets: the model API keys (OPENAI_API_KEY and the variables
   MAIBOT_LLM_KEY_ENVS lists), the MCP secret variables (MAIBOT_MCP_SECRET_ENVS), the adapter tokens,
   what deployment.env holds, SECRET_KEY, DJANGO_SUPERUSER_PASSWORD, the database's and Redis's
-  passwords; and the values of the secret places above, wherever else they appear.
+  passwords; the password of a URL's `user:password@` in the config; and the values of the secret
+  places above, wherever else they appear.
 
 Redaction is by value: every occurrence of a secret (of at least MIN_SECRET_LENGTH characters; a shorter
 one only at its own place) is replaced wherever it is, under any key, inside lists and tables, and in
@@ -95,6 +96,11 @@ class Secrets:
         def collect(path: KeyPath, value: Any) -> None:
             if _is_secret_value(path, value):
                 found.add(str(value))
+            elif path[-1:] == ("url",) and isinstance(value, str):  # https://user:password@host/
+                try:
+                    found.add(urlsplit(value).password or "")
+                except ValueError:
+                    pass
 
         for data in configs:
             _walk(data, (), collect)

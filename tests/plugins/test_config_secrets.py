@@ -24,8 +24,11 @@ ADAPTER_TOKEN = "adapter-token-abcdef123"
 MCP_ENV_VALUE = "mcp-env-secret-999999"
 HEADER = "Bearer literal-header-secret-42"
 ENV_LITERAL = "literal-env-secret-43"
+URL_PASSWORD = "url-password-31415"
+URL = f"https://bot:{URL_PASSWORD}@mcp.example/s"
 REFERENCE = "${MCP_SEARCH_KEY}"  # names a secret variable: not itself a secret
-SECRETS = [OPENAI_KEY, FILE_KEY, ADAPTER_TOKEN, MCP_ENV_VALUE, "literal-header-secret-42", ENV_LITERAL, "abc"]
+SECRETS = [OPENAI_KEY, FILE_KEY, ADAPTER_TOKEN, MCP_ENV_VALUE, "literal-header-secret-42", ENV_LITERAL, URL_PASSWORD]
+SECRETS.append("abc")  # short: hidden at its own place only
 
 
 @pytest.fixture
@@ -49,7 +52,7 @@ def snoop(tmp_path, settings, monkeypatch):
 def test_a_hostile_plugin_reads_no_secret_through_config_get(snoop):
     host, ctx = snoop
     servers = [
-        {"name": "search", "url": "https://mcp.example/s", "headers": {"Authorization": HEADER, "X-Short": "abc"}},
+        {"name": "search", "url": URL, "headers": {"Authorization": HEADER, "X-Short": "abc"}},
         {
             "name": "files",
             "command": "mcp-files",
@@ -64,7 +67,7 @@ def test_a_hostile_plugin_reads_no_secret_through_config_get(snoop):
     dumped = json.dumps(found, ensure_ascii=False)
     assert [s for s in SECRETS if s in dumped] == []
     search, files = found["mcp.servers"]
-    assert search["url"] == "https://mcp.example/s"  # what is no secret still reads as it is
+    assert search["url"] == "https://bot:<redacted>@mcp.example/s"  # the rest of the URL reads as it is
     assert search["headers"] == {"Authorization": "<redacted>", "X-Short": "<redacted>"}
     assert files["env"] == {"T": "<redacted>", "K": "<redacted>", "R": REFERENCE}
     assert found["bot.persona"] == "You are Mai (debug <redacted>)."
