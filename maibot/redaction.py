@@ -27,6 +27,7 @@ import os
 import re
 from collections.abc import Callable, Mapping, MutableMapping, MutableSequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -49,7 +50,7 @@ def deployment_secret_values() -> set[str]:
 
     names = {*llm_key_variables(), *mcp_secret_variables(), "MAIBOT_ADAPTER_TOKENS", "DJANGO_SUPERUSER_PASSWORD"}
     values = {os.environ.get(name, "") for name in names}
-    values |= set(deployment_env.read(settings.DATA_DIR / deployment_env.FILE_NAME).values())
+    values |= set(deployment_env.read(Path(settings.DATA_DIR) / deployment_env.FILE_NAME).values())
     for tokens in [os.environ.get("MAIBOT_ADAPTER_TOKENS", ""), *values]:
         for item in tokens.split(","):  # `token` or `platform:token`, comma-separated
             values |= {item.strip(), item.split(":", 1)[-1].strip()}
