@@ -30,6 +30,7 @@ from plugins import manifest as mf
 from plugins.host import PluginState
 from tests.conftest import ROOT, subprocess_env
 from tests.plugins.conftest import FIXTURES, copy_plugins
+from tests.test_console_config_editor import form_data_from
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -302,3 +303,18 @@ def test_the_install_deps_command_reports_what_pip_could_not_install(tmp_path, s
         call_command("plugins", "install-deps", NEEDS_PACKAGE)
     with pytest.raises(CommandError, match="no such plugin: nope"):
         call_command("plugins", "install-deps", "nope")
+
+
+def test_an_old_config_with_the_retired_keys_loads_and_a_form_save_drops_them(client, settings, tmp_path):
+    settings.DATA_DIR = tmp_path
+    old = '[bot]\nnickname = "Old"\n\n[plugins]\nauto_install_dependencies = true\npip_args = ["--no-index"]\n'
+    (tmp_path / "bot_config.toml").write_text(old)
+    assert config.reload_config().bot.nickname == "Old"  # not "unknown key": the file still loads
+    client.force_login(_staff("editor", "view_console", "change_config"))
+    page = client.get("/admin/config/").content.decode()
+    assert "plugins.auto_install_dependencies is no longer a bot config setting" in page
+    data = form_data_from(page)
+    data["bot__nickname"] = "New"
+    assert client.post("/admin/config/", data).status_code == 302
+    saved = (tmp_path / "bot_config.toml").read_text()
+    assert 'nickname = "New"' in saved and "pip_args" not in saved and "auto_install" not in saved
