@@ -1,6 +1,7 @@
 """The console's config editor: a Django form generated from the pydantic config model, and the edit of
 the TOML file that keeps its comments and layout (values are changed in the parsed tomlkit document,
-never re-rendered)."""
+never re-rendered). Both show the config with its secrets redacted (maibot.redaction) and give a
+placeholder saved where it was its secret back."""
 
 from __future__ import annotations
 
@@ -15,15 +16,19 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from maibot.config import (
+    RETIRED_KEYS,
     BotConfig,
     ConfigError,
     config_path,
     ensure_config_file,
     field_help,
+    get_config,
     parse_config,
     raw_only,
     requires_restart,
+    retired_keys,
 )
+from maibot.redaction import Secrets, redact_data, restore_data
 
 SEP = "__"  # form field name: <section>__<key>
 LONG_TEXT = 30  # str defaults longer than this (the persona) get a textarea
@@ -120,9 +125,10 @@ class ConfigForm(forms.Form):
     meanwhile, by hand or by another operator, is kept.
     """
 
-    def __init__(self, *args: Any, base: BotConfig, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, base: BotConfig, secrets: Secrets, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.base = base
+        self.secrets = secrets
         defaults = BotConfig()
         for section, model in _sections():
             for key, info in _form_fields(model):
@@ -134,15 +140,15 @@ class ConfigForm(forms.Form):
         self.config: BotConfig | None = None
 
     @classmethod
-    def from_config(cls, cfg: BotConfig) -> ConfigForm:
+    def from_config(cls, cfg: BotConfig, secrets: Secrets) -> ConfigForm:
         dumped = cfg.model_dump()
         initial = {
-            f"{section}{SEP}{key}": value
+            f"{section}{SEP}{key}": redact_data(value, secrets, tagged=True, path=(section, key))
             for section, model in _sections()
             for key, value in dumped[section].items()
             if not raw_only(model.model_fields[key])
         }
-        return cls(initial=initial, base=cfg)
+        return cls(initial=initial, base=cfg, secrets=secrets)
 
     def fieldsets(self) -> list[Fieldset]:
         return [
@@ -160,7 +166,12 @@ class ConfigForm(forms.Form):
         for name in self.changed_data:
             if name in cleaned:  # a field that failed its type check keeps the base value here
                 section, key = name.split(SEP, 1)
-                values[section][key] = cleaned[name]
+                try:  # a redacted secret left in an edited field gets its value back (only there)
+                    values[section][key] = restore_data(
+                        cleaned[name], values[section][key], self.secrets, path=(section, key)
+                    )
+                except ConfigError as exc:
+                    self.add_error(name, str(exc))
         # Validated even when some fields already failed, so every wrong field is reported at once.
         try:
             config = BotConfig.model_validate(values)
@@ -183,6 +194,10 @@ def toml_with_values(text: str, cfg: BotConfig) -> str:
     """`text` (the current file) with the values of `cfg` written in: only values that differ are
     touched, so comments, order and formatting of everything else stay as they were."""
     doc = tomlkit.parse(text)
+    for section, key in RETIRED_KEYS:  # saving from the form drops what the config no longer reads
+        table = doc.get(section)
+        if table is not None and key in table:
+            del table[key]
     defaults = BotConfig().model_dump()
     models = dict(_sections())
     for section, values in cfg.model_dump().items():
@@ -211,3 +226,20 @@ def read_config_file() -> tuple[str, BotConfig | None, str]:
         return text, parse_config(text, source=path.name), ""
     except ConfigError as exc:
         return text, None, str(exc)
+
+
+def file_secrets(text: str) -> Secrets:
+    """The secrets to redact from the file `text` (it may be broken) and from the config in force."""
+    try:
+        data = tomlkit.parse(text).unwrap()
+    except Exception:
+        data = {}
+    return Secrets.of(data, get_config().model_dump(mode="json"))
+
+
+def file_notices(text: str) -> list[str]:
+    """What the operator should know about the file beyond its errors (retired keys it still holds)."""
+    try:
+        return retired_keys(tomlkit.parse(text).unwrap())
+    except Exception:
+        return []

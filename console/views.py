@@ -15,8 +15,8 @@ from django.views.decorators.http import require_GET
 
 from chat.agent import llm
 from console import dashboard
-from console.config_editor import ConfigForm, read_config_file, toml_with_values
-from maibot import reload
+from console.config_editor import ConfigForm, file_notices, file_secrets, read_config_file, toml_with_values
+from maibot import redaction, reload
 from maibot.config import LLM_TASKS, ConfigError, config_path, get_config
 
 VIEW_CONSOLE = "maibot.view_console"
@@ -70,8 +70,9 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
 def config_form_view(request: HttpRequest) -> HttpResponse:
     _require(request, CHANGE_CONFIG)
     text, file_cfg, file_error = read_config_file()
+    secrets = file_secrets(text)
     if request.method == "POST":
-        form = ConfigForm(request.POST, base=file_cfg or get_config())
+        form = ConfigForm(request.POST, base=file_cfg or get_config(), secrets=secrets)
         if form.is_valid():
             new_text = toml_with_values(text, form.config)
             try:
@@ -81,34 +82,47 @@ def config_form_view(request: HttpRequest) -> HttpResponse:
                     text=new_text, expected_digest=reload.text_digest(text), **_acting(request)
                 )
             except ConfigError as exc:  # the file changed meanwhile, or is broken beyond the form
-                form.add_error(None, str(exc))
+                form.add_error(None, secrets.redact_text(str(exc)))
             else:
                 _report_saved(request, result)
                 return redirect("console-config")
     else:
-        form = ConfigForm.from_config(file_cfg or get_config())
+        form = ConfigForm.from_config(file_cfg or get_config(), secrets)
     return TemplateResponse(
         request,
         "admin/maibot/config_form.html",
-        _context(request, "Bot configuration", form=form, file_error=file_error, path=config_path()),
+        _context(
+            request,
+            "Bot configuration",
+            form=form,
+            file_error=secrets.redact_text(file_error),
+            notices=file_notices(text),
+            path=config_path(),
+        ),
     )
 
 
 def config_raw_view(request: HttpRequest) -> HttpResponse:
+    """The file's text with its secrets redacted; a save gives each placeholder left where it was its
+    secret back (maibot.redaction)."""
     _require(request, CHANGE_CONFIG)
     text, _, file_error = read_config_file()
+    secrets = file_secrets(text)
     digest = reload.text_digest(text)
+    shown = redaction.redact_toml(text, secrets)
     error = ""
     if request.method == "POST":
-        text = request.POST.get("toml", "").replace("\r\n", "\n")
+        shown = request.POST.get("toml", "").replace("\r\n", "\n")
         try:
             # The whole text replaces the file: refuse if the file changed since the page was loaded
             # (the operator's text stays in the box; saving again replaces the newer file knowingly).
             result = reload.config_save_text(
-                text=text, expected_digest=request.POST.get("base_digest", ""), **_acting(request)
+                text=redaction.restore_toml(shown, text, secrets),
+                expected_digest=request.POST.get("base_digest", ""),
+                **_acting(request),
             )
         except ConfigError as exc:
-            error = str(exc)
+            error = secrets.redact_text(str(exc))
         else:
             _report_saved(request, result)
             return redirect("console-config-raw")
@@ -118,10 +132,11 @@ def config_raw_view(request: HttpRequest) -> HttpResponse:
         _context(
             request,
             "Bot configuration (TOML)",
-            toml=text,
+            toml=shown,
             base_digest=digest,
             error=error,
-            file_error=file_error,
+            file_error=secrets.redact_text(file_error),
+            notices=file_notices(text),
             path=config_path(),
         ),
     )

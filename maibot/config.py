@@ -7,6 +7,7 @@ Each field's description is its documentation: the commented template in config/
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import threading
@@ -22,6 +23,7 @@ import tomlkit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 TEMPLATE_PATH = Path(__file__).resolve().parent.parent / "config" / "bot_config.toml"
+logger = logging.getLogger(__name__)
 
 
 class ConfigError(Exception):
@@ -595,24 +597,9 @@ class PluginsSection(Section):
         description="Plugin file changes are applied once the folder has been quiet this long (milliseconds).",
         json_schema_extra={"requires_restart": True},
     )
-    auto_install_dependencies: bool = Field(
-        False, description="At load, pip-install a plugin's missing Python dependencies into the bot's environment."
-    )
-    pip_args: list[str] = Field(
-        default_factory=list,
-        max_length=20,
-        description="Extra arguments for pip install (e.g. an index URL or --no-index --find-links DIR).",
-    )
     install_timeout: float = Field(
         300.0, gt=0, le=3600, description="One dependency installation may take this long (seconds)."
     )
-
-    @field_validator("pip_args")
-    @classmethod
-    def _bounded_args(cls, args: list[str]) -> list[str]:
-        if any(len(a) > 500 or "\x00" in a for a in args):
-            raise ValueError("each pip argument must be at most 500 characters, without NUL")
-        return args
 
 
 class LifeSection(Section):
@@ -786,12 +773,44 @@ def _format_errors(exc: ValidationError) -> str:
     return "; ".join(lines)
 
 
+# Keys of earlier versions that are no longer bot config (whoever may edit the config must not choose
+# what pip installs or from where): a file that still has them loads, they are ignored and a warning
+# says where the setting went, rather than the file failing as "unknown key".
+RETIRED_KEYS = {
+    ("plugins", "pip_args"): "the package index is a deployment setting now: MAIBOT_PIP_INDEX_URL, "
+    "MAIBOT_PIP_EXTRA_INDEX_URL",
+    ("plugins", "auto_install_dependencies"): "automatic installs are a deployment setting now: "
+    "MAIBOT_PLUGIN_AUTO_INSTALL=1",
+}
+_warned_retired: set[tuple[str, str]] = set()
+
+
+def retired_keys(data: dict[str, Any]) -> list[str]:
+    """What the parsed file `data` still holds of RETIRED_KEYS, each as a sentence saying where it went."""
+    return [
+        f"{section}.{key} is no longer a bot config setting and is ignored ({where})"
+        for (section, key), where in RETIRED_KEYS.items()
+        if isinstance(data.get(section), dict) and key in data[section]
+    ]
+
+
+def _without_retired(data: dict[str, Any]) -> dict[str, Any]:
+    for section, key in RETIRED_KEYS:
+        if isinstance(data.get(section), dict) and key in data[section]:
+            if (section, key) not in _warned_retired:  # once per process, not at every reload
+                _warned_retired.add((section, key))
+                logger.warning("bot_config.toml: %s", retired_keys({section: {key: None}})[0])
+            data[section] = {k: v for k, v in data[section].items() if k != key}
+    return data
+
+
 def parse_config(text: str, source: str = "bot_config.toml") -> BotConfig:
     """Parse and validate TOML text. Raises ConfigError naming the key and the problem."""
     try:
         data = tomlkit.parse(text).unwrap()
     except Exception as exc:  # tomlkit raises several ParseError subclasses
         raise ConfigError(f"{source}: not valid TOML: {exc}") from exc
+    data = _without_retired(data)
     try:
         return BotConfig.model_validate(data)
     except ValidationError as exc:
@@ -813,7 +832,8 @@ def ensure_config_file(path: Path | None = None) -> Path:
         # Write aside, then link into place: the file appears whole or not at all, and a
         # concurrent first start never overwrites what another process created.
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text, encoding="utf-8")
+        tmp.unlink(missing_ok=True)  # a leftover of a crashed start with the same pid
+        private_write(tmp, text)
         try:
             os.link(tmp, path)
         except FileExistsError:
@@ -821,6 +841,13 @@ def ensure_config_file(path: Path | None = None) -> Path:
         finally:
             tmp.unlink(missing_ok=True)
     return path
+
+
+def private_write(path: Path, text: str) -> None:
+    """Write `text` to a new file `path`, mode 0600 whatever the umask (the data dir is private)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
 
 
 def load_config(path: Path | None = None) -> BotConfig:

@@ -1,4 +1,13 @@
-"""The data dir's version stamp: which build last migrated it, so an older build refuses to start on it.
+"""The data dir: its version stamp, and its privacy.
+
+Privacy: the data dir holds the database (session keys), bot_config.toml, deployment.env, secret_key and
+the plugins' files, so it is the server user's alone: the folder and every folder in it 0700, every
+file 0600 (an owner's execute bit is kept). Every process makes what it creates so (maibot.settings sets
+the umask 077 and makes the folder itself and the files directly in it private); a data dir made by
+an earlier version, or copied in, is put right in full by `make_private` at bootstrap and when the
+server and the cluster start their services. Symbolic links are never followed.
+
+The version stamp: which build last migrated it, so an older build refuses to start on it.
 
 Replacing maibot.pyz with a newer build and starting it migrates the data and moves the stamp forward.
 Starting an older build on that data would run code against a schema it does not know: it stops with a
@@ -10,7 +19,10 @@ message naming both versions instead. Two facts are checked, either one refuses:
 from __future__ import annotations
 
 import json
+import logging
 import os
+import stat
+import sys
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,6 +32,10 @@ from django.conf import settings
 from maibot import __version__
 
 STAMP_NAME = "maibot-version.json"
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+
+logger = logging.getLogger(__name__)
 
 
 class DataDirTooNew(Exception):
@@ -95,3 +111,45 @@ def write_stamp() -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def make_private(root: Path, *, deep: bool = True) -> list[Path]:
+    """Make `root` and what is in it private (see the module docstring): the folders and files found
+    otherwise, and what was changed, are returned. `deep=False`: only `root` and the entries directly in
+    it (cheap enough for every process start). One that cannot be changed (another owner) is reported on
+    stderr and the rest goes on."""
+    changed: list[Path] = []
+
+    def fix(path: Path, info: os.stat_result) -> None:
+        if stat.S_ISLNK(info.st_mode):
+            return
+        mode = stat.S_IMODE(info.st_mode)
+        wanted = PRIVATE_DIR_MODE if stat.S_ISDIR(info.st_mode) else (mode & 0o100) | PRIVATE_FILE_MODE
+        if mode != wanted:
+            try:
+                os.chmod(path, wanted, follow_symlinks=False)
+            except OSError as exc:
+                print(f"maibot: cannot make {path} private (mode {mode:o}): {exc}", file=sys.stderr)
+                return
+            changed.append(path)
+
+    def walk(folder: Path) -> None:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            return  # vanished, or not ours to read: the folder's own mode was reported above
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue  # removed meanwhile (a -wal file at checkpoint)
+            fix(Path(entry.path), info)
+            if deep and entry.is_dir(follow_symlinks=False):
+                walk(Path(entry.path))
+
+    root = Path(root)
+    fix(root, root.lstat())
+    walk(root)
+    if changed:
+        logger.info("data dir %s made private: %d folders and files were readable by others", root, len(changed))
+    return changed

@@ -14,10 +14,11 @@ import threading
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
 
-from maibot import logdb
+from maibot import datadir, logdb
 from maibot.config import get_config
 from maibot.reload import ConfigWatcher
 
@@ -84,6 +85,8 @@ class ProcessServices:
         self.heartbeat: Heartbeat | None = None
 
     def start(self) -> ProcessServices:
+        # The one start every server and cluster goes through: a data dir made before is put right here.
+        datadir.make_private(settings.DATA_DIR)
         logdb.activate(self.role)
         # The heartbeat first: arming the watcher can take seconds, and /healthz must not call a
         # running process dead meanwhile.

@@ -11,12 +11,10 @@ then sees the write finds nothing new: one save, one round of callbacks.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import inspect
 import itertools
 import logging
 import os
-import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -118,7 +116,11 @@ def run_reload_callbacks(new: BotConfig, old: BotConfig) -> list[str]:
 
 
 def text_digest(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    """A digest of the config text, keyed with SECRET_KEY: the editor's page carries it, and a plain hash
+    of a text whose only unknown is a short secret would let the page's reader guess that secret."""
+    from django.utils.crypto import salted_hmac
+
+    return salted_hmac("maibot.reload.text_digest", text, algorithm="sha256").hexdigest()
 
 
 class ConfigChanged(ConfigError):
@@ -238,9 +240,8 @@ def config_save_text(
                 )
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
-            tmp.write_text(text, encoding="utf-8")
-            if path.exists():
-                shutil.copymode(path, tmp)  # keep the file's permissions across the replace
+            tmp.unlink(missing_ok=True)  # a leftover of a crashed save
+            bot_config.private_write(tmp, text)  # 0600: the replaced file's mode is not carried over
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)

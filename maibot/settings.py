@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from maibot import deployment_env
+from maibot import datadir, deployment_env
 from maibot.adapter_tokens import parse_adapter_tokens
 from maibot.networks import parse_networks
 
@@ -21,8 +21,17 @@ DATA_DIR = Path(os.environ.get("MAIBOT_DATA_DIR") or BASE_DIR / "data").resolve(
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Parallel test workers (`make test-fast`) each keep their config file, media and databases apart.
     DATA_DIR = DATA_DIR / os.environ["PYTEST_XDIST_WORKER"]
-DATA_DIR.mkdir(parents=True, exist_ok=True)
+# The data dir is the server user's alone (maibot.datadir): what this process creates is 0700/0600,
+# and the folder and the files directly in it (the database, before its first connection: SQLite gives
+# its -wal/-shm the database file's mode) are made so now. The bootstrap and each server and cluster
+# start see to everything deeper.
+os.umask(0o077)
+DATA_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+datadir.make_private(DATA_DIR, deep=False)
 MEDIA_ROOT = DATA_DIR / "media"
+# Django's storage chmods each saved file (0o644 by default): media are kept private like the rest.
+FILE_UPLOAD_PERMISSIONS = 0o600
+FILE_UPLOAD_DIRECTORY_PERMISSIONS = 0o700
 # The API key and adapter tokens the set-up page saved (the environment wins over them).
 deployment_env.load_into_environ(DATA_DIR / deployment_env.FILE_NAME)
 MEDIA_URL = "/media/"
@@ -200,6 +209,28 @@ MAIBOT_ADAPTER_TOKENS = parse_adapter_tokens(os.environ.get("MAIBOT_ADAPTER_TOKE
 MAIBOT_ADAPTER_ALLOW_FROM = parse_networks(
     os.environ.get("MAIBOT_ADAPTER_ALLOW_FROM", ""), name="MAIBOT_ADAPTER_ALLOW_FROM"
 )
+
+# --- plugins' Python dependencies ----------------------------------------------------------------
+# Installing code is the deployment's decision, never the bot config's (plugins.deps): whether a plugin's
+# missing packages are pip-installed when it loads, and the package index pip uses (unset: pip's own
+# configuration of the server's user). The extra index may list several URLs, separated by spaces.
+MAIBOT_PLUGIN_AUTO_INSTALL = os.environ.get("MAIBOT_PLUGIN_AUTO_INSTALL", "").lower() in {"1", "true", "yes"}
+
+
+def _index_urls(name: str, *, many: bool) -> list[str]:
+    from django.core.exceptions import ImproperlyConfigured
+
+    urls = os.environ.get(name, "").split()
+    if len(urls) > 1 and not many:
+        raise ImproperlyConfigured(f"{name}: one URL (more indexes go in MAIBOT_PIP_EXTRA_INDEX_URL)")
+    for url in urls:
+        if not url.startswith(("https://", "http://", "file://")):
+            raise ImproperlyConfigured(f"{name}: {url!r} is not an http(s):// or file:// URL")
+    return urls
+
+
+MAIBOT_PIP_INDEX_URL = "".join(_index_urls("MAIBOT_PIP_INDEX_URL", many=False))
+MAIBOT_PIP_EXTRA_INDEX_URLS = _index_urls("MAIBOT_PIP_EXTRA_INDEX_URL", many=True)
 
 # The server and the cluster run the config watcher, the log writer and the heartbeat (maibot.process).
 MAIBOT_CONSOLE_SERVICES = os.environ.get("MAIBOT_CONSOLE_SERVICES", "1") != "0"

@@ -275,7 +275,7 @@ class PluginHost:
 
     def _check(self, record: PluginRecord) -> str:
         """Read and check the manifest, host and SDK ranges and Python dependencies (installing them
-        when `plugins.auto_install_dependencies`); the reason it cannot load, or ""."""
+        when the deployment enables it, plugins.deps); the reason it cannot load, or ""."""
         try:
             record.manifest = mf.read_manifest(record.folder)
         except mf.ManifestError as exc:
@@ -286,7 +286,7 @@ class PluginHost:
             record.warnings = mf.check_compatibility(record.manifest, host_version=self.host_version)
         except mf.ManifestError as exc:
             return str(exc)
-        if (wanted := deps.missing_requirements(record.manifest)) and _settings().auto_install_dependencies:
+        if (wanted := deps.missing_requirements(record.manifest)) and deps.auto_install_enabled():
             record.last_install = deps.install(wanted)
         if missing := mf.missing_packages(record.manifest):
             return "missing Python dependencies: " + ", ".join(missing)

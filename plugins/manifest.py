@@ -6,6 +6,10 @@ strict X.Y.Z versions; the host version must lie within the range, except that a
 `max_version` only in its patch number still loads (MaiBot's "compatibility mode", a warning). The
 plugin id is dotted or dashed (`github.author.plugin`). Dependencies are `{"type": "plugin", "id",
 "version_spec"}` or `{"type": "python_package", "name", "version_spec"}` (PEP 440 specifiers).
+A package dependency is a requirement on the package index and nothing else: `name` is a PEP 508 name,
+`version_spec` a specifier set with optional extras before it and an environment marker after it
+(`[socks]>=2.0; python_version >= "3.11"`); a direct URL or path (`@ https://…`, `@ file:///…`) is refused
+with the manifest, since installing it would fetch code from anywhere (MaiBot accepts one).
 Cosmetic fields MaiBot also demands (author, license, urls, i18n) are read when present and never a
 reason to refuse; unknown fields are kept and ignored.
 """
@@ -19,8 +23,10 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Annotated, Literal
 
+from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -35,7 +41,8 @@ ENTRY_FILE = "plugin.py"
 _SEMVER = re.compile(r"^\d+\.\d+\.\d+$")
 _PLUGIN_ID = re.compile(r"^[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)+$")
 _ID_RULE = "must be letters/digits/underscores separated by dots or dashes, e.g. github.author.plugin"
-_PACKAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# PEP 508's name: letters and digits at both ends, dots, dashes and underscores between.
+_PACKAGE_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,198}[A-Za-z0-9])?$")
 MAX_MANIFEST_BYTES = 256 * 1024
 
 
@@ -98,7 +105,10 @@ class PythonPackageDependency(_Model):
     @classmethod
     def _name(cls, value: str) -> str:
         if not _PACKAGE_NAME.fullmatch(value):
-            raise ValueError("a package name has only letters, digits, dots, underscores and dashes")
+            raise ValueError(
+                "a package name has only letters, digits, dots, underscores and dashes, "
+                "and starts and ends with a letter or digit"
+            )
         return value
 
     @field_validator("version_spec")
@@ -106,11 +116,28 @@ class PythonPackageDependency(_Model):
     def _spec(cls, value: str) -> str:
         if not value:
             raise ValueError("must not be empty")
+        if len(value) > 1000:
+            raise ValueError("must be at most 1000 characters")
         try:
-            Requirement(f"placeholder{value}")
+            parsed = Requirement(f"placeholder{value}")
         except InvalidRequirement as exc:
             raise ValueError(f"invalid version specifier: {exc}") from exc
+        if parsed.url is not None:
+            raise ValueError(
+                "a direct URL or path is not allowed: give a version specifier (e.g. >=1.0) of a package "
+                "on the package index"
+            )
         return value
+
+    @property
+    def requirement(self) -> Requirement:
+        """The dependency as a requirement on the package index (its name canonical: never a path)."""
+        return Requirement(f"{canonicalize_name(self.name)}{self.version_spec}")
+
+    def applies(self) -> bool:
+        """Whether its environment marker (if any) holds for this interpreter."""
+        marker = self.requirement.marker
+        return marker is None or marker.evaluate({**default_environment(), "extra": ""})
 
 
 Dependency = Annotated[PluginDependency | PythonPackageDependency, Field(discriminator="type")]
@@ -257,18 +284,39 @@ def check_compatibility(manifest: Manifest, *, host_version: str = HOST_APPLICAT
     return warnings
 
 
-def missing_packages(manifest: Manifest) -> list[str]:
-    """The Python package dependencies not satisfied in this environment, each with why."""
-    problems = []
+@dataclass(frozen=True)
+class Unsatisfied:
+    """A package dependency this environment does not satisfy: absent (`installed` None) or at a version
+    outside the dependency's specifier."""
+
+    dependency: PythonPackageDependency
+    installed: str | None
+
+    def __str__(self) -> str:
+        dep = self.dependency
+        state = "not installed" if self.installed is None else f"installed: {self.installed}"
+        return f"{dep.name}{dep.version_spec} ({state})"
+
+
+def unsatisfied_packages(manifest: Manifest) -> list[Unsatisfied]:
+    """The package dependencies (whose marker applies here) this environment does not satisfy."""
+    found = []
     for dep in manifest.package_dependencies:
+        if not dep.applies():
+            continue
         try:
             installed = importlib_metadata.version(dep.name)
         except importlib_metadata.PackageNotFoundError:
-            problems.append(f"{dep.name}{dep.version_spec} (not installed)")
+            found.append(Unsatisfied(dep, None))
             continue
-        if not SpecifierSet(dep.version_spec, prereleases=True).contains(installed, prereleases=True):
-            problems.append(f"{dep.name}{dep.version_spec} (installed: {installed})")
-    return problems
+        if not dep.requirement.specifier.contains(installed, prereleases=True):
+            found.append(Unsatisfied(dep, installed))
+    return found
+
+
+def missing_packages(manifest: Manifest) -> list[str]:
+    """The Python package dependencies not satisfied in this environment, each with why."""
+    return [str(u) for u in unsatisfied_packages(manifest)]
 
 
 def plugin_dependency_satisfied(dep: PluginDependency, version: str) -> bool:

@@ -50,6 +50,8 @@ def plugins_view(request: HttpRequest) -> HttpResponse:
             "sdk_version": mf.sdk_version() or "(not installed)",
             "allowed": allowed,
             "can_edit_config": request.user.has_perm(CHANGE_PLUGIN_CONFIG),
+            # pip's own output may quote anything it was given or found: superusers only (plugins.deps).
+            "show_pip_output": request.user.is_superuser,
         },
     )
 

@@ -1,11 +1,10 @@
-"""config.get: our bot_config.toml, read with dotted keys (e.g. bot.nickname); keys naming a key,
-secret, token or password are never answered."""
+"""config.get: our bot_config.toml, read with dotted keys (e.g. bot.nickname). Keys naming a key, secret,
+token or password are never answered, and every secret value (maibot.redaction: MCP headers and env,
+the deployment's keys and tokens) reads `<redacted>` wherever it is, whatever the key."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-
-from pydantic import BaseModel
 
 if TYPE_CHECKING:
     from plugins.records import PluginRecord
@@ -15,6 +14,7 @@ SECRET_WORDS = ("api_key", "secret", "token", "password")
 
 async def get(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
     from maibot.config import get_config
+    from maibot.redaction import Secrets, redact_data
 
     key = str(args.get("key") or "").strip()
     default = args.get("default")
@@ -22,21 +22,13 @@ async def get(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
         return {"success": False, "value": default, "error": "config.get needs a key (dotted, e.g. bot.nickname)"}
     if any(word in key.lower() for word in SECRET_WORDS):
         return {"success": False, "value": default, "error": f"config key {key} is not readable by plugins"}
-    value: Any = get_config()
+    data = get_config().model_dump(mode="json")
+    value: Any = redact_data(data, Secrets.of(data), tagged=False)
     for part in key.split("."):
-        if isinstance(value, dict):
-            if part not in value:
-                return {"success": True, "value": default}
-            value = value[part]
-        elif isinstance(value, BaseModel) and part in type(value).model_fields:
-            value = getattr(value, part)
-        else:
+        if not isinstance(value, dict) or part not in value:
             return {"success": True, "value": default}
-    if isinstance(value, BaseModel):
-        value = _without_secrets(value.model_dump(mode="json"))
-    elif isinstance(value, list):
-        value = [_without_secrets(v.model_dump(mode="json")) if isinstance(v, BaseModel) else v for v in value]
-    return {"success": True, "value": value}
+        value = value[part]
+    return {"success": True, "value": _without_secrets(value)}
 
 
 def _without_secrets(value: Any) -> Any:

@@ -1,4 +1,5 @@
-"""First-run set-up: refuse a data dir newer than this build, migrate, stamp it, and see to the operator account.
+"""First-run set-up: make the data dir private, refuse one newer than this build, migrate, stamp it, and see to the
+operator account.
 
 `make run` creates the account and prints its credentials once; `maibot` (the single file) leaves it to the
 set-up page in the browser unless DJANGO_SUPERUSER_PASSWORD is given.
@@ -26,6 +27,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options) -> None:
+        datadir.make_private(settings.DATA_DIR)  # a data dir of an earlier version: 0755 and 0644 files
         try:
             datadir.check_not_newer()
         except datadir.DataDirTooNew as exc:
