@@ -38,7 +38,8 @@ def _bind_in(directory, name: str) -> socket.socket:
 async def test_an_endpoint_is_private_woken_without_data_and_stale_endpoints_are_removed(tmp_path):
     # Longer than a socket address holds: reached through the directory's descriptor.
     directory = tmp_path / ("d" * 60) / ("x" * 60)
-    directory.mkdir(parents=True, mode=0o755)
+    directory.mkdir(parents=True)
+    directory.chmod(0o755)  # explicitly: the process umask (077) would make it private already
     # A process that died without removing its endpoint (SIGKILL): the file stays, nobody reads it.
     _bind_in(directory, "999999-dead.sock").close()
     assert (directory / "999999-dead.sock").exists()
