@@ -651,16 +651,38 @@ class PluginHost:
     # --- invoking components -----------------------------------------------------------------------
 
     def invoke(self, record: PluginRecord, component: ComponentInfo, args: dict[str, Any], timeout: float) -> Any:
-        """Call a component's handler in the plugin's runner with `args` (keyword arguments)."""
+        """Call a component's handler in the plugin's runner with `args` (keyword arguments), from a
+        thread: the thread waits for the answer."""
+        process = self._running(record)
+        return self.run(self._call(record, process, component, args, timeout), timeout + _settings().cancel_grace + 10)
+
+    async def ainvoke(
+        self, record: PluginRecord, component: ComponentInfo, args: dict[str, Any], timeout: float
+    ) -> Any:
+        """invoke() from async code on any event loop: no thread waits for the answer. The call runs
+        on the host's loop with its own timeout and cancellation (a runner that cannot confirm it is
+        killed); a caller that gives up first (is cancelled) leaves that to finish."""
+        process = self._running(record)
+        loop = self.loop
+        if loop is None:
+            raise RuntimeError("the plugin host is not started")
+        future = asyncio.run_coroutine_threadsafe(self._call(record, process, component, args, timeout), loop)
+        return await asyncio.shield(asyncio.wrap_future(future))
+
+    def _running(self, record: PluginRecord) -> RunnerProcess:
         process = record.process
         if process is None or not process.alive:
             raise RunnerGone(f"plugin {record.plugin_id} is not running ({record.runner_state or record.state})")
+        return process
+
+    async def _call(
+        self, record: PluginRecord, process: RunnerProcess, component: ComponentInfo, args: dict, timeout: float
+    ) -> Any:
+        """On the host's loop: one component call, counted and timed on the record, its failure kept."""
         record.calls += 1
         started = time.monotonic()
         try:
-            return self.run(
-                self._invoke(record, process, component, args, timeout), timeout + _settings().cancel_grace + 10
-            )
+            return await self._invoke(record, process, component, args, timeout)
         except Exception as exc:
             record.error(f"{component.kind} {component.name}: {type(exc).__name__}: {exc}"[:500])
             raise

@@ -11,9 +11,7 @@ import asyncio
 import base64
 import hashlib
 import json
-import shutil
 import struct
-from pathlib import Path
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -28,10 +26,10 @@ from plugins.api_registry import call_api
 from plugins.host import PluginHost
 from tests.chat.planner_helpers import fake_llm_fixture, inbound_store, runtimes_fixture, say  # noqa: F401
 from tests.conftest import require_chromium, wait_for_async
+from tests.plugins.conftest import load_ipc_plugins
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-IPC_FIXTURES = Path(__file__).resolve().parent / "ipc_fixtures"
 BIG = "test.maibot.bigframes"
 PIPE_BYTES = 64 * 1024
 
@@ -46,17 +44,9 @@ def filler(size: int) -> str:
     return (unit * (size // len(unit) + 1))[:size]
 
 
-def load_fixture(directory: Path, *names: str) -> PluginHost:
-    for name in names:
-        shutil.copytree(IPC_FIXTURES / name, directory / name, ignore=shutil.ignore_patterns("__pycache__"))
-    host = PluginHost()
-    host.load_all(directory)
-    return host
-
-
 @pytest.fixture
 def bigframes(tmp_path):
-    host = load_fixture(tmp_path / "plugins", "bigframes")
+    host = load_ipc_plugins(tmp_path / "plugins", "bigframes")
     assert host.records[BIG].state == "loaded", host.records[BIG].reason
     yield host
     host.stop()
