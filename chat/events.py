@@ -23,7 +23,7 @@ chain stops waiting for it `GRACE` seconds after its timeout in any case. Its ti
 (`EventHandler.timeout`) but never more than the config's `chat.tool_timeout`, which is also the
 default. What one chat may have running in the background (observe calls, after-send emits) is
 bounded per chat (`MAX_BACKLOG_PER_CHAT`) as well as in all (`MAX_BACKLOG`): beyond it a call is
-dropped and recorded, so a chat flooding slow handlers never takes the room other chats' need.
+dropped and recorded, so a chat flooding slow handlers never takes the room other chats need.
 
 *Blocking* handlers run one after the other, each seeing the kwargs the previous one left; *observe*
 handlers run in the background on a copy and their results are ignored. Blocking handlers
