@@ -14,29 +14,40 @@ plugins.events does the mapping):
 An aborted receive point means the message is stored but never reaches a planner or command; a
 modified `text` is stored as the message's text before anything plans on it.
 
-A handler is a sync function (kwargs, timeout) -> result, run in a worker thread of its own pool with
-a timeout. *Blocking* handlers run one after the other, each seeing the kwargs the previous one left;
-*observe* handlers run in the background on a copy and their results are ignored. Blocking handlers
+A handler is a coroutine function (kwargs, timeout) -> result. No thread waits for one: blocking
+handlers are awaited on the emitter's event loop, observe handlers and background emits run on this
+module's own event loop (one thread, however many calls wait), so a slow handler costs the chat that
+emitted it its time and nothing else. A handler must honour `timeout` (a plugin's call is cut there
+and cancelled in its runner) and must not block its loop (ORM work goes through sync_to_async); the
+chain stops waiting for it `GRACE` seconds after its timeout in any case. Its timeout is its own
+(`EventHandler.timeout`) but never more than the config's `chat.tool_timeout`, which is also the
+default. What one chat may have running in the background (observe calls, after-send emits) is
+bounded per chat (`MAX_BACKLOG_PER_CHAT`) as well as in all (`MAX_BACKLOG`): beyond it a call is
+dropped and recorded, so a chat flooding slow handlers never takes the room other chats need.
+
+*Blocking* handlers run one after the other, each seeing the kwargs the previous one left; *observe*
+handlers run in the background on a copy and their results are ignored. Blocking handlers
 return None (continue), or {"action": "continue" | "abort", "modified_kwargs": {...}}. A handler that
 raises, times out or returns something else is recorded (`recent_failures`, the handler's `on_error`,
 the log) and skipped; only with `error_policy="abort"` does its failure abort a point that may be
 aborted. Order: blocking before observe, then `order` (lower first, changeable at run time with
 `order_change`), then built-ins before plugins, then name.
 
-`emit(point, **kwargs)` is sync (call it from a thread); `aemit` is its async form and costs nothing
-when no handler is registered for the point.
+`aemit(point, **kwargs)` runs a point from async code and costs nothing when no handler is registered
+for it; `emit` is its form for a thread (it waits); `emit_background` for points nobody may change.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -72,12 +83,15 @@ SPECS: dict[str, PointSpec] = {
     Point.STOP: PointSpec(False, frozenset()),
 }
 
-# A handler's timeout is capped here; one that gives none gets the config's chat.tool_timeout.
-MAX_TIMEOUT = 300.0
-# What a background (observe) handler waits for a worker; beyond it, the call is dropped and recorded.
+# Seconds the chain waits for a handler beyond its timeout (which the handler itself enforces: a
+# plugin's call is cut at it, then cancelled in its runner) before it goes on without it.
+GRACE = 5.0
+# Background (observe) calls and background emits waiting or running, in all and per chat; beyond
+# them a call is dropped and recorded.
 MAX_BACKLOG = 1000
+MAX_BACKLOG_PER_CHAT = 50
 
-Handle = Callable[[dict[str, Any], float], Any]
+Handle = Callable[[dict[str, Any], float], Awaitable[Any]]
 
 
 @dataclass(frozen=True)
@@ -87,7 +101,7 @@ class EventHandler:
     handle: Handle
     blocking: bool = True
     order: int = 100
-    timeout: float | None = None  # seconds; None: the config's chat.tool_timeout
+    timeout: float | None = None  # seconds, at most the config's chat.tool_timeout (None: that)
     error_policy: str = "skip"  # "skip" | "log" | "abort"
     builtin: bool = True
     # Told of each failure (its text, and the exception when there was one), e.g. to record it on a plugin.
@@ -119,13 +133,64 @@ class Failure:
 _handlers: dict[str, EventHandler] = {}
 _lock = threading.Lock()
 recent_failures: deque[Failure] = deque(maxlen=200)
-_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="maibot-event")
-# Observe handlers run in a pool of their own: stuck observers never delay the blocking chain.
-_observers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="maibot-event-observe")
-# emit_background's emits wait on _pool: they run in a pool of their own, so they never starve it.
+# emit_background's kwargs are built (rows read) in these threads; the emits themselves run on _loop.
 _background = ThreadPoolExecutor(max_workers=2, thread_name_prefix="maibot-event-bg")
-_backlog = 0
+_backlog: dict[Hashable, int] = {}  # background calls waiting or running, by chat
+_backlog_total = 0
 _backlog_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_pid = 0
+_loop_lock = threading.Lock()
+_tasks: set[concurrent.futures.Future] = set()  # the background work in flight (kept referenced until done)
+
+
+def _events_loop() -> asyncio.AbstractEventLoop:
+    """This process's loop for background handler calls, started on first use (again in a forked child)."""
+    global _loop, _loop_pid
+    with _loop_lock:
+        if _loop is None or _loop_pid != os.getpid():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="maibot-events", daemon=True).start()
+            _loop, _loop_pid = loop, os.getpid()
+        return _loop
+
+
+def _in_background(coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future:
+    future = asyncio.run_coroutine_threadsafe(coro, _events_loop())
+    _tasks.add(future)
+    future.add_done_callback(_tasks.discard)
+    return future
+
+
+def _chat_of(kwargs: dict[str, Any]) -> Hashable:
+    """Whose backlog a background call counts in: the chat of its `session` kwarg (None: no chat)."""
+    session = kwargs.get("session")
+    key = getattr(session, "pk", session)
+    return key if isinstance(key, Hashable) else id(key)
+
+
+def _admit(chat: Hashable) -> str:
+    """Take a backlog slot for `chat`; "" when taken, else why not."""
+    global _backlog_total
+    with _backlog_lock:
+        if _backlog.get(chat, 0) >= MAX_BACKLOG_PER_CHAT:
+            return f"dropped: this chat has {MAX_BACKLOG_PER_CHAT} background handler calls waiting already"
+        if _backlog_total >= MAX_BACKLOG:
+            return f"dropped: {MAX_BACKLOG} background handler calls are already waiting"
+        _backlog[chat] = _backlog.get(chat, 0) + 1
+        _backlog_total += 1
+        return ""
+
+
+def _release(chat: Hashable) -> None:
+    global _backlog_total
+    with _backlog_lock:
+        left = _backlog.get(chat, 0) - 1
+        if left > 0:
+            _backlog[chat] = left
+        else:
+            _backlog.pop(chat, None)
+        _backlog_total -= 1
 
 
 def register_handler(handler: EventHandler) -> EventHandler:
@@ -191,51 +256,69 @@ def _fail(
 
 
 def _timeout(handler: EventHandler) -> float:
+    limit = get_config().chat.tool_timeout
     if handler.timeout and handler.timeout > 0:
-        return min(MAX_TIMEOUT, handler.timeout)
-    return get_config().chat.tool_timeout
+        return min(limit, handler.timeout)
+    return limit
 
 
-def _call(handler: EventHandler, kwargs: dict[str, Any], timeout: float) -> Any:
-    try:
-        return handler.handle(kwargs, timeout)
-    finally:
-        connections.close_all()  # this pool thread's own connections, if the handler used the ORM
-
-
-def _run_blocking(handler: EventHandler, kwargs: dict[str, Any]) -> Any:
+async def _run(handler: EventHandler, kwargs: dict[str, Any]) -> Any:
+    """Await one handler with its timeout (TimeoutError when the chain stops waiting for it)."""
     timeout = _timeout(handler)
-    future = _pool.submit(_call, handler, dict(kwargs), timeout)
+    deadline = asyncio.timeout(timeout + GRACE)
     try:
-        # The handler gets `timeout` itself (a plugin's call is cut there); the grace covers the hop.
-        return future.result(timeout=timeout + 2.0)
-    except FutureTimeout:
-        if future.done():
-            return future.result()  # the handler's own TimeoutError (e.g. a plugin call's): re-raised as is
-        future.cancel()
-        raise TimeoutError(f"did not finish within {timeout:g}s") from None
+        async with deadline:
+            return await handler.handle(dict(kwargs), timeout)
+    except TimeoutError:
+        if deadline.expired():
+            raise TimeoutError(f"did not finish within {timeout:g}s") from None
+        raise  # the handler's own (e.g. a plugin call's PluginCallTimeout): as it is
 
 
-def emit(point: str, **kwargs: Any) -> Emission:
-    """Run the point's handlers (sync; blocking ones in order, observe ones in the background)."""
+async def aemit(point: str, **kwargs: Any) -> Emission:
+    """Run the point's handlers: blocking ones in order on this loop, observe ones in the background.
+    Free when the point has no handler."""
+    return await _emit(point, kwargs, [])
+
+
+async def _emit(point: str, kwargs: dict[str, Any], observers: list[concurrent.futures.Future]) -> Emission:
+    """aemit(), adding the background calls it started to `observers`."""
     spec = SPECS.get(point)
     if spec is None:
         raise ValueError(f"{point!r} is not a point this host emits")
     emission = Emission(point=point, kwargs=dict(kwargs))
     for handler in handlers(point):
         if not handler.blocking:
-            _observe(handler, point, dict(emission.kwargs))
+            if (started := _observe(handler, point, dict(emission.kwargs))) is not None:
+                observers.append(started)
             continue
         if emission.aborted:
             continue
         try:
-            result = _run_blocking(handler, emission.kwargs)
+            result = await _run(handler, emission.kwargs)
         except Exception as exc:
             _fail(handler, point, f"{type(exc).__name__}: {exc}", emission, exc)
             if handler.error_policy == "abort" and spec.may_abort:
                 emission.aborted, emission.aborted_by = True, handler.name
             continue
         _apply(handler, spec, result, emission)
+    return emission
+
+
+def emit(point: str, **kwargs: Any) -> Emission:
+    """Run the point's handlers from a thread (never from an event loop's) and wait for all of them,
+    observe ones too: when it returns, every handler has had its turn (on_start, on_stop)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run_coroutine_threadsafe(_emit_and_wait(point, kwargs), _events_loop()).result()
+    raise RuntimeError("emit() would block this event loop: await aemit() instead")
+
+
+async def _emit_and_wait(point: str, kwargs: dict[str, Any]) -> Emission:
+    observers: list[concurrent.futures.Future] = []
+    emission = await _emit(point, kwargs, observers)
+    await asyncio.gather(*(asyncio.wrap_future(f) for f in observers), return_exceptions=True)
     return emission
 
 
@@ -257,47 +340,51 @@ def _apply(handler: EventHandler, spec: PointSpec, result: Any, emission: Emissi
             _fail(handler, emission.point, "asked to abort a point that cannot be aborted", emission)
 
 
-def _observe(handler: EventHandler, point: str, kwargs: dict[str, Any]) -> None:
-    global _backlog
-    with _backlog_lock:
-        if _backlog >= MAX_BACKLOG:
-            _fail(handler, point, f"dropped: {MAX_BACKLOG} background handler calls are already waiting")
-            return
-        _backlog += 1
+def _observe(handler: EventHandler, point: str, kwargs: dict[str, Any]) -> concurrent.futures.Future | None:
+    """Start an observe handler's call in the background (None: dropped, and recorded)."""
+    chat = _chat_of(kwargs)
+    if why := _admit(chat):
+        _fail(handler, point, why)
+        return None
 
-    def run() -> None:
-        global _backlog
+    async def run() -> None:
         try:
-            _call(handler, kwargs, _timeout(handler))
+            await _run(handler, kwargs)
         except Exception as exc:
             _fail(handler, point, f"{type(exc).__name__}: {exc}", exc=exc)
         finally:
-            with _backlog_lock:
-                _backlog -= 1
+            _release(chat)
 
-    _observers.submit(run)
+    return _in_background(run())
 
 
 def emit_background(point: str, make_kwargs: Callable[[], list[dict[str, Any]]]) -> None:
-    """For points nobody may change (after send): build the kwargs (e.g. read rows) and emit them in a
-    worker thread, so the caller never waits. Nothing happens when the point has no handler."""
+    """For points nobody may change (after send): build the kwargs (e.g. read rows) in a worker thread
+    and emit each in the background, so the caller never waits. Nothing happens when the point has no
+    handler."""
     if not has_handlers(point):
         return
+
+    async def emit_one(kwargs: dict[str, Any], chat: Hashable) -> None:
+        try:
+            await aemit(point, **kwargs)
+        except Exception:
+            logger.exception("emitting %s failed", point)
+        finally:
+            _release(chat)
 
     def run() -> None:
         try:
             for kwargs in make_kwargs():
-                emit(point, **kwargs)
+                chat = _chat_of(kwargs)
+                if why := _admit(chat):
+                    for handler in handlers(point):
+                        _fail(handler, point, why)
+                    continue
+                _in_background(emit_one(kwargs, chat))
         except Exception:
             logger.exception("emitting %s failed", point)
         finally:
             connections.close_all()
 
     _background.submit(run)
-
-
-async def aemit(point: str, **kwargs: Any) -> Emission:
-    """emit() from async code: free when the point has no handler, else run in a thread."""
-    if not has_handlers(point):
-        return Emission(point=point, kwargs=dict(kwargs))
-    return await asyncio.to_thread(emit, point, **kwargs)

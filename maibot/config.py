@@ -329,7 +329,11 @@ class ChatSection(Section):
         description="Longest chat message the model may send (longer is rambling or a data dump: refused).",
     )
     tool_timeout: float = Field(
-        30.0, gt=0, le=3600, description="Seconds one tool call may run before the model is told it timed out."
+        30.0,
+        gt=0,
+        le=3600,
+        description="Seconds one tool call may run before the model is told it timed out; also the longest a "
+        "plugin's hook or event handler may take (one may ask for less).",
     )
 
 
@@ -587,7 +591,8 @@ class PluginsSection(Section):
     )
     hot_reload: bool = Field(
         True,
-        description="Reload a plugin when one of its files or its config.toml changes.",
+        description="Reload a plugin when one of its files or its config.toml changes, and load a plugin folder "
+        "put in while running (a removed folder always unloads its plugin).",
         json_schema_extra={"requires_restart": True},
     )
     reload_debounce_ms: int = Field(

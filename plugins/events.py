@@ -5,7 +5,8 @@
   (`chat.receive.before_process`, `chat.receive.after_process`, `maisaka.planner.before_request`,
   `send_service.after_send`). mode BLOCKING runs in the chain (it may return {"action": "abort"} where
   the point allows it, and {"modified_kwargs": ...}); OBSERVE runs in the background. order EARLY /
-  NORMAL / LATE → 50 / 100 / 150; timeout_ms (0: chat.tool_timeout); error_policy as the SDK says.
+  NORMAL / LATE → 50 / 100 / 150; timeout_ms, at most chat.tool_timeout (0: that); error_policy as
+  the SDK says.
   A hook point this host does not emit (e.g. `maisaka.replyer.before_request`) is listed with a note,
   never a reason to refuse the plugin.
 * `@EventHandler(event_type=...)`: ON_START / ON_STOP → on_start / on_stop; ON_MESSAGE_PRE_PROCESS →
@@ -20,8 +21,9 @@ What a handler gets: on the receive points and after send, `message` (the messag
 its `processed_plain_text` the text as the chain left it); before planning, `messages` and
 `tool_definitions` (the OpenAI-format request), `stream_id`, `session_id`; on start / stop nothing.
 A plugin changes a message's text by returning `modified_kwargs={"message": {..., "processed_plain_text":
-"new"}}`. Every call goes through `ComponentHost.invoke`, with its timeout; a failure is recorded on the
-plugin (admin: recent errors) and in chat.events.recent_failures, and never breaks the message path.
+"new"}}`. Every call goes through `ComponentHost.ainvoke` (awaited: no thread waits for a plugin), with
+its timeout; a failure is recorded on the plugin (admin: recent errors) and in
+chat.events.recent_failures, and never breaks the message path.
 """
 
 from __future__ import annotations
@@ -127,9 +129,9 @@ def _handler(host: ComponentHost, record: PluginRecord, component: ComponentInfo
         timeout = timeout_ms / 1000 if timeout_ms > 0 else None
         error_policy = str(meta.get("error_policy") or "skip")
 
-    def handle(kwargs: dict[str, Any], seconds: float) -> Any:
+    async def handle(kwargs: dict[str, Any], seconds: float) -> Any:
         try:
-            result = host.invoke(record, component, _plugin_args(point, kwargs), seconds)
+            result = await host.ainvoke(record, component, _plugin_args(point, kwargs), seconds)
         except Exception as exc:
             exc.maibot_recorded = True  # host.invoke has recorded it on the plugin already
             raise

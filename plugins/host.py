@@ -534,6 +534,8 @@ class PluginHost:
             record = self.records.get(plugin_id)
             if record is None:
                 return ReloadOutcome(False, f"there is no plugin {plugin_id}")
+            if record.state == PluginState.REMOVED:
+                return ReloadOutcome(False, record.reason)
             was_loaded = record.state == PluginState.LOADED
             reason = self._check(record)
             if not reason and record.manifest.id != plugin_id:
@@ -579,6 +581,8 @@ class PluginHost:
         record = self.records.get(plugin_id)
         if record is None:
             return ReloadOutcome(False, f"there is no plugin {plugin_id}")
+        if record.state == PluginState.REMOVED:
+            return ReloadOutcome(False, record.reason)
         path = record.folder / CONFIG_FILE
         try:
             document = tomlkit.parse(path.read_text(encoding="utf-8")) if path.is_file() else tomlkit.document()
@@ -596,6 +600,8 @@ class PluginHost:
         record = self.records.get(plugin_id)
         if record is None or record.manifest is None:
             return ReloadOutcome(False, f"there is no plugin {plugin_id} with a valid manifest")
+        if record.state == PluginState.REMOVED:
+            return ReloadOutcome(False, record.reason)
         wanted = deps.missing_requirements(record.manifest)
         if not wanted:
             return ReloadOutcome(True, "every Python dependency is already installed")
@@ -609,18 +615,51 @@ class PluginHost:
         return ReloadOutcome(loaded.ok, f"{record.last_install.summary}; {loaded.message}")
 
     def add_folder(self, folder: Path) -> ReloadOutcome:
-        """A plugin folder that appeared while running: check it and load it."""
+        """A plugin folder that appeared while running: check it and load it (also a plugin whose
+        folder was removed before, from wherever it is now)."""
         with self._reload_lock:
             plugin_id = _raw_id(folder)
-            if plugin_id and plugin_id in self.records:
+            known = self.records.get(plugin_id) if plugin_id else None
+            if known is not None and known.state != PluginState.REMOVED:
                 return self.reload(plugin_id, source="file change")
             record = PluginRecord(folder=folder, plugin_id=plugin_id or "")
-            self.records[plugin_id or f"folder:{folder.name}"] = record
+            self.records[plugin_id or f"folder:{folder.name}"] = record  # a removed one's record replaced
             if not plugin_id:
                 reason = self._check(record)
                 self._refuse(record, reason or "_manifest.json has no id")
                 return ReloadOutcome(False, record.reason)
             return self.reload(plugin_id, source="new plugin")
+
+    def remove_folder(self, folder: Path) -> ReloadOutcome:
+        """A plugin folder that went away while running: its components are unregistered at once, its
+        runner stopped (on_unload, at most UNLOAD_TIMEOUT seconds, then killed), and the plugin kept
+        as removed, saying so, until its folder comes back."""
+        with self._reload_lock:
+            _, record = self.record_for_path(folder)
+            if record is None or record.state == PluginState.REMOVED:
+                return ReloadOutcome(True, f"{folder.name}: nothing was loaded from it")
+            process, record.process = record.process, None  # not a crash: its exit is not restarted
+            self._unregister(record.plugin_id)
+            record.components = []
+            record.runner_state = "stopped" if process is not None else ""
+            record.reload_error = ""
+            record.state = PluginState.REMOVED
+            record.reason = f"its folder {folder.name}/ was removed from {folder.parent}; unloaded at {now_iso()}"
+            logger.warning("plugin %s: its folder %s was removed; unloading it", record.plugin_id or "?", folder)
+        if process is not None and self.loop is not None:
+            try:
+                self.run(process.stop(UNLOAD_TIMEOUT), UNLOAD_TIMEOUT + 15)
+            except Exception:
+                logger.exception("stopping the runner of removed plugin %s failed", record.plugin_id)
+                self.loop.call_soon_threadsafe(process.kill)
+        logger.info("plugin %s: unloaded (its folder was removed)", record.plugin_id or folder.name)
+        return ReloadOutcome(True, record.reason)
+
+    def unload_removed(self) -> list[ReloadOutcome]:
+        """Unload the plugins whose folders went away (for a host without a watcher)."""
+        records = list(self.records.values())
+        gone = [r.folder for r in records if r.state != PluginState.REMOVED and not r.folder.is_dir()]
+        return [self.remove_folder(folder) for folder in gone]
 
     def validate_config(self, plugin_id: str, text: str) -> ReloadOutcome:
         """Apply a config.toml edited in the admin: the plugin is reloaded with it, and the file written
@@ -633,7 +672,8 @@ class PluginHost:
         return self.reload(plugin_id, config_text=text, source="config edit")
 
     def record_for_path(self, path: Path) -> tuple[Path | None, PluginRecord | None]:
-        """The plugin folder a changed path is in, and its record (None for a new folder)."""
+        """The plugin folder a changed path is in, and its record (None for a new folder, or one whose
+        plugin was removed)."""
         if self.directory is None:
             return None, None
         try:
@@ -644,23 +684,45 @@ class PluginHost:
             return None, None
         folder = self.directory / relative.parts[0]
         for record in self.records.values():
-            if record.folder.resolve() == folder.resolve():
+            if record.state != PluginState.REMOVED and record.folder.resolve() == folder.resolve():
                 return folder, record
         return folder, None
 
     # --- invoking components -----------------------------------------------------------------------
 
     def invoke(self, record: PluginRecord, component: ComponentInfo, args: dict[str, Any], timeout: float) -> Any:
-        """Call a component's handler in the plugin's runner with `args` (keyword arguments)."""
+        """Call a component's handler in the plugin's runner with `args` (keyword arguments), from a
+        thread: the thread waits for the answer."""
+        process = self._running(record)
+        return self.run(self._call(record, process, component, args, timeout), timeout + _settings().cancel_grace + 10)
+
+    async def ainvoke(
+        self, record: PluginRecord, component: ComponentInfo, args: dict[str, Any], timeout: float
+    ) -> Any:
+        """invoke() from async code on any event loop: no thread waits for the answer. The call runs
+        on the host's loop with its own timeout and cancellation (a runner that cannot confirm it is
+        killed); a caller that gives up first (is cancelled) leaves that to finish."""
+        process = self._running(record)
+        loop = self.loop
+        if loop is None:
+            raise RuntimeError("the plugin host is not started")
+        future = asyncio.run_coroutine_threadsafe(self._call(record, process, component, args, timeout), loop)
+        return await asyncio.shield(asyncio.wrap_future(future))
+
+    def _running(self, record: PluginRecord) -> RunnerProcess:
         process = record.process
         if process is None or not process.alive:
             raise RunnerGone(f"plugin {record.plugin_id} is not running ({record.runner_state or record.state})")
+        return process
+
+    async def _call(
+        self, record: PluginRecord, process: RunnerProcess, component: ComponentInfo, args: dict, timeout: float
+    ) -> Any:
+        """On the host's loop: one component call, counted and timed on the record, its failure kept."""
         record.calls += 1
         started = time.monotonic()
         try:
-            return self.run(
-                self._invoke(record, process, component, args, timeout), timeout + _settings().cancel_grace + 10
-            )
+            return await self._invoke(record, process, component, args, timeout)
         except Exception as exc:
             record.error(f"{component.kind} {component.name}: {type(exc).__name__}: {exc}"[:500])
             raise
@@ -699,14 +761,17 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 class PluginWatcher:
-    """Reloads a plugin when one of its files or its config.toml changes (watchfiles, like the bot
-    config's watcher). Our own config writes are recognised by their digest and skipped; a plugin with
-    `allow_hot_reload = false` is left alone (reload it from the admin)."""
+    """Follows the plugins directory (watchfiles, like the bot config's watcher). A plugin whose folder
+    is removed is unloaded, always. With `hot_reload`, a plugin is reloaded when one of its files or
+    its config.toml changes, and a new folder is loaded. Our own config writes are recognised by their
+    digest and skipped; a plugin with `allow_hot_reload = false` is not reloaded (reload it from the
+    admin)."""
 
-    def __init__(self, host: PluginHost, directory: Path, *, debounce_ms: int) -> None:
+    def __init__(self, host: PluginHost, directory: Path, *, debounce_ms: int, hot_reload: bool = True) -> None:
         self.host = host
         self.directory = directory.resolve()
         self.debounce_ms = debounce_ms
+        self.hot_reload = hot_reload
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ready = threading.Event()
@@ -752,14 +817,18 @@ class PluginWatcher:
             if folder is not None:
                 by_folder.setdefault(folder, set()).add(path)
         outcomes = []
-        for folder, changed in sorted(by_folder.items()):
+        # Removed folders first: a folder renamed is a removal and an addition, of the same plugin.
+        for folder, changed in sorted(by_folder.items(), key=lambda item: (item[0].is_dir(), item[0])):
+            if not folder.is_dir():
+                outcomes.append(self.host.remove_folder(folder))
+                continue
+            if not self.hot_reload:
+                continue
             _, record = self.host.record_for_path(folder)
             if record is None:
                 if (folder / mf.MANIFEST_FILE).is_file():
                     outcomes.append(self.host.add_folder(folder))
                 continue
-            if not folder.is_dir():
-                continue  # removed: keeps running until the next restart
             config = folder / CONFIG_FILE
             if changed == {config} and config.is_file():
                 try:
@@ -845,10 +914,14 @@ def start() -> PluginHost:
         if host is None:
             host = PluginHost()
             try:
-                host.load_all()
+                directory = plugins_dir()
+                # Created when missing, so that a plugin put there later is seen (the watcher needs it).
+                directory.mkdir(exist_ok=True)
+                host.load_all(directory)
                 settings = _settings()
-                if settings.hot_reload and host.directory is not None and host.directory.is_dir():
-                    host.watcher = PluginWatcher(host, host.directory, debounce_ms=settings.reload_debounce_ms).start()
+                host.watcher = PluginWatcher(
+                    host, directory, debounce_ms=settings.reload_debounce_ms, hot_reload=settings.hot_reload
+                ).start()
             except Exception:
                 logger.exception("loading plugins failed; the bot runs without them")
             plugin_events.emit_start()
@@ -881,7 +954,8 @@ def start_for_life_loop() -> PluginHost | None:
     those belong to the server's host (one bot start, one on_start). A plugin's own `on_load` /
     `on_unload` do run in each of its runners, i.e. once per worker that ran a model turn, as an MCP
     server linked to the life loop is started once per worker. No watcher: a plugin changed on disk
-    reaches the workers when they are recycled or the cluster restarts.
+    reaches the workers when they are recycled or the cluster restarts; one whose folder was removed
+    is unloaded before the next turn (a look at each folder per turn).
 
     The runners read their stdin from this process: when the worker exits, however it exits, the pipe
     closes and they exit (runner.EXIT_GRACE). A clean worker exit also unloads them first (on_unload),
@@ -889,6 +963,8 @@ def start_for_life_loop() -> PluginHost | None:
     global life_host, _life_pid
     with _lock:
         if _life_pid == os.getpid():
+            if life_host is not None:
+                life_host.unload_removed()  # no watcher here: a removed plugin goes before the next turn
             return life_host
         _life_pid, life_host = os.getpid(), None
         directory = plugins_dir()

@@ -17,6 +17,7 @@ class PluginState(StrEnum):
     REFUSED = "refused"  # never imported: manifest, versions, dependencies
     FAILED = "failed"  # imported (or tried to) and broke: import error, create_plugin, config, on_load
     DISABLED = "disabled"  # its config.toml says [plugin] enabled = false
+    REMOVED = "removed"  # its folder went away while the host ran: unloaded
 
 
 @dataclass
@@ -91,8 +92,13 @@ def now_iso() -> str:
 
 
 class ComponentHost(Protocol):
-    """What plugins.bridge needs of the host: calling a component, and undoing a registration."""
+    """What plugins.bridge needs of the host: calling a component (from a thread, or awaited from async
+    code), and undoing a registration."""
 
     def invoke(self, record: PluginRecord, component: ComponentInfo, args: dict[str, Any], timeout: float) -> Any: ...
+
+    async def ainvoke(
+        self, record: PluginRecord, component: ComponentInfo, args: dict[str, Any], timeout: float
+    ) -> Any: ...
 
     def on_unregister(self, undo: Callable[[], None]) -> None: ...

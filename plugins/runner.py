@@ -140,19 +140,16 @@ class Runner:
                 return
             frame = ipc.encode({"type": "reply", "id": message["id"], "ok": False, "error": _error(exc)})
         with self._write_lock:
-            self.out.write(frame)
-            self.out.flush()
+            ipc.write_all(self.out, frame)
 
     def read_frames(self, stream: BinaryIO) -> None:
-        """The reader thread: frames from the host to the loop; on EOF, stop (and exit if the loop is stuck)."""
+        """The reader thread: whole frames from the host to the loop; when the host goes away (end of
+        file, even within a frame), stop (and exit if the loop is stuck)."""
         try:
-            while True:
-                header = stream.read(ipc.HEADER_SIZE)
-                if len(header) < ipc.HEADER_SIZE:
-                    break
-                body = stream.read(ipc.length(header))
-                message = ipc.decode(body)
+            while (message := ipc.read_frame(stream)) is not None:
                 self.loop.call_soon_threadsafe(self.dispatch, message)
+        except EOFError:
+            pass  # the host went away while writing
         except Exception:
             logger.exception("plugin runner %s: reading from the host failed", self.plugin_id)
         with contextlib.suppress(RuntimeError):

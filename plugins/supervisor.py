@@ -83,6 +83,10 @@ def runner_env() -> dict[str, str]:
     return env
 
 
+def _error_reply(call_id: Any, exc: BaseException) -> dict[str, Any]:
+    return {"type": "reply", "id": call_id, "ok": False, "error": {"type": type(exc).__name__, "message": str(exc)}}
+
+
 CallHandler = Callable[[str, dict[str, Any], Any], Awaitable[Any]]
 
 
@@ -171,8 +175,14 @@ class RunnerProcess:
         future = asyncio.get_running_loop().create_future()
         self.pending[request_id] = future
         try:
-            self._write({**message, "id": request_id})
-            return await asyncio.wait_for(asyncio.shield(future), timeout)
+            # Writing a big frame waits while the runner reads it: within the same timeout.
+            async with asyncio.timeout(timeout):
+                try:
+                    await self._send({**message, "id": request_id})
+                except (RunnerGone, ipc.FrameError):
+                    self.pending.pop(request_id, None)  # never sent: nothing will answer it
+                    raise
+                return await asyncio.shield(future)
         except TimeoutError:
             raise TimeoutError(request_id) from None
         finally:
@@ -187,8 +197,9 @@ class RunnerProcess:
             self.pending.pop(request_id, None)
             return True
         try:
-            self._write({"type": "cancel", "id": request_id})
-            await asyncio.wait_for(asyncio.shield(future), grace)
+            async with asyncio.timeout(grace):
+                await self._send({"type": "cancel", "id": request_id})
+                await asyncio.shield(future)
         except asyncio.CancelledError:
             return True  # the runner confirmed ("cancelled")
         except TimeoutError:
@@ -199,10 +210,19 @@ class RunnerProcess:
             self.pending.pop(request_id, None)
         return True
 
-    def _write(self, message: dict[str, Any]) -> None:
+    async def _send(self, message: dict[str, Any]) -> None:
+        """Write one frame, then wait until the pipe has taken most of it (backpressure: what waits
+        to be written to a runner that does not read stays bounded by the calls waiting on it). The
+        frame goes into the transport whole in one write(), so concurrent senders never interleave.
+        FrameError when it is too big to send (nothing is written)."""
         if self.proc is None or self.proc.stdin is None or self.proc.stdin.is_closing():
             raise RunnerGone(f"the runner of plugin {self.plugin_id} is not running")
-        self.proc.stdin.write(ipc.encode(message))
+        frame = ipc.encode(message)
+        self.proc.stdin.write(frame)
+        try:
+            await self.proc.stdin.drain()
+        except ConnectionError:
+            raise RunnerGone(f"the runner of plugin {self.plugin_id} is not running") from None
 
     # --- what the runner says ----------------------------------------------------------------------
 
@@ -248,14 +268,15 @@ class RunnerProcess:
             )
             reply = {"type": "reply", "id": call_id, "ok": True, "result": result}
         except Exception as exc:
-            reply = {
-                "type": "reply",
-                "id": call_id,
-                "ok": False,
-                "error": {"type": type(exc).__name__, "message": str(exc)},
-            }
-        with contextlib.suppress(Exception):
-            self._write(reply)
+            reply = _error_reply(call_id, exc)
+        try:
+            await self._send(reply)
+        except ipc.FrameError as exc:
+            # The answer is too big for a frame: the plugin is told so rather than left waiting.
+            with contextlib.suppress(Exception):
+                await self._send(_error_reply(call_id, exc))
+        except Exception:
+            pass  # the runner is gone: nobody waits for this answer
 
     async def _read_stderr(self) -> None:
         plugin_logger = logging.getLogger(f"plugins.runner.{self.plugin_id}")

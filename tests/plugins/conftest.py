@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+# Plugins for what crosses a runner's pipe (big frames, slow hooks): loaded by name, never by default.
+IPC_FIXTURES = Path(__file__).resolve().parent / "ipc_fixtures"
 
 
 def copy_plugins(target: Path, *names: str) -> Path:
@@ -37,3 +39,16 @@ def load_plugins(tmp_path) -> Iterator[Callable[..., object]]:
     yield load
     for host in hosts:
         host.stop()
+
+
+def load_ipc_plugins(directory: Path, *names: str):
+    """A started PluginHost with those plugins of ipc_fixtures/ copied into `directory` (the caller
+    stops it)."""
+    from plugins.host import PluginHost
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        shutil.copytree(IPC_FIXTURES / name, directory / name, ignore=shutil.ignore_patterns("__pycache__"))
+    host = PluginHost()
+    host.load_all(directory)
+    return host

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -20,17 +21,20 @@ from chat.agent.llm import ToolCallRequest
 from chat.components import LIFE, registry
 from chat.events import EventHandler, Point
 from chat.models import CycleKind, Direction, Message, PlannerCycle, ToolCallRecord
+from maibot import config
 from plugins import api_registry
 from plugins import cache as plugin_cache
 from plugins import events as plugin_events
 from plugins.api_registry import ApiError, call_api
 from tests.chat.planner_helpers import fake_llm_fixture, runtimes_fixture, say, settled  # noqa: F401
 from tests.conftest import wait_for, wait_for_async
+from tests.plugins.conftest import load_ipc_plugins
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 EVENTS = "test.maibot.events"
 CALLER = "test.maibot.api-caller"
+SLOW = "test.maibot.slowhook"
 
 
 def seen(host, what: str) -> list:
@@ -126,7 +130,7 @@ def test_built_in_handlers_run_in_order_which_order_change_moves_and_abort_stops
     calls: list[str] = []
 
     def handler(name: str, *, answer=None, raises: Exception | None = None):
-        def handle(kwargs, timeout):
+        async def handle(kwargs, timeout):
             calls.append(name)
             if raises is not None:
                 raise raises
@@ -268,3 +272,91 @@ def test_after_send_reaches_observers_with_the_sent_message(load_plugins, make_s
     sent = message_send(session=session, source_kind="reply", text="a sent line")
     events.emit_background(Point.AFTER_SEND, lambda: _after_send_kwargs([sent.pk]))
     assert wait_for(lambda: seen(host, "after_send") == ["a sent line"])
+
+
+async def test_a_hook_stalled_in_five_chats_never_delays_another_chats_planner_and_is_cut_at_tool_timeout(
+    fake_llm, runtimes, make_session, tmp_path
+):
+    """The hook asks for 300 s; the chats it stalls hold no capacity another chat needs (the host once
+    waited for hooks in 4 shared threads), and each stalled call is cut at chat.tool_timeout."""
+    tool_timeout = 8.0
+    host = await sync_to_async(load_ipc_plugins)(tmp_path / "plugins", "slowhook")
+    record = host.records[SLOW]
+    events.recent_failures.clear()
+    fake_llm.default = lambda body: fake_llm.tool_call("reply", {"text": "ok"})
+
+    def planned(text: str) -> int:
+        return sum(text in json.dumps(r["messages"], ensure_ascii=False) for r in fake_llm.requests)
+
+    async def stalled() -> int:
+        return await call_api(record, SLOW, "stalled", {}, 5.0)
+
+    try:
+        with config.override(chat={"tool_timeout": tool_timeout}):
+            started = time.monotonic()
+            for _ in range(5):
+                await say(await sync_to_async(make_session)(), "stall please")
+
+            async def four_stalled() -> bool:
+                return await stalled() >= 4
+
+            await wait_for_async(four_stalled, what="the hook to stall in the chats")
+
+            said = time.monotonic()
+            await say(await sync_to_async(make_session)(), "hello, anyone there?")
+            await wait_for_async(
+                lambda: planned("hello, anyone there?") == 1, timeout=tool_timeout / 2, what="the other chat's plan"
+            )
+            assert time.monotonic() - said < tool_timeout / 2
+            assert await stalled() == 5  # still waiting meanwhile
+
+            # The stalled chats go on once their hook is cut: at tool_timeout, not the 300 s it asked for.
+            await wait_for_async(lambda: planned("stall please") == 5, timeout=tool_timeout + 20, what="the cuts")
+            assert tool_timeout <= time.monotonic() - started < tool_timeout + 20
+            assert await stalled() == 0  # cancelled in the runner
+            cut = f"PluginCallTimeout: did not finish within {tool_timeout:g}s"
+            failures = [f.error for f in events.recent_failures if f.handler == f"plugin:{SLOW}:slow_gate"]
+            assert failures == [cut] * 5
+            assert [e.split(" ", 1)[1] for e in record.recent_errors] == [f"HOOK_HANDLER slow_gate: {cut}"] * 5
+            assert record.runner_pid is not None and record.restarts == 0
+    finally:
+        await sync_to_async(host.stop)()
+
+
+async def test_one_chat_flooding_slow_observers_leaves_room_for_the_other_chats(monkeypatch):
+    monkeypatch.setattr(events, "MAX_BACKLOG", 8)
+    monkeypatch.setattr(events, "MAX_BACKLOG_PER_CHAT", 5)
+    loop = events._events_loop()  # where observe handlers run
+
+    async def make_gate() -> asyncio.Event:
+        return asyncio.Event()
+
+    gate = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(make_gate(), loop))
+    seen: list[str] = []
+
+    async def observe(kwargs, timeout):
+        if kwargs["session"] == "flood":
+            await gate.wait()
+        seen.append(kwargs["session"])
+
+    events.recent_failures.clear()
+    events.register_handler(EventHandler("test:slow_observer", Point.RECEIVE_AFTER_PROCESS, observe, blocking=False))
+    try:
+        for _ in range(10):
+            await events.aemit(Point.RECEIVE_AFTER_PROCESS, text="spam", session="flood")
+        dropped = [f.error for f in events.recent_failures if f.handler == "test:slow_observer"]
+        assert dropped == ["dropped: this chat has 5 background handler calls waiting already"] * 5
+        await events.aemit(Point.RECEIVE_AFTER_PROCESS, text="hi", session="quiet")
+
+        async def quiet_seen() -> bool:
+            return seen == ["quiet"]
+
+        await wait_for_async(quiet_seen, what="the other chat's observer")
+        loop.call_soon_threadsafe(gate.set)
+
+        async def all_seen() -> bool:
+            return seen.count("flood") == 5 and events._backlog == {}  # every slot given back
+
+        await wait_for_async(all_seen, what="the flood's observers")
+    finally:
+        events.unregister_handler("test:slow_observer")

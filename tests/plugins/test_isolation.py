@@ -1,26 +1,32 @@
 """Plugin code runs in runner subprocesses: a plugin that exits its process, blocks its loop, exhausts its
 memory or never answers costs one error result, never the host, another plugin or the planner cycle; a
 crashed runner comes back (with backoff, a bounded number of times). Hot reload of code and config
-(a failed reload keeps the running version), the generated config.toml, allow_hot_reload = false."""
+(a failed reload keeps the running version), the generated config.toml, allow_hot_reload = false; a
+plugin whose folder is removed is unloaded within seconds, and one put back (or renamed) loads again."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
+from django.contrib.auth.models import User
 
 from chat.agent.engine import AgentTurn
 from chat.agent.llm import ToolCallRequest
-from chat.components import registry
+from chat.components import commands, registry
 from chat.models import CycleKind
 from maibot import config
-from plugins.host import PluginState, PluginWatcher
+from plugins import host as plugin_host
+from plugins.host import PluginHost, PluginState, PluginWatcher
 from tests.conftest import wait_for
+from tests.plugins.conftest import FIXTURES, copy_plugins
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 UNRULY = "test.maibot.unruly"
+WEATHER = "test.maibot.weather"
 FAST_RESTARTS = {"cancel_grace": 1.0, "restart_backoff_seconds": 0.05, "runner_memory_mb": 512}
 
 
@@ -209,3 +215,86 @@ def test_a_reload_compiles_the_plugin_from_source_even_when_size_and_mtime_did_n
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same mtime: a stale .pyc would look valid
     assert host.reload(UNRULY).ok and status(host)["version"] == "3"
     assert not (path.parent / "__pycache__").exists()  # nothing cached in the plugin's folder
+
+
+def process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def weather_registered() -> bool:
+    return registry.get("get_weather") is not None or any(c.name.startswith(f"plugin:{WEATHER}:") for c in commands())
+
+
+def test_a_removed_plugin_folder_unloads_its_plugin_and_one_put_back_or_renamed_loads_again(
+    tmp_path, client, monkeypatch
+):
+    directory = copy_plugins(tmp_path / "plugins", "weather")
+    host = PluginHost()
+    host.load_all(directory)
+    host.watcher = PluginWatcher(host, directory, debounce_ms=50).start()
+    monkeypatch.setattr(plugin_host, "host", host)
+    try:
+        record = host.records[WEATHER]
+        pid = record.runner_pid
+        assert pid and weather_registered()
+
+        shutil.rmtree(directory / "weather")
+        # Its command, tools and runner go within seconds (the watcher's debounce, then on_unload).
+        assert wait_for(lambda: record.state == PluginState.REMOVED, timeout=10), record.recent_errors
+        assert not weather_registered()
+        assert wait_for(lambda: process_gone(pid), timeout=15)
+        assert record.reason.startswith(f"its folder weather/ was removed from {directory}; unloaded at ")
+        assert record.process is None and record.runner_state == "stopped" and record.restarts == 0
+        # Every operator action says why (not "no _manifest.json"); the admin offers none and says it.
+        for outcome in (host.reload(WEATHER), host.set_enabled(WEATHER, True), host.validate_config(WEATHER, "")):
+            assert outcome == plugin_host.ReloadOutcome(False, record.reason)
+        client.force_login(User.objects.create_superuser("root", password="pw"))
+        page = client.get("/admin/plugins/").content.decode()
+        assert "removed" in page and "its folder weather/ was removed" in page
+        assert f"/admin/plugins/{WEATHER}/reload/" not in page
+        assert client.get(f"/admin/plugins/{WEATHER}/config/").status_code == 404
+
+        shutil.copytree(FIXTURES / "weather", directory / "weather-again")
+        assert wait_for(lambda: host.records[WEATHER].state == PluginState.LOADED, timeout=30)
+        again = host.records[WEATHER]
+        assert again.folder == directory / "weather-again" and weather_registered()
+
+        first_pid = again.runner_pid
+        (directory / "weather-again").rename(directory / "weather-renamed")  # a removal and an addition
+        assert wait_for(lambda: host.records[WEATHER].folder.name == "weather-renamed", timeout=30)
+        assert wait_for(lambda: host.records[WEATHER].state == PluginState.LOADED, timeout=30)
+        assert weather_registered() and wait_for(lambda: process_gone(first_pid), timeout=15)
+    finally:
+        host.stop()
+
+
+def test_a_removed_folder_unloads_its_plugin_also_without_hot_reload(tmp_path):
+    directory = copy_plugins(tmp_path / "plugins", "weather")
+    host = PluginHost()
+    host.load_all(directory)
+    host.watcher = PluginWatcher(host, directory, debounce_ms=50, hot_reload=False).start()
+    try:
+        pid = host.records[WEATHER].runner_pid
+        shutil.rmtree(directory / "weather")
+        assert wait_for(lambda: host.records[WEATHER].state == PluginState.REMOVED, timeout=10)
+        assert not weather_registered() and wait_for(lambda: process_gone(pid), timeout=15)
+    finally:
+        host.stop()
+
+
+def test_the_plugins_folder_is_created_at_start_and_a_plugin_put_there_later_loads(tmp_path, settings):
+    settings.DATA_DIR = tmp_path / "data"
+    settings.DATA_DIR.mkdir()
+    with config.override(plugins={"reload_debounce_ms": 50}):
+        host = plugin_host.start()
+        try:
+            assert (settings.DATA_DIR / "plugins").is_dir()
+            shutil.copytree(FIXTURES / "weather", settings.DATA_DIR / "plugins" / "weather")
+            assert wait_for(lambda: WEATHER in host.records and host.records[WEATHER].state == "loaded", timeout=30)
+            assert weather_registered()
+        finally:
+            plugin_host.stop()

@@ -98,6 +98,15 @@ def test_the_first_turn_starts_the_workers_host_and_is_offered_its_tools(fake_ll
     assert run_firing(fire(timer).pk) == "nothing"
     assert plugin_host.life_host is first  # once per process
 
+    # No watcher in a worker: a plugin whose folder was removed is unloaded before the next turn.
+    pid = first.records["test.maibot.diary"].runner_pid
+    shutil.rmtree(worker_host / "plugins" / "diary")
+    fake_llm.script(fake_llm.tool_call("do_nothing", {"reason": "quiet"}))
+    assert run_firing(fire(timer).pk) == "nothing"
+    assert "write_diary" not in {t["function"]["name"] for t in fake_llm.requests[-1]["tools"]}
+    assert first.records["test.maibot.diary"].state == "removed" and registry.get("write_diary") is None
+    assert not any(p.alive for p in first._processes if p.pid == pid)
+
 
 def test_a_plugin_host_that_cannot_start_never_fails_the_turn(fake_llm, worker_host, make_session, monkeypatch):
     plugins_with_diary(worker_host / "plugins")
