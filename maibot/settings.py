@@ -10,6 +10,7 @@ import secrets
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from maibot import deployment_env
 from maibot.networks import parse_networks
@@ -193,6 +194,17 @@ MAIBOT_ADAPTER_TOKENS = [t.strip() for t in os.environ.get("MAIBOT_ADAPTER_TOKEN
 # one); a bad entry stops start-up naming it (chat.gateway.auth).
 MAIBOT_ADAPTER_ALLOW_FROM = parse_networks(
     os.environ.get("MAIBOT_ADAPTER_ALLOW_FROM", ""), name="MAIBOT_ADAPTER_ALLOW_FROM"
+)
+
+# --- plugins --------------------------------------------------------------------------------------
+# Plugin runners start inside the sandbox (plugins.sandbox: bubblewrap); without one they are refused,
+# unless the deployment opts out with "off" (they then run as the server's user, seeing what it sees).
+MAIBOT_PLUGIN_SANDBOX = os.environ.get("MAIBOT_PLUGIN_SANDBOX", "").strip().lower() or "on"
+if MAIBOT_PLUGIN_SANDBOX not in ("on", "off"):
+    raise ImproperlyConfigured(f"MAIBOT_PLUGIN_SANDBOX: {MAIBOT_PLUGIN_SANDBOX!r} is neither on nor off")
+# Plugin ids (comma-separated) whose runners get this machine's network, loopback services included.
+MAIBOT_PLUGIN_HOST_NETWORK = frozenset(
+    p.strip() for p in os.environ.get("MAIBOT_PLUGIN_HOST_NETWORK", "").split(",") if p.strip()
 )
 
 # The server and the cluster run the config watcher, the log writer and the heartbeat (maibot.process).
