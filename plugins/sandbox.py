@@ -158,6 +158,20 @@ def refusal() -> str:
     )
 
 
+def state() -> str:
+    """The sandbox of this process's plugins in one sentence (the admin's Plugins page)."""
+    if not enabled():
+        return (
+            "OFF (MAIBOT_PLUGIN_SANDBOX=off): plugins run as the server's user and can read the data dir, the "
+            "database and the server's secrets"
+        )
+    if refusal():
+        return refusal()
+    who = "each plugin as a uid of its own" if as_root() else "as the server's user in a user namespace"
+    network = "slirp4netns for isolated networks" if support().network else "no slirp4netns: no plugin network"
+    return f"bubblewrap ({who}; {network})"
+
+
 def effective_network(network: str) -> str:
     """The network a runner really gets: "isolated" without slirp4netns is "none"."""
     if network == "isolated" and not support().network:
@@ -191,6 +205,22 @@ def python_paths() -> list[Path]:
     paths = [PROJECT_ROOT, Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix), Path(sys.executable).parent]
     paths += [Path(p) for p in sys.path if p and os.path.isdir(p)]
     return paths
+
+
+def hidden_paths() -> list[str]:
+    """What the view must not show although a bound directory may contain it: the data dir, and the
+    files of an SQLite database kept elsewhere (their directory when it holds nothing the view needs)."""
+    from django.conf import settings
+
+    paths = [str(settings.DATA_DIR), str(settings.MEDIA_ROOT)]
+    for database in settings.DATABASES.values():
+        if "sqlite3" not in str(database.get("ENGINE")):
+            continue
+        for name in (database.get("NAME"), (database.get("TEST") or {}).get("NAME")):
+            if name and str(name) != ":memory:" and not str(name).startswith("file:"):
+                db_file = os.path.abspath(str(name))
+                paths += [os.path.dirname(db_file), *(db_file + s for s in ("", "-wal", "-shm", "-journal"))]
+    return list(dict.fromkeys(paths))
 
 
 def unreadable(folder: Path) -> list[str]:
@@ -248,7 +278,6 @@ class Jail:
     ) -> Jail:
         """The bwrap command for `command`, seeing `visible` (read-only) and the system, with the data dir
         hidden, `own_ro` read-only and `own_rw` writable on top, as `uid` (server root) and with `network`."""
-        from django.conf import settings
 
         network = effective_network(network)
         args = [
@@ -338,10 +367,16 @@ class Jail:
             if os.path.islink(path):
                 continue  # a symlink inside a bound tree resolves there; its target is bound by its realpath
             bind(path)
-        data_dir = str(settings.DATA_DIR)
-        if any(_under(data_dir, m[0]) for m in mounts if m[1] == "bind"):
-            args += ["--tmpfs", data_dir]
-            mounts.append((data_dir, "tmpfs"))
+        needed = [m[0] for m in mounts if m[1] == "bind"]
+        for secret in hidden_paths():
+            mount = covering(secret)
+            if mount is None or mount[1] != "bind" or not os.path.exists(secret):
+                continue  # not in the view anyway (or hidden already)
+            if os.path.isdir(secret) and not any(_under(n, secret) for n in needed):
+                args += ["--tmpfs", secret]
+                mounts.append((secret, "tmpfs"))
+            elif os.path.isfile(secret):
+                args += ["--ro-bind", "/dev/null", secret]
         for path in own_ro:
             bind(str(path))
         for path in own_rw:

@@ -13,6 +13,7 @@ from django.views.decorators.http import require_POST
 
 from plugins import host as plugin_host
 from plugins import manifest as mf
+from plugins import sandbox
 
 VIEW_CONSOLE = "maibot.view_console"
 # Each action and the permission it needs.
@@ -50,6 +51,8 @@ def plugins_view(request: HttpRequest) -> HttpResponse:
             "sdk_version": mf.sdk_version() or "(not installed)",
             "allowed": allowed,
             "can_edit_config": request.user.has_perm(CHANGE_PLUGIN_CONFIG),
+            "sandbox_state": sandbox.state(),
+            "sandbox_problem": bool(sandbox.refusal()) or not sandbox.enabled(),
         },
     )
 
