@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import functools
 import json
 import os
@@ -51,6 +52,7 @@ UID_BASE = 1_800_000_000
 UID_SPAN = 1_000_000
 RENDER_UID = UID_BASE
 SLIRP_DNS = "10.0.2.3"
+NS_GET_USERNS = 0xB701  # ioctl: the user namespace owning a namespace (linux/nsfs.h)
 SLIRP_READY_TIMEOUT = 10.0
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # What of /etc a Python program, an HTTP client and Chromium read; never the rest (shadow, ssh keys, the
@@ -427,31 +429,38 @@ class Jail:
         pid = int(info["child-pid"])
         ready_read, ready_write = os.pipe()
         exit_read, exit_write = os.pipe()
+        passed = [ready_write, exit_read]
         argv = [
             _program("slirp4netns") or "slirp4netns",
             "--configure",
             "--mtu=65520",
             "--disable-host-loopback",
-            "--enable-sandbox",
             "--enable-seccomp",
             f"--ready-fd={ready_write}",
             f"--exit-fd={exit_read}",
         ]
-        if not as_root():
-            argv.append(f"--userns-path=/proc/{pid}/ns/user")
+        if as_root():
+            argv.append("--enable-sandbox")  # its own mount namespace, capabilities dropped
+        else:
+            # The network namespace belongs to bwrap's outer user namespace (the sandbox itself runs in a
+            # nested one): slirp4netns joins that owner to enter it. Its --enable-sandbox needs root.
+            with open(f"/proc/{pid}/ns/net", "rb") as netns:
+                owner = fcntl.ioctl(netns.fileno(), NS_GET_USERNS)
+            passed.append(owner)
+            argv.append(f"--userns-path=/proc/self/fd/{owner}")
         argv += [str(pid), "tap0"]
         try:
             self._slirp = await asyncio.create_subprocess_exec(
                 *argv,
-                pass_fds=(ready_write, exit_read),
+                pass_fds=passed,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
             )
         finally:
-            os.close(ready_write)
-            os.close(exit_read)
+            for fd in passed:
+                os.close(fd)
         self._slirp_exit = exit_write
         try:
             ready = await asyncio.wait_for(loop.run_in_executor(None, os.read, ready_read, 1), SLIRP_READY_TIMEOUT)

@@ -14,6 +14,9 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import uuid
 from pathlib import Path
@@ -311,6 +314,45 @@ def test_without_a_working_sandbox_plugins_are_refused_unless_the_deployment_opt
         assert record.state == PluginState.LOADED and record.sandbox.startswith("NOT SANDBOXED")
     finally:
         host.stop()
+
+
+def test_a_server_that_is_not_root_sandboxes_its_plugins_in_a_user_namespace(tmp_path):
+    # The real host, run as an unprivileged uid (in a view of this machine where the test's Python is
+    # reachable: it may live under root's 0700 home), loads the hostile plugin from its own data dir.
+    uid = 54321
+    base = Path(tempfile.mkdtemp(prefix="maibot-unprivileged-", dir="/tmp"))
+    try:
+        data = base / "data"
+        (data / "plugins").mkdir(parents=True)
+        shutil.copytree(FIXTURE, data / "plugins" / "hostile", ignore=shutil.ignore_patterns("__pycache__"))
+        for path in [base, *base.rglob("*")]:
+            os.chown(path, uid, uid)
+        view = ["bwrap", "--die-with-parent", "--dev-bind", "/", "/"]
+        view += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]  # for setpriv
+        for needed in {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}:
+            closed = next((a for a in reversed(Path(needed).parents) if not os.stat(a).st_mode & 0o001), None)
+            if closed is not None:
+                view += ["--tmpfs", str(closed)]
+                for between in [p for p in reversed(Path(needed).parents) if p.is_relative_to(closed) and p != closed]:
+                    view += ["--perms", "0755", "--dir", str(between)]
+                view += ["--ro-bind", needed, needed]
+        marker = f"hostile-daemon-{uuid.uuid4().hex}"
+        env = {"PATH": "/usr/bin:/bin", "MAIBOT_DATA_DIR": str(data), "HOSTILE_MARKER": marker, "HOME": str(base)}
+        script = Path(__file__).with_name("unprivileged_host.py")
+        argv = [*view, "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", sys.executable, script]
+        done = subprocess.run([str(a) for a in argv], env=env, capture_output=True, text=True, timeout=180)
+        line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+        assert line is not None, done.stdout + done.stderr
+        result = json.loads(line.removeprefix("RESULT "))
+        assert result["uid"] == uid and result["state"] == "loaded", result["reason"] + done.stderr[-3000:]
+        assert result["sandbox"].startswith("bubblewrap, the server's user in a user namespace"), result
+        findings = result["findings"]
+        assert leaked(findings, [result["secret_key"]]) == []
+        assert [k for k, v in findings["files"].items() if v.startswith("READ ") and "secret" in k] == []
+        assert {k: v for k, v in findings["net"].items() if v.startswith("CONNECTED")} == {}
+        assert result["daemon_started"] and not result["daemon_left"], result
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 # --- through a live server ------------------------------------------------------------------------
