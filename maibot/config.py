@@ -613,7 +613,7 @@ class PluginsSection(Section):
         "is killed and restarted like a crashed one.",
     )
     runner_max_processes: int = Field(
-        64, ge=8, le=4096, description="Processes and threads a runner may have at once (RLIMIT_NPROC)."
+        128, ge=8, le=4096, description="Processes and threads a runner may have at once (RLIMIT_NPROC)."
     )
     runner_max_open_files: int = Field(256, ge=32, le=65_536, description="Files a runner may have open at once.")
     runner_max_file_mb: int = Field(
