@@ -553,7 +553,7 @@ class PluginLimitsEntry(Section):
     """One plugin's own limits ([[plugins.limits]]); a key left out keeps the [plugins] value."""
 
     plugin: str = Field(min_length=1, max_length=200, description="The plugin's id (its manifest's id).")
-    network: Literal["isolated", "none"] | None = Field(None, description="As plugins.network.")
+    network: str | None = Field(None, max_length=16, pattern=r"^(isolated|none)$", description="As plugins.network.")
     runner_memory_mb: int | None = Field(None, ge=0, le=65_536, description="As plugins.runner_memory_mb.")
     runner_cpu_seconds_per_minute: float | None = Field(
         None, ge=1, le=3600, description="As plugins.runner_cpu_seconds_per_minute."
@@ -599,8 +599,10 @@ class PluginsSection(Section):
         le=65_536,
         description="Address-space limit of each plugin runner (MB; 0: none). A plugin over it gets MemoryError.",
     )
-    network: Literal["isolated", "none"] = Field(
+    network: str = Field(
         "isolated",
+        max_length=16,
+        pattern=r"^(isolated|none)$",
         description="A runner's network: isolated (the internet through slirp4netns, never this machine's "
         "loopback services; no network when slirp4netns is not installed) or none. A plugin the deployment "
         "lists in MAIBOT_PLUGIN_HOST_NETWORK gets this machine's network instead.",

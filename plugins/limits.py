@@ -14,10 +14,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from plugins.records import PluginRecord
+from typing import Protocol
 
 MB = 1024 * 1024
 CPU_WINDOW = 60.0  # seconds the CPU limit counts over
@@ -117,12 +114,21 @@ class Meter:
     media: Budget = field(default_factory=Budget)
 
 
-def _refuse(record: PluginRecord, kind: str, reason: str) -> None:
+class Metered(Protocol):
+    """What the budgets need of a plugin's record (plugins.records.PluginRecord)."""
+
+    plugin_id: str
+    meter: Meter
+
+    def refused(self, kind: str, reason: str) -> None: ...
+
+
+def _refuse(record: Metered, kind: str, reason: str) -> None:
     record.refused(kind, reason)
     raise PluginLimitExceeded(reason)
 
 
-def charge_send(record: PluginRecord) -> None:
+def charge_send(record: Metered) -> None:
     """One message sent by the plugin; PluginLimitExceeded when it has sent its sends_per_minute."""
     limit = limits_for(record.plugin_id).sends_per_minute
     if not record.meter.sends.take(1, limit):
@@ -130,7 +136,7 @@ def charge_send(record: PluginRecord) -> None:
         _refuse(record, "sends", reason)
 
 
-def charge_media(record: PluginRecord, size: int) -> None:
+def charge_media(record: Metered, size: int) -> None:
     """`size` bytes of media the plugin sends; PluginLimitExceeded when its budget does not hold them."""
     limit = limits_for(record.plugin_id).media_mb_per_minute
     if not record.meter.media.take(size, limit * MB):
@@ -142,7 +148,7 @@ def charge_media(record: PluginRecord, size: int) -> None:
         )
 
 
-def check_media_left(record: PluginRecord) -> None:
+def check_media_left(record: Metered) -> None:
     """Before work whose output size is unknown (a render): refused while the media budget is spent."""
     limit = limits_for(record.plugin_id).media_mb_per_minute
     if record.meter.media.available(limit * MB) <= 0:
@@ -153,7 +159,7 @@ def check_media_left(record: PluginRecord) -> None:
         )
 
 
-def spend_media(record: PluginRecord, size: int) -> None:
+def spend_media(record: Metered, size: int) -> None:
     """`size` bytes produced for the plugin (a render's PNG), counted after the work."""
     limit = limits_for(record.plugin_id).media_mb_per_minute
     record.meter.media.spend(size, limit * MB)

@@ -46,6 +46,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+PROJECT_ROOT = Path(__file__).resolve().parent.parent  # the runner's own code (plugins.runner)
 # Uids of sandboxed plugins when the server runs as root: far above the users a host has (Debian
 # allots up to 60000, rootless containers' subordinate ranges start at 100000). RENDER_UID runs browsers.
 UID_BASE = 1_800_000_000
@@ -202,8 +203,6 @@ def describe(plugin_id: str, network: str) -> str:
 
 def python_paths() -> list[Path]:
     """What a Python started like this one needs to see: its installation, the virtualenv, sys.path."""
-    from plugins.supervisor import PROJECT_ROOT
-
     paths = [PROJECT_ROOT, Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix), Path(sys.executable).parent]
     paths += [Path(p) for p in sys.path if p and os.path.isdir(p)]
     return paths

@@ -20,7 +20,7 @@ from plugins.limits import CpuWindow, PluginLimits
 
 logger = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = sandbox.PROJECT_ROOT
 MAX_STDERR_LINE = 4000
 
 
