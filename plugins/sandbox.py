@@ -227,7 +227,7 @@ def hidden_paths() -> list[str]:
 def unreadable(folder: Path) -> list[str]:
     """Files and directories of a plugin's folder its runner could not read as its own uid (the server
     runs as root and they are not readable by others): the plugin cannot load from them."""
-    if not as_root():
+    if not as_root() or not enabled():
         return []
     found = []
     for root, dirs, files in os.walk(folder):
@@ -347,6 +347,7 @@ class Jail:
             if os.path.exists(entry):
                 parents(entry)
                 args += ["--ro-bind", os.path.realpath(entry), entry]
+                mounts.append((entry, "bind"))
         resolv = f"nameserver {SLIRP_DNS}\n" if network == "isolated" else _read("/etc/resolv.conf")
         args += ["--perms", "0644", "--ro-bind-data", data(resolv), "/etc/resolv.conf"]
         home = str(chdir) if chdir else "/tmp"
@@ -356,8 +357,8 @@ class Jail:
         args.append("/etc/passwd")
         args += ["--perms", "0644", "--ro-bind-data", data(f"plugin:x:{gid}:\n"), "/etc/group"]
         for extra in (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")):
-            if extra and os.path.exists(extra) and not _under(extra, "/etc"):
-                visible = [*visible, Path(extra)]
+            if extra and os.path.exists(extra):
+                visible = [*visible, Path(extra)]  # the deployment's TLS roots (passed in the environment)
         system = [m[0] for m in mounts if m[1] == "bind"]
         wanted = sorted({os.path.realpath(p) for p in visible} | {os.path.abspath(p) for p in visible}, key=len)
         for path in wanted:
