@@ -711,6 +711,9 @@ class PluginHost:
             )
         except Exception as exc:
             record.error(f"{component.kind} {component.name}: {type(exc).__name__}: {exc}"[:500])
+            if isinstance(exc, MemoryError):  # its runner's address-space limit (the runner lives on)
+                limit = record.limits.memory_mb if record.limits else _settings().runner_memory_mb
+                record.refused("memory", f"{component.name} ran out of memory (plugins.runner_memory_mb = {limit})")
             raise
         finally:
             record.latency_ms_total += (time.monotonic() - started) * 1000

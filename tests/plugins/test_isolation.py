@@ -78,6 +78,7 @@ def test_a_plugin_that_crashes_blocks_leaks_or_hangs_costs_one_error_result_and_
         # Memory past the runner's limit: MemoryError in the plugin, the runner stays.
         leaked = call(turn, "unruly_leak")
         assert leaked["error"] == {"code": "tool_failed", "message": "MemoryError: "}
+        assert record.refusals == {"memory": 1} and "runner_memory_mb = 512" in record.last_refusal
         assert call(turn, "unruly_status")["result"]["boot"] == third_boot and third == record.runner_pid
         assert record.restarts == 2
         weather = host.records["test.maibot.weather"]
