@@ -353,8 +353,8 @@ class Jail:
         home = str(chdir) if chdir else "/tmp"
         gid = uid if as_root() else os.getgid()
         shown_uid = uid if as_root() else os.getuid()
-        args += ["--perms", "0644", "--ro-bind-data", data(f"plugin:x:{shown_uid}:{gid}::{home}:/usr/sbin/nologin\n")]
-        args.append("/etc/passwd")
+        passwd = f"plugin:x:{shown_uid}:{gid}::{home}:/usr/sbin/nologin\n"
+        args += ["--perms", "0644", "--ro-bind-data", data(passwd), "/etc/passwd"]
         args += ["--perms", "0644", "--ro-bind-data", data(f"plugin:x:{gid}:\n"), "/etc/group"]
         for extra in (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")):
             if extra and os.path.exists(extra):
@@ -369,14 +369,16 @@ class Jail:
             if os.path.islink(path):
                 continue  # a symlink inside a bound tree resolves there; its target is bound by its realpath
             bind(path)
-        needed = [m[0] for m in mounts if m[1] == "bind"]
+        needed = [p for p in wanted if p != "/" and os.path.isdir(p) and not os.path.islink(p)]
         for secret in hidden_paths():
             mount = covering(secret)
             if mount is None or mount[1] != "bind" or not os.path.exists(secret):
                 continue  # not in the view anyway (or hidden already)
-            if os.path.isdir(secret) and not any(_under(n, secret) for n in needed):
+            if os.path.isdir(secret) and secret not in needed:
                 args += ["--tmpfs", secret]
                 mounts.append((secret, "tmpfs"))
+                for inside in [n for n in needed if _under(n, secret)]:
+                    bind(inside)  # what the view needs within it (Python, the project) stays
             elif os.path.isfile(secret):
                 args += ["--ro-bind", "/dev/null", secret]
         for path in own_ro:

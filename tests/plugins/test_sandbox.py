@@ -292,6 +292,40 @@ def test_a_render_reaches_no_local_service_by_websocket_beacon_fetch_or_image(ho
         listener.close()
 
 
+@pytest.mark.parametrize("layout", ["data dir inside the project", "project inside the data dir", "database elsewhere"])
+def test_the_view_hides_the_data_dir_and_the_database_however_they_lie(layout, tmp_path, settings):
+    # The view shows the project (the runner's code) and hides the data dir and an SQLite database,
+    # whichever contains the other; what the view needs within a hidden directory stays visible.
+    project = tmp_path / "srv" / "app" if layout == "project inside the data dir" else tmp_path / "app"
+    data = {"project inside the data dir": tmp_path / "srv", "data dir inside the project": project / "data"}.get(
+        layout, tmp_path / "data"
+    )
+    for path in (project, data):
+        path.mkdir(parents=True, exist_ok=True)
+    tmp_path.chmod(0o755)  # readable by the sandbox's uid, as a deployment's directories are
+    (project / "code.py").write_text("CODE")
+    (data / "secret_key").write_text("SECRET-KEY")
+    database = project / "db.sqlite3" if layout == "database elsewhere" else data / "db.sqlite3"
+    database.write_text("SESSION-KEYS")
+    settings.DATA_DIR, settings.MEDIA_ROOT = data, data / "media"
+    settings.DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(database)}}
+    script = f"cat {project}/code.py; cat {data}/secret_key; cat {database}; ls {data}; true"
+    jail = sandbox.Jail.build(
+        command=["/bin/sh", "-c", script],
+        uid=sandbox.RENDER_UID,
+        network="none",
+        tmp_mb=1,
+        visible=[tmp_path, project],  # a directory above both (as "/srv" in sys.path would be), and the code
+    )
+    try:
+        done = subprocess.run(jail.argv, pass_fds=jail.pass_fds, capture_output=True, text=True, timeout=60)
+    finally:
+        jail.spawned()
+    assert done.stdout.startswith("CODE"), done.stderr
+    assert "SECRET-KEY" not in done.stdout and "SESSION-KEYS" not in done.stdout
+    assert "secret_key" not in done.stdout
+
+
 def test_without_a_working_sandbox_plugins_are_refused_unless_the_deployment_opts_out(tmp_path, monkeypatch):
     copy_plugins(tmp_path / "plugins", "weather")
     monkeypatch.setattr(
