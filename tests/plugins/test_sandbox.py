@@ -292,6 +292,7 @@ def test_a_render_reaches_no_local_service_by_websocket_beacon_fetch_or_image(ho
         listener.close()
 
 
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")  # read by the view; no query runs here
 @pytest.mark.parametrize("layout", ["data dir inside the project", "project inside the data dir", "database elsewhere"])
 def test_the_view_hides_the_data_dir_and_the_database_however_they_lie(layout, tmp_path, settings):
     # The view shows the project (the runner's code) and hides the data dir and an SQLite database,
