@@ -14,6 +14,10 @@ and left failed after `plugins.max_restarts` crashes within `restart_window_seco
 change, config edit, admin action) starts the new version in a new runner first; only when it loaded is
 it swapped in, so a failed reload keeps the previous version running and shows why.
 
+Each runner starts in the plugin sandbox (plugins.sandbox: no data dir, no secrets, no loopback, its
+processes ending with it) under its plugin's limits (plugins.limits); a runner over its CPU limit is
+killed and restarted as after a crash; a plugin the sandbox cannot run is refused saying why.
+
 The host's own event loop (a thread, never the ASGI server's loop) talks to the runners and answers
 their capability calls with plugins.capabilities. Every refusal and failure is kept with its reason
 (`host.records`) and logged. Components become our mechanisms (plugins.bridge).

@@ -1,5 +1,6 @@
-"""One plugin runner subprocess seen from the host: spawn it, talk to it (plugins.ipc frames over its
-pipes), answer its capability calls, notice when it dies. Lives on the host's plugin event loop."""
+"""One plugin runner subprocess seen from the host: spawn it (inside the plugin sandbox, plugins.sandbox),
+talk to it (plugins.ipc frames over its pipes), answer its capability calls, notice when it dies, kill
+it with everything it started. Lives on the host's plugin event loop."""
 
 from __future__ import annotations
 
