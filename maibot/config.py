@@ -555,6 +555,22 @@ class McpSection(Section):
         return servers
 
 
+class PluginLimitsEntry(Section):
+    """One plugin's own limits ([[plugins.limits]]); a key left out keeps the [plugins] value."""
+
+    plugin: str = Field(min_length=1, max_length=200, description="The plugin's id (its manifest's id).")
+    network: str | None = Field(None, max_length=16, pattern=r"^(isolated|none)$", description="As plugins.network.")
+    runner_memory_mb: int | None = Field(None, ge=0, le=65_536, description="As plugins.runner_memory_mb.")
+    runner_cpu_seconds_per_minute: float | None = Field(
+        None, ge=1, le=3600, description="As plugins.runner_cpu_seconds_per_minute."
+    )
+    runner_max_processes: int | None = Field(None, ge=8, le=4096, description="As plugins.runner_max_processes.")
+    runner_max_open_files: int | None = Field(None, ge=32, le=65_536, description="As plugins.runner_max_open_files.")
+    runner_max_file_mb: int | None = Field(None, ge=1, le=65_536, description="As plugins.runner_max_file_mb.")
+    sends_per_minute: int | None = Field(None, ge=1, le=100_000, description="As plugins.sends_per_minute.")
+    media_mb_per_minute: int | None = Field(None, ge=1, le=100_000, description="As plugins.media_mb_per_minute.")
+
+
 class PluginsSection(Section):
     """MaiBot SDK plugins ($MAIBOT_DATA_DIR/plugins/): their runner subprocesses, hot reload, dependencies."""
 
@@ -589,6 +605,51 @@ class PluginsSection(Section):
         le=65_536,
         description="Address-space limit of each plugin runner (MB; 0: none). A plugin over it gets MemoryError.",
     )
+    network: str = Field(
+        "isolated",
+        max_length=16,
+        pattern=r"^(isolated|none)$",
+        description="A runner's network: isolated (the internet through slirp4netns, never this machine's "
+        "loopback services; no network when slirp4netns is not installed) or none. A plugin the deployment "
+        "lists in MAIBOT_PLUGIN_HOST_NETWORK gets this machine's network instead.",
+    )
+    runner_cpu_seconds_per_minute: float = Field(
+        30.0,
+        ge=1,
+        le=3600,
+        description="CPU time a runner (all its processes) may use in any minute (seconds); past it the runner "
+        "is killed and restarted like a crashed one.",
+    )
+    runner_max_processes: int = Field(
+        128, ge=8, le=4096, description="Processes and threads a runner may have at once (RLIMIT_NPROC)."
+    )
+    runner_max_open_files: int = Field(256, ge=32, le=65_536, description="Files a runner may have open at once.")
+    runner_max_file_mb: int = Field(
+        256,
+        ge=1,
+        le=65_536,
+        description="The largest file a runner may write (MB), and the size of its private /tmp.",
+    )
+    sends_per_minute: int = Field(
+        60,
+        ge=1,
+        le=100_000,
+        description="Messages a plugin may send (send.*) in any minute; past it a send fails with the reason.",
+    )
+    media_mb_per_minute: int = Field(
+        50,
+        ge=1,
+        le=100_000,
+        description="Image, emoji and voice bytes a plugin may send, and PNG bytes it may render, in any minute (MB).",
+    )
+    limits: list[PluginLimitsEntry] = Field(
+        default_factory=list,
+        max_length=500,
+        description="Per-plugin limits ([[plugins.limits]]: plugin = its id, then any of network, "
+        "runner_memory_mb, runner_cpu_seconds_per_minute, runner_max_processes, runner_max_open_files, "
+        "runner_max_file_mb, sends_per_minute, media_mb_per_minute), edited in the TOML editor.",
+        json_schema_extra=RAW_ONLY,
+    )
     hot_reload: bool = Field(
         True,
         description="Reload a plugin when one of its files or its config.toml changes, and load a plugin folder "
@@ -605,6 +666,15 @@ class PluginsSection(Section):
     install_timeout: float = Field(
         300.0, gt=0, le=3600, description="One dependency installation may take this long (seconds)."
     )
+
+    @field_validator("limits")
+    @classmethod
+    def _one_entry_per_plugin(cls, entries: list[PluginLimitsEntry]) -> list[PluginLimitsEntry]:
+        ids = [e.plugin for e in entries]
+        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        if duplicates:
+            raise ValueError(f"one [[plugins.limits]] entry per plugin; repeated: {', '.join(duplicates)}")
+        return entries
 
 
 class LifeSection(Section):

@@ -2,10 +2,12 @@
 
 Privacy: the data dir holds the database (session keys), bot_config.toml, deployment.env, secret_key and
 the plugins' files, so it is the server user's alone: the folder and every folder in it 0700, every
-file 0600 (an owner's execute bit is kept). Every process makes what it creates so (maibot.settings sets
-the umask 077 and makes the folder itself and the files directly in it private); a data dir made by
+file 0600 (an owner's execute bit is kept). Every process writes what it creates there private, and
+maibot.settings makes the folder itself and the files directly in it private at import; a data dir made by
 an earlier version, or copied in, is put right in full by `make_private` at bootstrap and when the
-server and the cluster start their services. Symbolic links are never followed.
+server and the cluster start their services. Symbolic links are never followed. The one exception: the
+contents of `plugins/` keep their modes (CONTENTS_KEPT), since a sandboxed runner reads its plugin's code
+as a uid of its own; the `plugins/` folder itself is private.
 
 The version stamp: which build last migrated it, so an older build refuses to start on it.
 
@@ -34,6 +36,10 @@ from maibot import __version__
 STAMP_NAME = "maibot-version.json"
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
+# Folders directly in the data dir that are made private themselves but whose contents keep their modes:
+# the plugins' code, which a sandboxed runner reads as a uid of its own (plugins.sandbox). No server
+# secret is in there, and no other local user reaches it through the private data dir.
+CONTENTS_KEPT = ("plugins",)
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +119,20 @@ def write_stamp() -> None:
         raise
 
 
+def create_private(path: str | Path) -> None:
+    """Create `path` as an empty 0600 file unless it exists (a database file, before SQLite creates it
+    with the process's umask: its -wal and -shm files then take the same mode)."""
+    path = str(path)
+    if path == ":memory:" or path.startswith("file:"):
+        return
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE))
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        pass  # its folder does not exist: SQLite will say so when it connects
+
+
 def make_private(root: Path, *, deep: bool = True) -> list[Path]:
     """Make `root` and what is in it private (see the module docstring): the folders and files found
     otherwise, and what was changed, are returned. `deep=False`: only `root` and the entries directly in
@@ -144,7 +164,7 @@ def make_private(root: Path, *, deep: bool = True) -> list[Path]:
             except OSError:
                 continue  # removed meanwhile (a -wal file at checkpoint)
             fix(Path(entry.path), info)
-            if deep and entry.is_dir(follow_symlinks=False):
+            if deep and entry.is_dir(follow_symlinks=False) and not (folder == root and entry.name in CONTENTS_KEPT):
                 walk(Path(entry.path))
 
     root = Path(root)

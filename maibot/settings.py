@@ -10,6 +10,7 @@ import secrets
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from maibot import datadir, deployment_env
 from maibot.adapter_tokens import parse_adapter_tokens
@@ -21,11 +22,12 @@ DATA_DIR = Path(os.environ.get("MAIBOT_DATA_DIR") or BASE_DIR / "data").resolve(
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Parallel test workers (`make test-fast`) each keep their config file, media and databases apart.
     DATA_DIR = DATA_DIR / os.environ["PYTEST_XDIST_WORKER"]
-# The data dir is the server user's alone (maibot.datadir): what this process creates is 0700/0600,
-# and the folder and the files directly in it (the database, before its first connection: SQLite gives
-# its -wal/-shm the database file's mode) are made so now. The bootstrap and each server and cluster
-# start see to everything deeper.
-os.umask(0o077)
+# The data dir is the server user's alone (maibot.datadir): the folder and the files directly in it
+# are made 0700/0600 now, before the database's first connection (SQLite gives its -wal/-shm the
+# database file's mode, and a new database file is created 0600 below). Files written later are
+# written private explicitly; the bootstrap and each server and cluster start see to everything deeper.
+# (No process-wide umask: the bytecode caches this process writes beside the code must stay readable by
+# the plugin runners, which run as a uid of their own.)
 DATA_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
 datadir.make_private(DATA_DIR, deep=False)
 MEDIA_ROOT = DATA_DIR / "media"
@@ -138,6 +140,7 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     _db["OPTIONS"] = {**SQLITE_OPTIONS, **_db.get("OPTIONS", {})}
     # Tests run processes (qcluster, daphne) against the test database: it must be a file.
     _db["TEST"] = {"NAME": os.environ.get("MAIBOT_TEST_DB") or str(DATA_DIR / "test.sqlite3")}
+    datadir.create_private(_db["NAME"])  # SQLite takes an empty file as a new database
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -231,6 +234,17 @@ def _index_urls(name: str, *, many: bool) -> list[str]:
 
 MAIBOT_PIP_INDEX_URL = "".join(_index_urls("MAIBOT_PIP_INDEX_URL", many=False))
 MAIBOT_PIP_EXTRA_INDEX_URLS = _index_urls("MAIBOT_PIP_EXTRA_INDEX_URL", many=True)
+
+# --- plugins --------------------------------------------------------------------------------------
+# Plugin runners start inside the sandbox (plugins.sandbox: bubblewrap); without one they are refused,
+# unless the deployment opts out with "off" (they then run as the server's user, seeing what it sees).
+MAIBOT_PLUGIN_SANDBOX = os.environ.get("MAIBOT_PLUGIN_SANDBOX", "").strip().lower() or "on"
+if MAIBOT_PLUGIN_SANDBOX not in ("on", "off"):
+    raise ImproperlyConfigured(f"MAIBOT_PLUGIN_SANDBOX: {MAIBOT_PLUGIN_SANDBOX!r} is neither on nor off")
+# Plugin ids (comma-separated) whose runners get this machine's network, loopback services included.
+MAIBOT_PLUGIN_HOST_NETWORK = frozenset(
+    p.strip() for p in os.environ.get("MAIBOT_PLUGIN_HOST_NETWORK", "").split(",") if p.strip()
+)
 
 # The server and the cluster run the config watcher, the log writer and the heartbeat (maibot.process).
 MAIBOT_CONSOLE_SERVICES = os.environ.get("MAIBOT_CONSOLE_SERVICES", "1") != "0"

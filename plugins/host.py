@@ -14,6 +14,10 @@ and left failed after `plugins.max_restarts` crashes within `restart_window_seco
 change, config edit, admin action) starts the new version in a new runner first; only when it loaded is
 it swapped in, so a failed reload keeps the previous version running and shows why.
 
+Each runner starts in the plugin sandbox (plugins.sandbox: no data dir, no secrets, no loopback, its
+processes ending with it) under its plugin's limits (plugins.limits); a runner over its CPU limit is
+killed and restarted as after a crash; a plugin the sandbox cannot run is refused saying why.
+
 The host's own event loop (a thread, never the ASGI server's loop) talks to the runners and answers
 their capability calls with plugins.capabilities. Every refusal and failure is kept with its reason
 (`host.records`) and logged. Components become our mechanisms (plugins.bridge).
@@ -32,10 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plugins import bridge, deps
+from plugins import bridge, deps, sandbox
 from plugins import events as plugin_events
 from plugins import manifest as mf
 from plugins.capabilities import SUPPORTED, make_context
+from plugins.limits import cpu_seconds_of_trees, limits_for
 from plugins.records import ComponentInfo, PluginRecord, PluginState, now_iso
 from plugins.supervisor import RunnerGone, RunnerProcess
 
@@ -43,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 # Seconds a plugin's on_unload may take when its runner stops.
 UNLOAD_TIMEOUT = 10.0
+CPU_CHECK_INTERVAL = 2.0  # seconds between two looks at the runners' CPU time
 CONFIG_FILE = "config.toml"
 MAX_CONFIG_BYTES = 1024 * 1024
 
@@ -124,6 +130,37 @@ class PluginHost:
         self._thread = threading.Thread(target=run, name="maibot-plugins", daemon=True)
         self._thread.start()
         ready.wait()
+        self.loop.call_soon_threadsafe(lambda: self._background(self._watch_cpu()))
+
+    async def _watch_cpu(self) -> None:
+        """Every CPU_CHECK_INTERVAL seconds, the CPU time each runner's processes used within the last
+        minute; a runner over its plugin's runner_cpu_seconds_per_minute is killed (the calls in flight
+        fail saying why) and restarted as after a crash."""
+        while not self._stopping:
+            await asyncio.sleep(CPU_CHECK_INTERVAL)
+            running = [p for p in self._processes if p.alive and p.pid and not p.stopping]
+            if not running:
+                continue
+            try:
+                totals = await asyncio.to_thread(cpu_seconds_of_trees, [p.pid for p in running])
+            except OSError:
+                logger.exception("reading the plugin runners' CPU time failed")
+                continue
+            now = time.monotonic()
+            for process in running:
+                if process.pid not in totals:
+                    continue
+                used = process.cpu.add(now, totals[process.pid])
+                limit = limits_for(process.plugin_id).cpu_seconds_per_minute
+                if used <= limit or not process.alive:
+                    continue
+                reason = (
+                    f"it used {used:.1f} s of CPU within a minute (plugins.runner_cpu_seconds_per_minute = {limit:g})"
+                )
+                record = self.records.get(process.plugin_id)
+                if record is not None:
+                    record.refused("cpu", f"plugin {process.plugin_id}: {reason}")
+                process.kill(reason)
 
     def run(self, coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
         """Run a coroutine on the host's loop and wait at most `timeout` seconds (from any thread but
@@ -286,6 +323,13 @@ class PluginHost:
             record.warnings = mf.check_compatibility(record.manifest, host_version=self.host_version)
         except mf.ManifestError as exc:
             return str(exc)
+        if refusal := sandbox.refusal():
+            return refusal
+        if unreadable := sandbox.unreadable(record.folder):
+            return (
+                f"its runner (an unprivileged user) cannot read {', '.join(unreadable)}: make the folder readable "
+                f"by others (chmod -R a+rX {record.folder})"
+            )
         if (wanted := deps.missing_requirements(record.manifest)) and deps.auto_install_enabled():
             record.last_install = deps.install(wanted)
         if missing := mf.missing_packages(record.manifest):
@@ -383,21 +427,24 @@ class PluginHost:
         if record.context is None:
             record.context = make_context(record)
         base = Path(django_settings.DATA_DIR)
+        if config_text is None:
+            config_text = _read_config(record.folder / CONFIG_FILE)
+        limits = limits_for(record.plugin_id)
+        record.limits = limits
+        record.sandbox = sandbox.describe(record.plugin_id, limits.network)
         process = RunnerProcess(
             folder=record.folder,
             plugin_id=record.plugin_id,
             data_dir=base / "plugin-data" / record.plugin_id,
             runtime_dir=base / "plugin-runtime" / record.plugin_id,
-            memory_mb=settings.runner_memory_mb,
+            limits=limits,
             call_handler=lambda method, payload, timeout_ms: self._answer_call(record, method, payload, timeout_ms),
             on_exit=lambda proc: self._on_runner_exit(record, proc),
         )
         self._processes = [p for p in self._processes if not p.discarded] + [process]
         try:
             await asyncio.wait_for(process.start(), settings.load_timeout)
-            message: dict[str, Any] = {"type": "load"}
-            if config_text is not None:
-                message["config_text"] = config_text
+            message: dict[str, Any] = {"type": "load", "config_text": config_text}
             reply = await process.request(message, settings.load_timeout)
         except BaseException as exc:
             await asyncio.shield(process.discard())
@@ -429,6 +476,9 @@ class PluginHost:
         record.warnings = sorted(set(record.warnings) | set(reply.get("warnings") or []))
         record.config = dict(reply.get("config") or {})
         record.config_digest = text_digest(str(reply.get("config_text") or ""))
+        config_path = record.folder / CONFIG_FILE
+        if reply.get("default_config") and reply.get("config_text") and not config_path.exists():
+            _write_atomic(config_path, str(reply["config_text"]))  # MaiBot writes the defaults on first load
         record.allow_hot_reload = bool(reply.get("allow_hot_reload", True))
         record.reloaded_at = now_iso()
         record.reload_error = ""
@@ -481,6 +531,8 @@ class PluginHost:
         record.crash_times = [t for t in record.crash_times if now - t < settings.restart_window_seconds] + [now]
         crashes = len(record.crash_times)
         why = f"its runner (pid {process.pid}) exited with code {process.exit_code}"
+        if process.kill_reason:
+            why = f"its runner (pid {process.pid}) was killed: {process.kill_reason}"
         if crashes > settings.max_restarts:
             reason = (
                 f"{why}; {crashes} crashes within {settings.restart_window_seconds:g}s, not restarted (reload to retry)"
@@ -725,6 +777,9 @@ class PluginHost:
             return await self._invoke(record, process, component, args, timeout)
         except Exception as exc:
             record.error(f"{component.kind} {component.name}: {type(exc).__name__}: {exc}"[:500])
+            if isinstance(exc, MemoryError):  # its runner's address-space limit (the runner lives on)
+                limit = record.limits.memory_mb if record.limits else _settings().runner_memory_mb
+                record.refused("memory", f"{component.name} ran out of memory (plugins.runner_memory_mb = {limit})")
             raise
         finally:
             record.latency_ms_total += (time.monotonic() - started) * 1000
@@ -752,6 +807,15 @@ class PluginHost:
 
 async def _gather(*coros: Coroutine, return_exceptions: bool = False) -> list[Any]:
     return await asyncio.gather(*coros, return_exceptions=return_exceptions)
+
+
+def _read_config(path: Path) -> str | None:
+    """A plugin's config.toml as the host sends it to the runner; None when there is none."""
+    if not path.is_file():
+        return None
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ValueError(f"config.toml is larger than {MAX_CONFIG_BYTES} bytes")
+    return path.read_text(encoding="utf-8")
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -10,6 +11,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from plugins import manifest as mf
+from plugins.limits import Meter
+
+logger = logging.getLogger("plugins.host")
+REFUSAL_LOG_INTERVAL = 60.0  # seconds between two log lines about one plugin's refusals of one kind
 
 
 class PluginState(StrEnum):
@@ -61,6 +66,12 @@ class PluginRecord:
     calls: int = 0
     errors: int = 0
     recent_errors: list[str] = field(default_factory=list)
+    sandbox: str = ""  # how its runner is contained (plugins.sandbox), as the admin shows it
+    limits: Any = None  # plugins.limits.PluginLimits its runner started with
+    meter: Meter = field(default_factory=Meter)  # its send and media budgets
+    refusals: dict[str, int] = field(default_factory=dict)  # by limit (sends, media, cpu): how often
+    last_refusal: str = ""
+    _refusal_logged: dict[str, float] = field(default_factory=dict, repr=False)
 
     @property
     def name(self) -> str:
@@ -85,6 +96,17 @@ class PluginRecord:
     def error(self, text: str) -> None:
         self.errors += 1
         self.recent_errors = [*self.recent_errors[-19:], f"{now_iso()} {text}"]
+
+    def refused(self, kind: str, reason: str) -> None:
+        """A limit refused the plugin something: counted, kept as the last refusal, and logged (once a
+        minute per kind: a plugin hammering its limit does not flood the log)."""
+        self.refusals[kind] = self.refusals.get(kind, 0) + 1
+        self.last_refusal = f"{now_iso()} {reason}"
+        now = time.monotonic()
+        if now - self._refusal_logged.get(kind, -REFUSAL_LOG_INTERVAL) >= REFUSAL_LOG_INTERVAL:
+            self._refusal_logged[kind] = now
+            count = self.refusals[kind]
+            logger.warning("plugin %s refused (%s limit, %d so far): %s", self.plugin_id, kind, count, reason)
 
 
 def now_iso() -> str:

@@ -233,21 +233,12 @@ class Runner:
         instance = factory()
         if not isinstance(instance, MaiBotPlugin):
             raise TypeError(f"create_plugin() returned {type(instance).__name__}, not a MaiBotPlugin")
-        path = self.folder / "config.toml"
+        # The host reads config.toml and sends it (None: there is none); the generated default goes back
+        # for the host to write. The runner never writes into the plugin's folder (read-only to it).
         config_text = message.get("config_text")
-        wrote_default = False
-        if config_text is None:
-            if path.is_file():
-                if path.stat().st_size > MAX_CONFIG_BYTES:
-                    raise ValueError(f"config.toml is larger than {MAX_CONFIG_BYTES} bytes")
-                config_text = path.read_text(encoding="utf-8")
-            else:
-                config_text = default_config_text(instance)
-                if config_text and message.get("write_default", True):
-                    tmp = path.with_name(".config.toml.tmp")
-                    tmp.write_text(config_text, encoding="utf-8")
-                    os.replace(tmp, path)
-                    wrote_default = True
+        default_config = config_text is None
+        if default_config:
+            config_text = default_config_text(instance)
         config = parse_config(config_text)
         normalized, _ = instance.normalize_plugin_config(config)  # raises with the reason when invalid
         # [plugin] enabled / allow_hot_reload are read from the file as written too: a config_model that
@@ -260,7 +251,7 @@ class Runner:
         result: dict[str, Any] = {
             "warnings": found_warnings,
             "config_text": config_text,
-            "wrote_default_config": wrote_default,
+            "default_config": default_config,
             "config": normalized,
             "allow_hot_reload": allow_hot_reload,
             "disabled": any(section.get("enabled") is False for section in sections),
@@ -311,6 +302,29 @@ class Runner:
         await asyncio.sleep(0)  # let the last reply be written
 
 
+def apply_limits(args: argparse.Namespace) -> None:
+    """The runner's resource limits, before any plugin code runs (inherited by every process it starts,
+    which may lower them, never raise them): address space per process (MemoryError past it), processes
+    and threads of its user (RLIMIT_NPROC: the sandbox gives each plugin a user of its own), open files,
+    the size of a file it writes (Python gets EFBIG: it ignores SIGXFSZ), and no core dumps."""
+    import resource
+
+    mb = 1024 * 1024
+    wanted = [
+        (resource.RLIMIT_AS, args.memory_mb * mb),
+        (resource.RLIMIT_NPROC, args.max_processes),
+        (resource.RLIMIT_NOFILE, args.max_open_files),
+        (resource.RLIMIT_FSIZE, args.max_file_mb * mb),
+        (resource.RLIMIT_CORE, 0),
+    ]
+    for which, limit in wanted:
+        if limit > 0 or which == resource.RLIMIT_CORE:
+            try:
+                resource.setrlimit(which, (limit, limit))
+            except (ValueError, OSError) as exc:
+                logger.warning("plugin runner: resource limit %s=%s not applied: %s", which, limit, exc)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m plugins.runner")
     parser.add_argument("folder", type=Path)
@@ -318,6 +332,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--runtime-dir", type=Path, required=True)
     parser.add_argument("--memory-mb", type=int, default=0)
+    parser.add_argument("--max-processes", type=int, default=0)
+    parser.add_argument("--max-open-files", type=int, default=0)
+    parser.add_argument("--max-file-mb", type=int, default=0)
     args = parser.parse_args(argv)
     # The protocol owns the original stdin/stdout; the plugin's prints go to stderr, its input is empty.
     proto_in = os.fdopen(os.dup(0), "rb", buffering=0)
@@ -327,12 +344,7 @@ def main(argv: list[str] | None = None) -> None:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if args.memory_mb > 0:
-        import resource
-
-        limit = args.memory_mb * 1024 * 1024
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    apply_limits(args)
     runner = Runner(args.folder, args.plugin_id, args.data_dir, args.runtime_dir, proto_out)
     try:
         asyncio.run(runner.serve(proto_in))

@@ -1,5 +1,6 @@
-"""One plugin runner subprocess seen from the host: spawn it, talk to it (plugins.ipc frames over its
-pipes), answer its capability calls, notice when it dies. Lives on the host's plugin event loop."""
+"""One plugin runner subprocess seen from the host: spawn it (inside the plugin sandbox, plugins.sandbox),
+talk to it (plugins.ipc frames over its pipes), answer its capability calls, notice when it dies, kill
+it with everything it started. Lives on the host's plugin event loop."""
 
 from __future__ import annotations
 
@@ -9,16 +10,18 @@ import contextlib
 import itertools
 import logging
 import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from plugins import ipc
+from plugins import ipc, sandbox
+from plugins.limits import CpuWindow, PluginLimits
 
 logger = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = sandbox.PROJECT_ROOT
 MAX_STDERR_LINE = 4000
 
 
@@ -102,7 +105,7 @@ class RunnerProcess:
         plugin_id: str,
         data_dir: Path,
         runtime_dir: Path,
-        memory_mb: int,
+        limits: PluginLimits,
         call_handler: CallHandler,
         on_exit: Callable[[RunnerProcess], None] | None = None,
     ) -> None:
@@ -110,7 +113,7 @@ class RunnerProcess:
         self.plugin_id = plugin_id
         self.data_dir = data_dir
         self.runtime_dir = runtime_dir
-        self.memory_mb = memory_mb
+        self.limits = limits
         self.call_handler = call_handler
         self.on_exit = on_exit
         self.proc: asyncio.subprocess.Process | None = None
@@ -118,6 +121,9 @@ class RunnerProcess:
         self.stopping = False
         self.exit_code: int | None = None
         self.discarded = False  # killed, waited for and its pipes closed
+        self.kill_reason = ""  # why the host killed it (a limit), for the exit's report
+        self.jail: sandbox.Jail | None = None
+        self.cpu = CpuWindow()
         self._tasks: set[asyncio.Task] = set()
         self._hello: asyncio.Future | None = None
         self._done: asyncio.Event = asyncio.Event()
@@ -131,10 +137,12 @@ class RunnerProcess:
         return self.proc is not None and self.exit_code is None
 
     async def start(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.runtime_dir.mkdir(parents=True, exist_ok=True)
+        """Start the runner (inside the sandbox unless the deployment turned it off) and wait for its
+        hello; its network (if isolated) is connected before this returns, so before any plugin code."""
+        sandbox.prepare_dirs(self.plugin_id, self.data_dir, self.runtime_dir)
         self._hello = asyncio.get_running_loop().create_future()
-        self.proc = await asyncio.create_subprocess_exec(
+        limits = self.limits
+        command = [
             sys.executable,
             "-m",
             "plugins.runner",
@@ -145,18 +153,48 @@ class RunnerProcess:
             "--runtime-dir",
             str(self.runtime_dir),
             "--memory-mb",
-            str(self.memory_mb),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=str(self.runtime_dir),
-            env=runner_env(),
-            limit=ipc.MAX_FRAME + ipc.HEADER_SIZE,
-        )
+            str(limits.memory_mb),
+            "--max-processes",
+            str(limits.max_processes),
+            "--max-open-files",
+            str(limits.max_open_files),
+            "--max-file-mb",
+            str(limits.max_file_mb),
+        ]
+        env = runner_env()
+        if sandbox.enabled():
+            self.jail = sandbox.runner_jail(
+                plugin_id=self.plugin_id,
+                command=command,
+                folder=self.folder,
+                data_dir=self.data_dir,
+                runtime_dir=self.runtime_dir,
+                network=limits.network,
+                tmp_mb=limits.max_file_mb,
+            )
+            command, env = self.jail.argv, self.jail.env(env)
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *command,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                cwd=str(self.runtime_dir),
+                env=env,
+                limit=ipc.MAX_FRAME + ipc.HEADER_SIZE,
+                pass_fds=self.jail.pass_fds if self.jail else (),
+                # Unsandboxed, the runner leads a process group of its own: kill() ends the group.
+                start_new_session=True,
+            )
+        finally:
+            if self.jail is not None:
+                self.jail.spawned()
         self._spawn(self._read_frames())
         self._spawn(self._read_stderr())
         self._spawn(self._wait_exit())
         await self._hello  # raises RunnerGone when it died first
+        if self.jail is not None:
+            await self.jail.connect_network()
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -295,7 +333,8 @@ class RunnerProcess:
     async def _wait_exit(self) -> None:
         code = await self.proc.wait()
         self.exit_code = code
-        gone = RunnerGone(f"the runner of plugin {self.plugin_id} exited (code {code})")
+        why = f"was killed: {self.kill_reason}" if self.kill_reason else f"exited (code {code})"
+        gone = RunnerGone(f"the runner of plugin {self.plugin_id} {why}")
         for future in self.pending.values():
             if not future.done():
                 future.set_exception(gone)
@@ -311,8 +350,14 @@ class RunnerProcess:
 
     # --- stopping ----------------------------------------------------------------------------------
 
-    def kill(self) -> None:
+    def kill(self, reason: str = "") -> None:
+        """SIGKILL the runner and every process it started: the sandbox's pid namespace ends with bwrap
+        (unsandboxed: its process group, which a process that left the group escapes)."""
         if self.proc is not None and self.exit_code is None:
+            if reason and not self.kill_reason:
+                self.kill_reason = reason
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
 
@@ -342,4 +387,6 @@ class RunnerProcess:
                 transport.close()
         for task in list(self._tasks):
             task.cancel()
+        if self.jail is not None:
+            await self.jail.close()
         self.discarded = True

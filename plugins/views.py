@@ -13,6 +13,7 @@ from django.views.decorators.http import require_POST
 
 from plugins import host as plugin_host
 from plugins import manifest as mf
+from plugins import sandbox
 from plugins.records import PluginState
 
 VIEW_CONSOLE = "maibot.view_console"
@@ -52,6 +53,8 @@ def plugins_view(request: HttpRequest) -> HttpResponse:
             "can_edit_config": request.user.has_perm(CHANGE_PLUGIN_CONFIG),
             # pip's own output may quote anything it was given or found: superusers only (plugins.deps).
             "show_pip_output": request.user.is_superuser,
+            "sandbox_state": sandbox.state(),
+            "sandbox_problem": bool(sandbox.refusal()) or not sandbox.enabled(),
         },
     )
 

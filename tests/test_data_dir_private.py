@@ -34,10 +34,13 @@ pip_args = ["--no-index"]
 """
 
 
-def _modes(root: Path) -> dict[str, str]:
-    """Every folder and file under `root` (itself included) that is not private, with its mode."""
+def _modes(root: Path, *, kept: tuple[str, ...] = ()) -> dict[str, str]:
+    """Every folder and file under `root` (itself included) that is not private, with its mode; the
+    contents of the folders `kept` (directly in `root`) are not looked at."""
     wrong = {}
     for path in [root, *root.rglob("*")]:
+        if any(path.is_relative_to(root / name) and path != root / name for name in kept):
+            continue
         info = path.lstat()
         if stat.S_ISLNK(info.st_mode):
             continue
@@ -134,11 +137,13 @@ def test_maibot_started_on_an_old_world_readable_data_dir_leaves_it_private(tmp_
         # The cluster's services have started too (its heartbeat is in the database).
         assert wait_for(lambda: "cluster process" in proc.output(), timeout=60), proc.output()
         assert (data / "db.sqlite3-wal").exists() and (data / "db.sqlite3-shm").exists()
-        assert _modes(data) == {}
+        assert _modes(data, kept=datadir.CONTENTS_KEPT) == {}
     finally:
         proc.terminate(signal.SIGTERM)
         assert proc.stop(timeout=60) == 0, proc.output()
-    assert _modes(data) == {}
+    assert _modes(data, kept=datadir.CONTENTS_KEPT) == {}
+    # The plugins' code keeps its modes: a sandboxed runner reads it as a uid of its own.
+    assert stat.S_IMODE((data / "plugins" / "old_plugin" / "config.toml").stat().st_mode) == 0o644
 
 
 def test_make_private_fixes_folders_and_files_and_keeps_an_owners_execute_bit(tmp_path):

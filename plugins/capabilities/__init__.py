@@ -9,7 +9,8 @@ MaiBot's own host returns. As in MaiBot, a plugin may call only the capabilities
 declares; anything else, and every capability not answered here, raises RuntimeError in the plugin
 with the reason ("... is not supported by this host"), as MaiBot's runner raises on an error answer.
 Bad arguments are an error result (`success: false` and `error`), never a crash. Every call has a
-timeout (30 s, or the call's `timeout_ms`, at most 300 s). Each handler is
+timeout (30 s, or the call's `timeout_ms`, at most 300 s). Sends and media bytes draw from the plugin's
+budgets (plugins.limits): past them the call raises in the plugin with the reason. Each handler is
 `async def handler(record, args) -> dict`.
 """
 
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
+from plugins import limits
 from plugins.capabilities import api, chat, config, llm, maisaka, message, render, send
 from plugins.capabilities.common import message as _message  # noqa: F401  (plugins.bridge uses it)
 
@@ -108,7 +110,12 @@ def make_context(record: PluginRecord):
         if impl is None:
             raise RuntimeError(f"capability {capability} is not supported by this host")
         try:
+            if capability.startswith("send."):
+                limits.charge_send(record)
             return await asyncio.wait_for(impl(record, args), timeout)
+        except limits.PluginLimitExceeded as exc:
+            # Counted on the record (the admin shows it) when refused; the plugin gets the reason.
+            raise RuntimeError(f"capability {capability} refused: {exc}") from None
         except TimeoutError:
             record.error(f"capability {capability} timed out after {timeout:g}s")
             raise RuntimeError(f"capability {capability} did not answer within {timeout:g}s") from None

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
@@ -27,6 +29,21 @@ MEDIA_TYPES = ("image", "emoji", "voice")
 
 class CapabilityArgError(ValueError):
     """The plugin's arguments are unusable; the message says which and why (never a crash)."""
+
+
+# Who pays for the media a send stores: the plugin's media budget (plugins.limits.charge_media), set
+# around the building of one message's segments (in the thread that builds them).
+_media_payer: ContextVar[Callable[[int], None] | None] = ContextVar("media_payer", default=None)
+
+
+@contextmanager
+def media_paid_by(charge: Callable[[int], None]) -> Iterator[None]:
+    """Media stored within this block is charged to `charge(size)`, which raises to refuse it."""
+    token = _media_payer.set(charge)
+    try:
+        yield
+    finally:
+        _media_payer.reset(token)
 
 
 async def db(fn: Callable[[], Any]) -> Any:
@@ -162,6 +179,8 @@ def media_segment(kind: str, encoded: Any, where: str) -> dict[str, Any]:
     mime = sniff_mime(data)
     if kind in ("image", "emoji") and not mime.startswith("image/"):
         raise CapabilityArgError(f"{where} is not an image (PNG, JPEG, GIF or WebP)")
+    if (charge := _media_payer.get()) is not None:
+        charge(len(data))
     media = media_store(data=data, kind=kind)
     return {"type": kind, "data": {"media": media.sha256}}
 

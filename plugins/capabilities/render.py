@@ -6,10 +6,14 @@ browser's fd 3, answers on fd 4, each a JSON message ending in NUL), so no brows
 is needed. Each render starts its own browser in a fresh profile and ends it (its process group is
 killed): nothing of one plugin's page is left for the next.
 
-Bounded: the HTML's size, the viewport, the scale, the screenshot's size, one render's time, and how
-many run at once. The page may load nothing but data: and blob: resources unless the plugin asks
-(`allow_network`: http and https too), and never file:// (every request passes the Fetch domain,
-which refuses the rest).
+Bounded: the HTML's size, the viewport, the scale, the screenshot's size, one render's time, how many
+run at once, and the PNG bytes a plugin may get a minute (its media budget). The browser runs in the
+plugin sandbox (plugins.sandbox: its own uid, none of the data dir, a pid namespace that ends with it).
+Without `allow_network` it has no network at all (a network namespace of its own: no fetch, WebSocket,
+sendBeacon or anything else reaches a server, this machine's included); with it, the plugin's network
+(isolated: the internet, never this machine's loopback). Besides, the page may load nothing but data:
+and blob: resources unless the plugin asks (`allow_network`: http and https too), and never file://
+(every request passes the Fetch domain, which refuses the rest).
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ import sys
 import tempfile
 import time
 from typing import TYPE_CHECKING, Any
+
+from plugins import sandbox
+from plugins.limits import check_media_left, limits_for, spend_media
 
 if TYPE_CHECKING:
     from plugins.records import PluginRecord
@@ -160,8 +167,10 @@ _EXEC_ON_FDS = (
 class Browser:
     """One headless Chromium and its DevTools connection (commands, answers, events) on pipes."""
 
-    def __init__(self) -> None:
+    def __init__(self, network: str = "none") -> None:
+        self.network = network  # the sandbox's network (plugins.sandbox): none, isolated or host
         self.proc: asyncio.subprocess.Process | None = None
+        self.jail: sandbox.Jail | None = None
         self.profile = ""
         self._writer: asyncio.WriteTransport | None = None
         self._reader_task: asyncio.Task | None = None
@@ -171,33 +180,47 @@ class Browser:
         self._tasks: set[asyncio.Task] = set()
 
     async def start(self) -> None:
+        """Start the browser: inside the plugin sandbox (its own uid, nothing of the data dir, a fresh
+        profile in its private /tmp, `network`) unless the deployment turned the sandbox off."""
         loop = asyncio.get_running_loop()
-        self.profile = tempfile.mkdtemp(prefix="maibot-render-")
         to_browser_r, to_browser_w = os.pipe()
         from_browser_r, from_browser_w = os.pipe()
         child_r, child_w = _high_fd(to_browser_r), _high_fd(from_browser_w)
+        profile = "/tmp/profile"
+        if not sandbox.enabled():
+            self.profile = profile = tempfile.mkdtemp(prefix="maibot-render-")
+        command = [
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            _EXEC_ON_FDS,
+            str(child_r),
+            str(child_w),
+            CHROMIUM,
+            *CHROMIUM_ARGS,
+            f"--user-data-dir={profile}",
+            "about:blank",
+        ]
+        env = None
+        if sandbox.enabled():
+            self.jail = sandbox.browser_jail(command=command, network=self.network)
+            command, env = self.jail.argv, self.jail.env({"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-I",
-                "-S",
-                "-c",
-                _EXEC_ON_FDS,
-                str(child_r),
-                str(child_w),
-                CHROMIUM,
-                *CHROMIUM_ARGS,
-                f"--user-data-dir={self.profile}",
-                "about:blank",
-                pass_fds=(child_r, child_w),
+                *command,
+                pass_fds=(child_r, child_w, *(self.jail.pass_fds if self.jail else ())),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
+                env=env,
                 start_new_session=True,  # its renderer and helper processes end with it (killpg)
             )
         finally:
             os.close(child_r)
             os.close(child_w)
+            if self.jail is not None:
+                self.jail.spawned()
         self._writer, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(to_browser_w, "wb", 0))
         reader = asyncio.StreamReader(limit=MAX_MESSAGE_BYTES)
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(from_browser_r, "rb", 0))
@@ -255,6 +278,8 @@ class Browser:
             self._reader_task.cancel()
         for task in list(self._tasks):
             task.cancel()
+        if self.jail is not None:
+            await self.jail.close()
         if self.profile:
             await asyncio.to_thread(shutil.rmtree, self.profile, True)
 
@@ -308,11 +333,13 @@ async def _evaluate(browser: Browser, session: str, function: str, *args: Any) -
     return (answer.get("result") or {}).get("value")
 
 
-async def _render(req: dict[str, Any]) -> bytes:
-    browser = Browser()
+async def _render(req: dict[str, Any], network: str) -> bytes:
+    browser = Browser(network if req["allow_network"] else "none")
     try:
         await browser.start()
         target = await browser.send("Target.createTarget", {"url": "about:blank"})
+        if browser.jail is not None:
+            await browser.jail.connect_network()  # the browser runs: bwrap has set its namespaces up
         attached = await browser.send("Target.attachToTarget", {"targetId": target["targetId"], "flatten": True})
         session = attached["sessionId"]
         allow_network = req["allow_network"]
@@ -378,17 +405,24 @@ async def html2png(record: PluginRecord | None, args: dict[str, Any]) -> dict[st
         return {"success": False, "error": str(exc)}
     if not shutil.which(CHROMIUM):
         return {"success": False, "error": f"render.html2png needs Chromium at {CHROMIUM} (apt-get install chromium)"}
+    network = limits_for(record.plugin_id).network if record is not None else "none"
+    if req["allow_network"] and sandbox.effective_network(network) == "none" and sandbox.enabled():
+        return {"success": False, "error": "allow_network: this plugin has no network (plugins.network)"}
+    if record is not None:
+        check_media_left(record)  # refused while the plugin's media budget is spent
     started = time.perf_counter()
     async with _gate_for_loop():
         try:
             # Start, load and shoot within the render's time, plus a margin for the browser's start.
-            png = await asyncio.wait_for(_render(req), req["timeout_ms"] / 1000 + START_MARGIN)
+            png = await asyncio.wait_for(_render(req, network), req["timeout_ms"] / 1000 + START_MARGIN)
         except (RenderArgError, RenderError) as exc:
             return {"success": False, "error": str(exc)[:500]}
         except TimeoutError:
             return {"success": False, "error": f"the render took longer than {req['timeout_ms']} ms"}
         except OSError as exc:
             return {"success": False, "error": f"Chromium could not be started: {exc}"[:500]}
+    if record is not None:
+        spend_media(record, len(png))
     if len(png) > MAX_PNG_BYTES:
         return {"success": False, "error": f"the PNG is larger than {MAX_PNG_BYTES} bytes"}
     width, height = png_size(png)

@@ -19,6 +19,7 @@ from plugins.capabilities.common import (
     MAX_ID,
     CapabilityArgError,
     db,
+    media_paid_by,
     media_segment,
     plugin_segment,
     plugin_segments,
@@ -26,6 +27,7 @@ from plugins.capabilities.common import (
     stream_id_of,
     text_problem,
 )
+from plugins.limits import charge_media
 
 if TYPE_CHECKING:
     from plugins.records import PluginRecord
@@ -79,7 +81,8 @@ async def _send(
         if session is None:
             return None, f"there is no chat with stream_id {stream_id}"
         try:
-            segments, text = build(session)
+            with media_paid_by(lambda size: charge_media(record, size)):
+                segments, text = build(session)
         except CapabilityArgError as exc:
             return None, str(exc)
         sent = message_send(

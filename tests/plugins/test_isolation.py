@@ -56,8 +56,8 @@ def test_a_plugin_that_crashes_blocks_leaks_or_hangs_costs_one_error_result_and_
         record = host.records[UNRULY]
         turn = AgentTurn.open(kind=CycleKind.CHAT, session=make_session(), trigger="test")
         first_status = call(turn, "unruly_status")["result"]
-        first = first_status["pid"]
-        assert first == record.runner_pid and first != os.getpid()
+        first = record.runner_pid
+        assert first not in (None, os.getpid()) and first_status["pid"] != os.getpid()
         assert first_status["secrets_seen"] == []  # the runner's environment holds none of the bot's secrets
 
         crashed = call(turn, "unruly_crash")
@@ -68,22 +68,24 @@ def test_a_plugin_that_crashes_blocks_leaks_or_hangs_costs_one_error_result_and_
         assert wait_for(lambda: running_again(record, first), timeout=30), record.recent_errors
         assert record.restarts == 1 and record.state == PluginState.LOADED
         assert any("exited with code 3; restarting" in e for e in record.recent_errors)
-        second = call(turn, "unruly_status")["result"]["pid"]
-        assert second == record.runner_pid != first
+        second = record.runner_pid
+        assert call(turn, "unruly_status")["result"]["boot"] != first_status["boot"]  # a new runner answers
 
         # Blocking the runner's loop: the call times out, the runner cannot confirm the cancellation,
         # so it is killed and restarted.
         assert call(turn, "unruly_block")["error"]["code"] == "tool_timeout"
         assert wait_for(lambda: running_again(record, second), timeout=30), record.recent_errors
         assert any("blocked its runner; the runner was killed" in e for e in record.recent_errors)
-        third = call(turn, "unruly_status")["result"]["pid"]
+        third = record.runner_pid
+        third_boot = call(turn, "unruly_status")["result"]["boot"]
 
         # Awaiting forever: cancelled in the runner, which stays.
         assert call(turn, "unruly_hang")["error"]["code"] == "tool_timeout"
         # Memory past the runner's limit: MemoryError in the plugin, the runner stays.
         leaked = call(turn, "unruly_leak")
         assert leaked["error"] == {"code": "tool_failed", "message": "MemoryError: "}
-        assert call(turn, "unruly_status")["result"]["pid"] == third == record.runner_pid
+        assert record.refusals == {"memory": 1} and "runner_memory_mb = 512" in record.last_refusal
+        assert call(turn, "unruly_status")["result"]["boot"] == third_boot and third == record.runner_pid
         assert record.restarts == 2
         weather = host.records["test.maibot.weather"]
         assert weather.runner_state == "running" and weather.restarts == 0
