@@ -69,8 +69,15 @@ class Heartbeat:
     taken back meanwhile (the process was paused, or its database writes stalled), and `vouches`
     refuses them."""
 
-    def __init__(self, role: str, alive: Callable[[], bool] | None = None, instance: str | None = None) -> None:
+    def __init__(
+        self,
+        role: str,
+        alive: Callable[[], bool] | None = None,
+        instance: str | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.role = role
+        self.monotonic = monotonic  # injected by tests that pause the process
         self.alive = alive
         self.instance = instance or instance_id()
         self.name = f"{socket.gethostname()}:{os.getpid()}"[:128]
@@ -98,7 +105,7 @@ class Heartbeat:
             return False
         interval = get_config().console.heartbeat_seconds
         dead_after = interval * DEAD_AFTER_BEATS
-        began = time.monotonic()
+        began = self.monotonic()
         alive_until = Now() + Value(timedelta(seconds=dead_after), output_field=DurationField())
         rows = ProcessHeartbeat.objects.filter(instance=self.instance)
         if not rows.update(beat_at=Now(), alive_until=alive_until):
@@ -111,7 +118,7 @@ class Heartbeat:
                 alive_until=alive_until,
             )
         with self._lock:
-            if time.monotonic() >= self._valid_until:
+            if self.monotonic() >= self._valid_until:
                 self._epoch += 1
             self._valid_until = began + dead_after - interval
             self.interval = interval
@@ -125,12 +132,12 @@ class Heartbeat:
         """The epoch to hold claims made now under (pass it to `vouches`), or None while this process
         cannot vouch for a claim (no beat yet, or its beats have lapsed)."""
         with self._lock:
-            return self._epoch if time.monotonic() < self._valid_until else None
+            return self._epoch if self.monotonic() < self._valid_until else None
 
     def vouches(self, epoch: int | None) -> bool:
         """True while a claim made under `epoch` is still surely this process's."""
         with self._lock:
-            return epoch is not None and epoch == self._epoch and time.monotonic() < self._valid_until
+            return epoch is not None and epoch == self._epoch and self.monotonic() < self._valid_until
 
     def wait_first_beat(self, timeout: float = FIRST_BEAT_SECONDS) -> bool:
         """Wait until the first beat was tried (True if it was)."""
