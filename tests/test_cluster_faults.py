@@ -211,6 +211,7 @@ async def test_a_cluster_killed_mid_burst_leaves_each_message_sent_exactly_once(
         late = await db(
             lambda: max((t.sent_at - t.send_at).total_seconds() for t in ScheduledMessage.objects.filter(pk__in=ids))
         )
+        print(f"\ncluster killed with {at_kill} of {n} sent; the last sent {late:.2f} s after its due time")
         assert late <= DEAD_CLAIM_LATENESS, late
 
         def outbound() -> list:
@@ -341,7 +342,7 @@ async def test_a_server_killed_while_handing_a_burst_over_loses_its_claims_withi
     after = Counter(t for t in burst for at in arrivals[t] if at >= moved)
     twice = [t for t in burst if len(arrivals[t]) > 1]
     assert set(after.values()) <= {1}, [t for t, c in after.items() if c > 1][:10]
-    assert all(len(arrivals[t]) == 2 and arrivals[t][0] < moved for t in twice), [(t, arrivals[t]) for t in twice]
+    assert all(after[t] == 1 and len(arrivals[t]) == 2 for t in twice), [(t, arrivals[t]) for t in twice]
     print(
         f"\nkilled {killed_at - due.timestamp():.2f} s after the due time holding {len(left)} claimed rows; "
         f"the adapter back {moved - killed_at:.2f} s after the kill; those rows arrived "
