@@ -333,37 +333,43 @@ def outbox_sweep(*, now=None) -> tuple[int, int]:
     dead = Message.objects.filter(delivery_status=DeliveryStatus.SENDING).filter(
         Q(delivery_lease_until__lt=now) | Q(delivery_claimed_by__in=dead_claimers())
     )
-    echoing = list(AdapterPlatform.objects.filter(first_echo_at__isnull=False).values_list("platform", flat=True))
-    resent = unconfirmed = 0
-    if echoing:
-        mine = dead.filter(session__platform__in=echoing)
-        unconfirmed = mine.filter(delivery_attempts__gte=config.max_delivery_attempts).update(
-            delivery_status=DeliveryStatus.UNCONFIRMED,
-            delivery_error=DeliveryError.NO_ECHO,
-            # When it was last handed over is unknown (its claimer died): when that was noticed.
-            sent_at=Coalesce(F("sent_at"), Value(now)),
+    resent = unconfirmed = interrupted = 0
+    # Nearly always there is nothing to take back: found out without joining the sessions (the sweep
+    # runs every second in every server).
+    if dead.exists():
+        echoing = list(AdapterPlatform.objects.filter(first_echo_at__isnull=False).values_list("platform", flat=True))
+        if echoing:
+            mine = dead.filter(session__platform__in=echoing)
+            unconfirmed = mine.filter(delivery_attempts__gte=config.max_delivery_attempts).update(
+                delivery_status=DeliveryStatus.UNCONFIRMED,
+                delivery_error=DeliveryError.NO_ECHO,
+                # When it was last handed over is unknown (its claimer died): when that was noticed.
+                sent_at=Coalesce(F("sent_at"), Value(now)),
+                delivery_claim="",
+                delivery_lease_until=None,
+                next_attempt_at=None,
+            )
+            resent = mine.update(
+                delivery_status=DeliveryStatus.PENDING,
+                delivery_claim="",
+                delivery_lease_until=None,
+                next_attempt_at=None,
+            )
+            dead = dead.exclude(session__platform__in=echoing)
+        interrupted = dead.update(
+            delivery_status=DeliveryStatus.FAILED,
+            delivery_error=DeliveryError.INTERRUPTED,
             delivery_claim="",
             delivery_lease_until=None,
             next_attempt_at=None,
         )
-        resent = mine.update(
-            delivery_status=DeliveryStatus.PENDING, delivery_claim="", delivery_lease_until=None, next_attempt_at=None
-        )
-        dead = dead.exclude(session__platform__in=echoing)
-    interrupted = dead.update(
-        delivery_status=DeliveryStatus.FAILED,
-        delivery_error=DeliveryError.INTERRUPTED,
-        delivery_claim="",
-        delivery_lease_until=None,
-        next_attempt_at=None,
-    )
     grace = now - timedelta(seconds=config.delivery_lease_seconds)
-    connected = AdapterConnection.objects.filter(disconnected_at__isnull=True).values_list("platform", flat=True)
-    orphans = Message.objects.filter(delivery_status=DeliveryStatus.SENT, next_attempt_at__lte=grace).exclude(
-        session__platform__in=list(connected)
-    )
-    if orphans.exists():
-        outbox_confirm_overdue(platforms=set(orphans.values_list("session__platform", flat=True)), now=grace)
+    overdue = Message.objects.filter(delivery_status=DeliveryStatus.SENT, next_attempt_at__lte=grace)
+    if overdue.exists():
+        connected = AdapterConnection.objects.filter(disconnected_at__isnull=True).values_list("platform", flat=True)
+        orphans = overdue.exclude(session__platform__in=list(connected))
+        if orphans.exists():
+            outbox_confirm_overdue(platforms=set(orphans.values_list("session__platform", flat=True)), now=grace)
     if expired:
         logger.warning("%d outbound messages failed: adapter offline longer than the expiry", expired)
     if interrupted:
