@@ -5,6 +5,7 @@ work). Never started by management commands or tests unless they ask for it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -16,7 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
-from django.db import close_old_connections
+from django.db import connection
 from django.db.models import DurationField, Value
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -149,7 +150,7 @@ class Heartbeat:
                 self.beat()
             except Exception:
                 logger.exception("heartbeat of %s failed", self.name)
-                close_old_connections()
+                _drop_connection()
             self._first.set()
             self._stop.wait(self.interval)
         try:
@@ -159,11 +160,18 @@ class Heartbeat:
         except Exception:
             logger.exception("could not remove the heartbeat of %s", self.name)
         finally:
-            close_old_connections()
+            _drop_connection()
 
     def stop(self, timeout: float = 5) -> None:
         self._stop.set()
         self._thread.join(timeout)
+
+
+def _drop_connection() -> None:
+    """Close this thread's database connection, whatever state it is in: the next beat opens a new one
+    (close_old_connections would try to reach a database that is down, and raise, ending the thread)."""
+    with contextlib.suppress(Exception):
+        connection.close()
 
 
 _heartbeat: Heartbeat | None = None
@@ -187,10 +195,12 @@ def heartbeat_acquire(role: str, alive: Callable[[], bool] | None = None) -> Hea
     return heartbeat
 
 
-def heartbeat_release() -> None:
+def heartbeat_release(*, all_users: bool = False) -> None:
+    """One user is done with the heartbeat (`all_users`: every user, e.g. when a test ends with an event
+    loop closed under a deliverer that never got to release its hold)."""
     global _heartbeat, _heartbeat_users
     with _heartbeat_lock:
-        _heartbeat_users -= 1
+        _heartbeat_users = 0 if all_users else _heartbeat_users - 1
         if _heartbeat_users > 0 or _heartbeat is None:
             return
         heartbeat, _heartbeat = _heartbeat, None

@@ -86,6 +86,16 @@ def no_console_services_in_test_process(django_test_environment) -> None:
     settings.MAIBOT_CONSOLE_SERVICES = False
 
 
+@pytest.fixture(autouse=True)
+def no_heartbeat_outlives_its_test() -> Iterator[None]:
+    """Each in-process test has its own event loop, and a gateway started on it without being closed
+    never releases the heartbeat its deliverer holds (the loop closes under it): stop it at the end."""
+    yield
+    from maibot.process import heartbeat_release
+
+    heartbeat_release(all_users=True)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def empty_task_queue(django_test_environment) -> Iterator[None]:
     """With REDIS_URL the task broker is Redis, which outlives the test database: tasks queued with no
