@@ -351,6 +351,9 @@ def outbox_sweep(*, now=None) -> tuple[int, int]:
             )
             resent = mine.update(
                 delivery_status=DeliveryStatus.PENDING,
+                # It may have been handed over before its claimer died: an echo that still comes for it
+                # counts (chat.ingest takes echoes only for messages handed over).
+                sent_at=Coalesce(F("sent_at"), Value(now)),
                 delivery_claim="",
                 delivery_lease_until=None,
                 next_attempt_at=None,

@@ -76,6 +76,8 @@ def test_the_sweep_takes_back_a_dead_servers_claims_at_once_and_never_a_live_one
     # The dead server's rows, at once: handed over again where the adapter echoes, failed where it
     # does not (it may have reached the platform: never twice).
     assert fate(claimed["dead", "qq"])[:2] == ("pending", "")
+    # Perhaps handed over before the death: an echo that still comes for it counts.
+    assert Message.objects.get(pk=claimed["dead", "qq"].pk).sent_at is not None
     assert fate(claimed["dead", "tg"])[:2] == ("failed", "delivery_interrupted")
     # A live server keeps its claim however long it has held it; a claimer with no heartbeat row (one
     # that never beat) is left to its lease.
