@@ -474,12 +474,22 @@ class Deliverer:
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
         # Beating before the first claim: a claim is only as good as the heartbeat that vouches for it.
-        self.heartbeat = await asyncio.to_thread(heartbeat_acquire, "web")
+        acquiring = asyncio.ensure_future(asyncio.to_thread(heartbeat_acquire, "web"))
         try:
+            self.heartbeat = await asyncio.shield(acquiring)
             await self._rounds()
         finally:
             self.heartbeat = None
-            await asyncio.shield(asyncio.to_thread(heartbeat_release))
+            # Released once acquired, also when the deliverer is stopped during the first beat.
+            await asyncio.shield(self._release_heartbeat(acquiring))
+
+    @staticmethod
+    async def _release_heartbeat(acquiring: asyncio.Future) -> None:
+        try:
+            await acquiring
+        except Exception:
+            return  # never acquired
+        await asyncio.to_thread(heartbeat_release)
 
     async def _rounds(self) -> None:
         last_sweep = float("-inf")

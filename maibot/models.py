@@ -42,15 +42,16 @@ class ProcessHeartbeat(models.Model):
         CLUSTER = "cluster", "Task cluster"
 
     # The process's identity in claims: new in every process, never reused (host:pid is, e.g. by a
-    # restarted container).
-    instance = models.CharField(max_length=32, unique=True)
+    # restarted container). NULL (and alive_until NULL) only in a row an older version still running
+    # writes during a rolling upgrade: such a process makes no claim this rule could take back.
+    instance = models.CharField(max_length=32, unique=True, null=True)
     name = models.CharField(max_length=128)  # host:pid, for people
     role = models.CharField(max_length=16, choices=Role.choices)
     started_at = models.DateTimeField()
     beat_at = models.DateTimeField(db_index=True)
     # The last beat plus the silence after which the process counts as dead (each row carries its
     # writer's own interval, so processes with different settings judge each other right).
-    alive_until = models.DateTimeField(db_index=True)
+    alive_until = models.DateTimeField(null=True, db_index=True)
 
     class Meta:
         ordering = ["-beat_at"]

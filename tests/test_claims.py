@@ -21,7 +21,7 @@ from chat.outbox import Deliverer, Delivery, Sink, outbox_claim, outbox_sweep
 from chat.services import Outbound, messages_send
 from maibot.config import get_config
 from maibot.models import ProcessHeartbeat
-from maibot.process import DEAD_AFTER_BEATS, Heartbeat, instance_id
+from maibot.process import DEAD_AFTER_BEATS, Heartbeat, dead_claimers, instance_id
 from scheduling import dispatcher
 from scheduling.models import ScheduledMessage, ScheduledStatus
 from scheduling.services import SYSTEM, scheduled_message_create
@@ -178,6 +178,18 @@ def test_two_clusters_taking_back_a_dead_clusters_claims_at_once_send_each_once(
     assert ScheduledMessage.objects.filter(pk__in=ids, status=ScheduledStatus.SENT).count() == 100
     sent_for = list(Message.objects.values_list("extra__scheduled_message_id", flat=True))
     assert sorted(sent_for) == sorted(ids)
+
+
+def test_a_heartbeat_of_the_previous_version_counts_neither_way(db):
+    """During a rolling upgrade a process of the previous version writes its heartbeat by name alone: it
+    makes no claim that names it, and it is never counted dead."""
+    now = timezone.now()
+    for name in ("old:1", "old:2"):
+        ProcessHeartbeat.objects.update_or_create(
+            name=name, defaults={"role": "cluster", "started_at": now, "beat_at": now - timedelta(hours=1)}
+        )
+    assert ProcessHeartbeat.objects.filter(instance__isnull=True).count() == 2
+    assert not dead_claimers().exists()
 
 
 class Monotonic:

@@ -162,9 +162,7 @@ def test_healthz_reports_database_cluster_and_adapters(db):
     assert body["checks"]["cluster"] == {"ok": False, "last_heartbeat": None, "age_seconds": None}
 
     now = timezone.now()
-    ProcessHeartbeat.objects.create(
-        instance="i1", name="host:1", role="cluster", started_at=now, beat_at=now, alive_until=now
-    )
+    ProcessHeartbeat.objects.create(name="host:1", role="cluster", started_at=now, beat_at=now)
     response = client.get("/healthz")
     assert response.status_code == 200, response.json()
     assert response.json()["checks"]["adapters"] == {"ok": True, "connected_platforms": [], "required": False}

@@ -1,20 +1,16 @@
-import django.utils.timezone
 from django.db import migrations, models
 
 
-def forget_heartbeats(apps, schema_editor):
-    # Heartbeats are rewritten every few seconds by the processes running the new code; the old rows
-    # carry no instance and no expiry.
-    apps.get_model("maibot", "ProcessHeartbeat").objects.all().delete()
-
-
 class Migration(migrations.Migration):
+    """Heartbeats name their process's instance and say until when it counts as alive. Both nullable, and
+    `name` no longer unique, so that processes of the previous version, still running during a rolling
+    upgrade, go on writing theirs."""
+
     dependencies = [
         ("maibot", "0004_mcp_servers_permission"),
     ]
 
     operations = [
-        migrations.RunPython(forget_heartbeats, migrations.RunPython.noop),
         migrations.AlterField(
             model_name="processheartbeat",
             name="name",
@@ -23,13 +19,11 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="processheartbeat",
             name="instance",
-            field=models.CharField(default="", max_length=32, unique=True),
-            preserve_default=False,
+            field=models.CharField(max_length=32, null=True, unique=True),
         ),
         migrations.AddField(
             model_name="processheartbeat",
             name="alive_until",
-            field=models.DateTimeField(db_index=True, default=django.utils.timezone.now),
-            preserve_default=False,
+            field=models.DateTimeField(db_index=True, null=True),
         ),
     ]
