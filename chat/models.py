@@ -134,6 +134,10 @@ class Message(models.Model):
     delivery_attempts = models.PositiveIntegerField(default=0)
     delivery_claim = models.CharField(max_length=64, blank=True)
     delivery_lease_until = models.DateTimeField(null=True, blank=True)
+    # The instance (maibot.ProcessHeartbeat.instance) of the process that claimed it last: while the row
+    # is `sending` and that process's heartbeat has run out, the claim is taken back without waiting out
+    # the lease. NULL: never claimed (nullable: adding the column to a large table is instant on SQLite).
+    delivery_claimed_by = models.CharField(max_length=32, null=True, blank=True)
     # For a platform that echoes: on a `sent` row, when it is handed over again unless its echo came
     # first (confirm_seconds, doubling per attempt); on a `pending` row, not claimed before this.
     # Empty once the row's fate is settled.

@@ -1,16 +1,23 @@
 """The outbox: claiming pending outbound Message rows, handing their frames to the connected adapter (or
 browser) of their platform, and marking the outcome. Frames are built by chat.wire.outbound.
 
-Rows are claimed with a conditional UPDATE (pending → sending, with a claim token and a lease of
-`gateway.delivery_lease_seconds`), so several ASGI processes never send one row twice; each process
-claims only rows it can deliver (the platforms, and the browser users, connected to it). A row is
-marked sent once its frame has been handed to the socket, delivered when the adapter's
-`message_id_echo` names it (chat.ingest). Rows waiting for an offline adapter longer than
+Rows are claimed with a conditional UPDATE (pending → sending, with a claim token, the claiming
+process's instance and a lease of `gateway.delivery_lease_seconds`), so several ASGI processes never
+send one row twice; each process claims only rows it can deliver (the platforms, and the browser users,
+connected to it). A row is marked sent once its frame has been handed to the socket, delivered when the
+adapter's `message_id_echo` names it (chat.ingest). Rows waiting for an offline adapter longer than
 `gateway.offline_expiry_seconds` fail with `adapter_offline`.
 
+A claim ends with its claimer: every server's sweep takes back the `sending` rows of a process whose
+heartbeat has run out (maibot.process.Heartbeat: seconds after it died), in the one UPDATE that decides,
+so two servers never both take a row; the lease is only the backstop for a live claimer that never
+finishes. A claimer hands a claimed row to a socket only while its heartbeat vouches for the claim (a
+server paused past its heartbeat, then resumed, hands over nothing it may have lost meanwhile), and
+every mark it makes afterwards is conditional on still holding the claim token.
+
 Two delivery guarantees, by what the platform's adapter has shown (AdapterPlatform.first_echo_at):
-- A platform whose adapter has never echoed: at most once. A row whose claimer died mid-send (lease
-  run out) fails with `delivery_interrupted` rather than risk a second copy on the platform.
+- A platform whose adapter has never echoed: at most once. A row whose claimer died mid-send (or ran
+  out its lease) fails with `delivery_interrupted` rather than risk a second copy on the platform.
 - A platform whose adapter echoes: a sent row carries its confirm deadline in `next_attempt_at`
   (`gateway.confirm_seconds`, doubling with each attempt); with no echo by then it is pending again and
   handed over again, oldest first, `gateway.max_delivery_attempts` hand-overs in all, then
@@ -58,6 +65,7 @@ from chat.wake import wake_local
 from chat.wire.outbound import adapter_envelope, browser_frame
 from maibot.aio import wait_event
 from maibot.config import get_config
+from maibot.process import Heartbeat, dead_claimers, heartbeat_acquire, heartbeat_release, instance_id
 
 logger = logging.getLogger(__name__)
 
@@ -131,11 +139,13 @@ def outbox_claim(
     limit: int = BATCH_SIZE,
     lease_seconds: float | None = None,
     now: datetime | None = None,
+    claimer: str | None = None,
 ) -> tuple[str, list[Delivery]]:
     """Claim up to `limit` due pending rows this process can deliver, oldest first, with their frames.
 
     `probing`: platforms whose connection may take one row only (the oldest due), the gate after a
-    (re)connect; `adapter_platforms` take whatever is due.
+    (re)connect; `adapter_platforms` take whatever is due. `claimer`: the instance the claim is made
+    for (this process's, maibot.process.instance_id, unless a test stands in for another).
     """
     config = get_config().gateway
     if lease_seconds is None:
@@ -166,6 +176,7 @@ def outbox_claim(
     Message.objects.filter(id__in=ids, delivery_status=DeliveryStatus.PENDING).update(
         delivery_status=DeliveryStatus.SENDING,
         delivery_claim=token,
+        delivery_claimed_by=claimer or instance_id(),
         delivery_lease_until=now + timedelta(seconds=lease_seconds),
         delivery_attempts=F("delivery_attempts") + 1,
     )
@@ -306,8 +317,11 @@ def outbox_platform_reconnected(*, platform: str, now: datetime | None = None) -
 
 
 def outbox_sweep(*, now=None) -> tuple[int, int]:
-    """Fail rows that waited past the offline expiry; rows whose claimer died mid-send fail too, or, on
-    a platform that echoes, count as sent without an echo (handed over again within the attempt limit).
+    """Fail rows that waited past the offline expiry. Take back the claims of dead claimers (heartbeat
+    run out) and of claims past their lease: such a row fails too, or, on a platform that echoes,
+    counts as sent without an echo (handed over again within the attempt limit). Each is one UPDATE
+    whose condition names the dead claimers, so servers sweeping at once never take a row twice, and a
+    live claimer's rows (however long it has held them, within the lease) are never touched.
     Rows whose echo is overdue on a platform with no open adapter connection are settled here too, one
     lease after their deadline (a process holding the platform's connection settles them at once)."""
     now = now or timezone.now()
@@ -316,45 +330,58 @@ def outbox_sweep(*, now=None) -> tuple[int, int]:
     expired = Message.objects.filter(
         direction=Direction.OUT, delivery_status=DeliveryStatus.PENDING, created_at__lt=cutoff
     ).update(delivery_status=DeliveryStatus.FAILED, delivery_error=DeliveryError.ADAPTER_OFFLINE, next_attempt_at=None)
-    dead = Message.objects.filter(delivery_status=DeliveryStatus.SENDING, delivery_lease_until__lt=now)
-    echoing = list(AdapterPlatform.objects.filter(first_echo_at__isnull=False).values_list("platform", flat=True))
-    resent = unconfirmed = 0
-    if echoing:
-        mine = dead.filter(session__platform__in=echoing)
-        unconfirmed = mine.filter(delivery_attempts__gte=config.max_delivery_attempts).update(
-            delivery_status=DeliveryStatus.UNCONFIRMED,
-            delivery_error=DeliveryError.NO_ECHO,
-            # When it was last handed over is unknown (its claimer died): when that was noticed.
-            sent_at=Coalesce(F("sent_at"), Value(now)),
+    dead = Message.objects.filter(delivery_status=DeliveryStatus.SENDING).filter(
+        Q(delivery_lease_until__lt=now) | Q(delivery_claimed_by__in=dead_claimers())
+    )
+    resent = unconfirmed = interrupted = 0
+    # Nearly always there is nothing to take back: found out without joining the sessions (the sweep
+    # runs every second in every server).
+    if dead.exists():
+        echoing = list(AdapterPlatform.objects.filter(first_echo_at__isnull=False).values_list("platform", flat=True))
+        if echoing:
+            mine = dead.filter(session__platform__in=echoing)
+            unconfirmed = mine.filter(delivery_attempts__gte=config.max_delivery_attempts).update(
+                delivery_status=DeliveryStatus.UNCONFIRMED,
+                delivery_error=DeliveryError.NO_ECHO,
+                # When it was last handed over is unknown (its claimer died): when that was noticed.
+                sent_at=Coalesce(F("sent_at"), Value(now)),
+                delivery_claim="",
+                delivery_lease_until=None,
+                next_attempt_at=None,
+            )
+            resent = mine.update(
+                delivery_status=DeliveryStatus.PENDING,
+                # It may have been handed over before its claimer died: an echo that still comes for it
+                # counts (chat.ingest takes echoes only for messages handed over).
+                sent_at=Coalesce(F("sent_at"), Value(now)),
+                delivery_claim="",
+                delivery_lease_until=None,
+                next_attempt_at=None,
+            )
+            dead = dead.exclude(session__platform__in=echoing)
+        interrupted = dead.update(
+            delivery_status=DeliveryStatus.FAILED,
+            delivery_error=DeliveryError.INTERRUPTED,
             delivery_claim="",
             delivery_lease_until=None,
             next_attempt_at=None,
         )
-        resent = mine.update(
-            delivery_status=DeliveryStatus.PENDING, delivery_claim="", delivery_lease_until=None, next_attempt_at=None
-        )
-        dead = dead.exclude(session__platform__in=echoing)
-    interrupted = dead.update(
-        delivery_status=DeliveryStatus.FAILED,
-        delivery_error=DeliveryError.INTERRUPTED,
-        delivery_claim="",
-        delivery_lease_until=None,
-        next_attempt_at=None,
-    )
     grace = now - timedelta(seconds=config.delivery_lease_seconds)
-    connected = AdapterConnection.objects.filter(disconnected_at__isnull=True).values_list("platform", flat=True)
-    orphans = Message.objects.filter(delivery_status=DeliveryStatus.SENT, next_attempt_at__lte=grace).exclude(
-        session__platform__in=list(connected)
-    )
-    if orphans.exists():
-        outbox_confirm_overdue(platforms=set(orphans.values_list("session__platform", flat=True)), now=grace)
+    overdue = Message.objects.filter(delivery_status=DeliveryStatus.SENT, next_attempt_at__lte=grace)
+    if overdue.exists():
+        connected = AdapterConnection.objects.filter(disconnected_at__isnull=True).values_list("platform", flat=True)
+        orphans = overdue.exclude(session__platform__in=list(connected))
+        if orphans.exists():
+            outbox_confirm_overdue(platforms=set(orphans.values_list("session__platform", flat=True)), now=grace)
     if expired:
         logger.warning("%d outbound messages failed: adapter offline longer than the expiry", expired)
     if interrupted:
-        logger.warning("%d outbound messages failed: their sender died mid-send (not resent)", interrupted)
+        logger.warning(
+            "%d outbound messages failed: their sender died (or ran out its lease) mid-send; not resent", interrupted
+        )
     if resent or unconfirmed:
         logger.warning(
-            "%d outbound messages left sending by a dead sender: %d to be handed over again, %d unconfirmed",
+            "%d outbound messages taken back from a dead (or stuck) sender: %d to be handed over again, %d unconfirmed",
             resent + unconfirmed,
             resent,
             unconfirmed,
@@ -422,6 +449,8 @@ class Deliverer:
         # The loop time of the earliest confirm deadline of a row this process handed over: the
         # deliverer looks again then, not only at its next poll.
         self._next_deadline = float("inf")
+        # This process's heartbeat, which vouches for its claims (held while run() runs).
+        self.heartbeat: Heartbeat | None = None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -444,12 +473,34 @@ class Deliverer:
 
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
-        last_sweep = 0.0
+        # Beating before the first claim: a claim is only as good as the heartbeat that vouches for it.
+        acquiring = asyncio.ensure_future(asyncio.to_thread(heartbeat_acquire, "web"))
+        try:
+            self.heartbeat = await asyncio.shield(acquiring)
+            await self._rounds()
+        finally:
+            self.heartbeat = None
+            # Released once acquired, also when the deliverer is stopped during the first beat.
+            await asyncio.shield(self._release_heartbeat(acquiring))
+
+    @staticmethod
+    async def _release_heartbeat(acquiring: asyncio.Future) -> None:
+        try:
+            await acquiring
+        except Exception:
+            return  # never acquired
+        await asyncio.to_thread(heartbeat_release)
+
+    async def _rounds(self) -> None:
+        last_sweep = float("-inf")
         while True:
             config = get_config().gateway  # read each round: a reload applies without a restart
             poll = config.outbox_poll_seconds_with_redis if settings.REDIS_URL else config.outbox_poll_seconds
-            wait = min(poll, max(0.0, self._next_deadline - self._loop.time()))
-            await wait_event(self._event, wait)
+            now = self._loop.time()
+            # The sweep keeps its own pace (it takes back the claims of dead servers), even while the
+            # poll is long (with Redis).
+            wait = min(poll, self._next_deadline - now, last_sweep + config.outbox_sweep_seconds - now)
+            await wait_event(self._event, max(0.0, wait))
             self._event.clear()
             try:
                 if self._loop.time() - last_sweep >= config.outbox_sweep_seconds:
@@ -479,6 +530,9 @@ class Deliverer:
         users = list(self.sink.web_users())
         if not platforms and not users and not probing:
             return False
+        epoch = self.heartbeat.vouch() if self.heartbeat is not None else None
+        if epoch is None:
+            return False  # no claim this process cannot vouch for (the heartbeat logs why it lapsed)
         token, batch = await self._claim(
             adapter_platforms=platforms,
             web_users=users,
@@ -491,13 +545,20 @@ class Deliverer:
         released: list[int] = []
         failed: dict[int, DeliveryError] = {}
         gone: set[tuple[str, str]] = set()
+        lapsed = False
         # The hand-over time recorded (sent_at, and the confirm deadline counted from it): taken before
         # the first frame is written, so no echo of this batch can carry an earlier time.
         handed_at = timezone.now()
         try:
             for delivery in batch:
                 key = (delivery.platform, delivery.user_id if delivery.platform == WEB_PLATFORM else "")
-                if delivery.error:
+                if lapsed or not self.heartbeat.vouches(epoch):
+                    # The claim may have been taken back meanwhile (this process was paused, or its
+                    # heartbeat failed, past the point where the others count it dead): hand over
+                    # nothing more of it. The release is conditional on the claim, like every mark.
+                    lapsed = True
+                    released.append(delivery.message_id)
+                elif delivery.error:
                     failed[delivery.message_id] = delivery.error
                 elif key in gone:
                     # Keep per-session order: once a connection fails, the rest of its rows wait.
@@ -526,10 +587,16 @@ class Deliverer:
             window = get_config().gateway.confirm_seconds
             first = min(window * 2 ** max(0, d.attempts - 1) for d in awaiting)
             self._next_deadline = min(self._next_deadline, self._loop.time() + first)
+        if lapsed:
+            logger.warning(
+                "outbox: this server's heartbeat no longer vouched for its claim; %d claimed messages not "
+                "handed over (they go to whoever holds them now, or wait for a later round)",
+                len(released),
+            )
         self.sent_total += len(sent)
         if sent:
             events.emit_background(events.Point.AFTER_SEND, lambda: _after_send_kwargs(sent))
-        return len(batch) >= BATCH_SIZE and not gone
+        return len(batch) >= BATCH_SIZE and not gone and not lapsed
 
 
 def _after_send_kwargs(message_ids: list[int]) -> list[dict[str, Any]]:

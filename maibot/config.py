@@ -354,7 +354,12 @@ class SchedulingSection(Section):
         2.0, gt=0, le=3600, description="First retry delay; each further retry doubles it."
     )
     lease_seconds: float = Field(
-        30.0, gt=0, le=3600, description="A claimed message not finished within this is taken back and retried."
+        30.0,
+        gt=0,
+        le=3600,
+        description="Backstop: a claimed message not finished within this is taken back and sent once by a "
+        "cluster. One whose cluster died is taken back as soon as that cluster's heartbeat runs out "
+        "(console.heartbeat_seconds).",
     )
     poll_interval: float = Field(
         0.25, gt=0, le=5, description="How often the dispatcher looks for newly due work (seconds)."
@@ -382,8 +387,11 @@ class GatewaySection(Section):
         60.0,
         gt=0,
         le=3600,
-        description="An outbound message claimed for delivery but not marked within this fails as "
-        "delivery_interrupted (its sender died mid-send; it is not resent). Not scheduling.lease_seconds.",
+        description="Backstop: an outbound message claimed for delivery and not marked within this is taken back "
+        "(a server marks its claims within a second; one that died loses them as soon as its heartbeat runs out, "
+        "see console.heartbeat_seconds). Taken back, it is handed over again where the platform's adapter echoes "
+        "deliveries (within max_delivery_attempts: twice if it had reached the platform but its echo was lost), "
+        "and fails as delivery_interrupted where it does not (never sent twice). Not scheduling.lease_seconds.",
     )
     outbox_poll_seconds: float = Field(
         0.2,
@@ -401,7 +409,8 @@ class GatewaySection(Section):
         1.0,
         gt=0,
         le=600,
-        description="How often outbound messages past the offline expiry or their delivery lease are failed.",
+        description="How often each server settles outbound messages past the offline expiry, past their delivery "
+        "lease, or claimed by a server that died.",
     )
     confirm_seconds: float = Field(
         10.0,
@@ -731,7 +740,11 @@ class ConsoleSection(Section):
     )
     log_retention_days: int = Field(7, ge=1, le=365, description="Log lines older than this many days are deleted.")
     heartbeat_seconds: float = Field(
-        5.0, gt=0, le=300, description="How often the cluster writes its heartbeat (seconds)."
+        2.0,
+        gt=0,
+        le=300,
+        description="How often each server and cluster process writes its heartbeat (seconds). A process silent "
+        "for 4 times this counts as dead: the others take back the messages it had claimed and send them.",
     )
     cluster_stale_seconds: float = Field(
         30.0,

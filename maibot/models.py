@@ -29,16 +29,29 @@ class LogEntry(models.Model):
 
 
 class ProcessHeartbeat(models.Model):
-    """The last sign of life of one server or cluster process; /healthz reads the cluster's."""
+    """The last sign of life of one server or cluster process (maibot.process.Heartbeat writes it).
+
+    /healthz reads the cluster's. Claims of work (outbound messages, scheduled messages) name their
+    claimer's `instance`: once `alive_until` has passed, the process counts as dead and the other
+    processes take its claims back. Both times are the database's clock, so clocks of different
+    machines never enter the comparison.
+    """
 
     class Role(models.TextChoices):
         WEB = "web", "ASGI server"
         CLUSTER = "cluster", "Task cluster"
 
-    name = models.CharField(max_length=128, unique=True)  # host:pid
+    # The process's identity in claims: new in every process, never reused (host:pid is, e.g. by a
+    # restarted container). NULL (and alive_until NULL) only in a row an older version still running
+    # writes during a rolling upgrade: such a process makes no claim this rule could take back.
+    instance = models.CharField(max_length=32, unique=True, null=True)
+    name = models.CharField(max_length=128)  # host:pid, for people
     role = models.CharField(max_length=16, choices=Role.choices)
     started_at = models.DateTimeField()
     beat_at = models.DateTimeField(db_index=True)
+    # The last beat plus the silence after which the process counts as dead (each row carries its
+    # writer's own interval, so processes with different settings judge each other right).
+    alive_until = models.DateTimeField(null=True, db_index=True)
 
     class Meta:
         ordering = ["-beat_at"]

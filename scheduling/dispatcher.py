@@ -5,7 +5,9 @@ wrapper, scheduling/management/commands/qcluster.py) runs this loop in a thread 
 It sleeps until the next due instant (re-checking every `poll_interval` for new work), claims rows
 with a conditional UPDATE (… WHERE status='pending'), and finishes each claimed batch in one
 transaction that is valid only while its claim holds. Several clusters may run it at once: every row
-is sent exactly once, and a row whose claimer died is taken back when its lease runs out.
+is sent exactly once. A row whose claimer died is taken back as soon as that process's heartbeat has
+run out (maibot.process.Heartbeat, seconds after its death), or, as a backstop, when its lease runs out
+(a live claimer that never finished); a claimer that was only slow finds its finish matching no row.
 
 Every instant the dispatcher reads (claim, lease, expiry, backoff, the sent time) comes from a `clock`
 (a `now` callable, `timezone.now` by default), so tests drive it in-process with an injected clock.
@@ -22,12 +24,13 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from django.db import close_old_connections, connection, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from chat.models import ChatSession, SourceKind
 from chat.services import Outbound, messages_prepare, messages_send
 from maibot.config import get_config
+from maibot.process import dead_claimers, instance_id
 from scheduling.models import Actor, ScheduledMessage, ScheduledStatus
 
 logger = logging.getLogger(__name__)
@@ -76,9 +79,13 @@ def expire_overdue(now: datetime) -> int:
 
 
 def recover_expired_leases(now: datetime) -> int:
-    """Take back rows whose claimer did not finish within its lease; they are due again at once."""
-    return ScheduledMessage.objects.filter(status=ScheduledStatus.SENDING, lease_until__lt=now).update(
-        status=ScheduledStatus.PENDING, claim_token="", lease_until=None, due_at=now, updated_at=now
+    """Take back rows whose claimer died (its heartbeat ran out) or did not finish within its lease;
+    they are due again at once. One UPDATE decides and takes, so clusters doing this at once never
+    take a row twice, and a live claimer's rows are left alone until their lease runs out."""
+    return (
+        ScheduledMessage.objects.filter(status=ScheduledStatus.SENDING)
+        .filter(Q(lease_until__lt=now) | Q(claimed_by__in=dead_claimers()))
+        .update(status=ScheduledStatus.PENDING, claim_token="", lease_until=None, due_at=now, updated_at=now)
     )
 
 
@@ -110,18 +117,23 @@ _CLAIMED_COLUMNS = ("pk", "created_via", "origin", "message_text", "segments", "
 _SESSION_COLUMNS = ("id", "chat_type", "user_id", "group_id")
 
 
-def claim_due(now: datetime, *, limit: int, lease_seconds: float) -> tuple[str, list[ClaimedMessage]]:
+def claim_due(
+    now: datetime, *, limit: int, lease_seconds: float, claimer: str | None = None
+) -> tuple[str, list[ClaimedMessage]]:
     """Atomically claim up to `limit` due pending rows. Only rows this call moved to `sending` are
-    returned: a concurrent claimer's rows fail the `status='pending'` condition and are skipped."""
+    returned: a concurrent claimer's rows fail the `status='pending'` condition and are skipped.
+    `claimer`: the instance the claim is made for (this process's, unless a test stands in for another)."""
     due_ids = list(
         ScheduledMessage.objects.filter(status=ScheduledStatus.PENDING, due_at__lte=now)
         .order_by("due_at")
         .values_list("pk", flat=True)[:limit]
     )
-    return _claim(due_ids, now=now, lease_seconds=lease_seconds)
+    return _claim(due_ids, now=now, lease_seconds=lease_seconds, claimer=claimer)
 
 
-def _claim(task_ids: list[str], *, now: datetime, lease_seconds: float) -> tuple[str, list[ClaimedMessage]]:
+def _claim(
+    task_ids: list[str], *, now: datetime, lease_seconds: float, claimer: str | None = None
+) -> tuple[str, list[ClaimedMessage]]:
     token = uuid.uuid4().hex
     if not task_ids:
         return token, []
@@ -129,6 +141,7 @@ def _claim(task_ids: list[str], *, now: datetime, lease_seconds: float) -> tuple
     ScheduledMessage.objects.filter(pk__in=task_ids, status=ScheduledStatus.PENDING).update(
         status=ScheduledStatus.SENDING,
         claim_token=token,
+        claimed_by=claimer or instance_id(),
         lease_until=lease_until,
         attempts=F("attempts") + 1,
         updated_at=now,
@@ -289,7 +302,7 @@ def deliver_due(now: datetime | None = None, *, clock: Clock = timezone.now) -> 
     if report.expired:
         logger.warning("%d overdue scheduled messages expired", report.expired)
     if report.recovered:
-        logger.warning("%d scheduled messages taken back after their lease ran out", report.recovered)
+        logger.warning("%d scheduled messages taken back from a dead cluster (or one past its lease)", report.recovered)
     return report
 
 

@@ -39,6 +39,10 @@ class ScheduledMessage(models.Model):
     # The lease of the dispatcher that claimed it; a `sending` row past its lease is taken back.
     claim_token = models.CharField(max_length=32, blank=True, editable=False)
     lease_until = models.DateTimeField(null=True, blank=True, editable=False)
+    # The instance (maibot.ProcessHeartbeat.instance) of the process that claimed it last: while the row
+    # is `sending` and that process's heartbeat has run out, the claim is taken back without waiting out
+    # the lease. NULL: never claimed.
+    claimed_by = models.CharField(max_length=32, null=True, blank=True, editable=False)
     sent_message = models.OneToOneField(
         Message, null=True, blank=True, on_delete=models.PROTECT, related_name="scheduled_message"
     )

@@ -238,6 +238,53 @@ class PrivatePostgres:
         self.start()
 
 
+def kill_while_claimed(platform: str, pid: int, timeout: float = 30) -> tuple[str, float, list[int]]:
+    """SIGKILL `pid` (the server holding `platform`'s adapter) the moment it holds a claim of that
+    platform's outbound rows: the database is polled without pause, as a claim lasts only as long as
+    its hand-over. Returns (the claimer's instance, the kill's wall-clock time, the rows it left
+    claimed); the caller reaps the process."""
+    import time
+
+    from chat.models import Message
+
+    claimed = Message.objects.filter(session__platform=platform, delivery_status="sending")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        claimer = claimed.values_list("delivery_claimed_by", flat=True).first()
+        if claimer:
+            os.kill(pid, signal.SIGKILL)
+            killed_at = time.time()
+            return claimer, killed_at, list(claimed.filter(delivery_claimed_by=claimer).values_list("pk", flat=True))
+    raise AssertionError(f"no claim of {platform}'s rows seen in {timeout}s")
+
+
+def heartbeat_name(instance: str) -> str | None:
+    """host:pid of the process whose heartbeat row is `instance`."""
+    from maibot.models import ProcessHeartbeat
+
+    return ProcessHeartbeat.objects.filter(instance=instance).values_list("name", flat=True).first()
+
+
+def check_arrivals_after_kill(delivered, texts: list[str], *, moved: float) -> tuple[dict[str, float], list[str]]:
+    """What a NapCat stand-in received around a server's death (`delivered`: its `Delivered` list;
+    `moved`: when the adapter's connection to the live server opened). Asserts that every text arrived,
+    that the live server handed each over at most once, and that a text came twice only as one copy
+    from the dead server (written before its death, its echo lost with it: the receipt trade-off) and
+    one from the live server. Returns (the first arrival's wall-clock time per text, the texts that
+    came twice)."""
+    arrivals: dict[str, list[float]] = {}
+    for d in delivered:
+        text = "".join(part["data"]["text"] for part in d.message if part["type"] == "text")
+        arrivals.setdefault(text, []).append(d.at)
+    missing = [t for t in texts if t not in arrivals]
+    assert not missing, f"{len(missing)} never arrived: {missing[:10]}"
+    after = {t: sum(1 for at in arrivals[t] if at >= moved) for t in texts}
+    assert set(after.values()) <= {0, 1}, [t for t, c in after.items() if c > 1][:10]
+    twice = [t for t in texts if len(arrivals[t]) > 1]
+    assert all(after[t] == 1 and len(arrivals[t]) == 2 for t in twice), [(t, arrivals[t]) for t in twice][:10]
+    return {t: arrivals[t][0] for t in texts}, twice
+
+
 def data_dir_with(root: Path, name: str, bot_config: str) -> Path:
     data = root / name
     data.mkdir(parents=True, exist_ok=True)
@@ -245,4 +292,15 @@ def data_dir_with(root: Path, name: str, bot_config: str) -> Path:
     return data
 
 
-__all__ = ["ROOT", "Deployment", "PrivatePostgres", "PrivateRedis", "data_dir_with", "descendants", "kill_tree"]
+__all__ = [
+    "ROOT",
+    "Deployment",
+    "PrivatePostgres",
+    "PrivateRedis",
+    "check_arrivals_after_kill",
+    "data_dir_with",
+    "descendants",
+    "heartbeat_name",
+    "kill_tree",
+    "kill_while_claimed",
+]

@@ -78,11 +78,22 @@ def django_db_setup(django_db_setup, django_db_blocker) -> Iterator[None]:
 
 @pytest.fixture(autouse=True, scope="session")
 def no_console_services_in_test_process(django_test_environment) -> None:
-    """The test process never starts the config watcher, log writer or heartbeat by importing
-    maibot.asgi; the servers and clusters the tests spawn do (tests may start them explicitly)."""
+    """The test process never starts the config watcher or log writer by importing maibot.asgi; the
+    servers and clusters the tests spawn do (tests may start them explicitly). A gateway a test starts
+    runs the heartbeat while it runs: its deliverer's claims rest on it."""
     from django.conf import settings
 
     settings.MAIBOT_CONSOLE_SERVICES = False
+
+
+@pytest.fixture(autouse=True)
+def no_heartbeat_outlives_its_test() -> Iterator[None]:
+    """Each in-process test has its own event loop, and a gateway started on it without being closed
+    never releases the heartbeat its deliverer holds (the loop closes under it): stop it at the end."""
+    yield
+    from maibot.process import heartbeat_release
+
+    heartbeat_release(all_users=True)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -376,8 +387,9 @@ def start_server(tmp_path, transactional_db) -> Iterator[Callable[..., tuple[Pro
     stop_all(procs)
 
 
-# The shared processes run without the console services (config watcher, log writer, heartbeat): they
-# would write log lines and heartbeats into the database other tests look at.
+# The shared processes run without the console services (config watcher, log writer): they would write
+# log lines into the database other tests look at. (Their heartbeats they write all the same: the claims
+# they make rest on them.)
 SHARED_ENV = {"MAIBOT_CONSOLE_SERVICES": "0"}
 # The adapter tokens the shared server accepts (MAIBOT_ADAPTER_TOKENS), each bound to one platform: these
 # two to qq; every other platform a live test connects as has its own (shared_adapter_token).

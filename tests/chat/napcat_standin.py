@@ -60,6 +60,7 @@ class Delivered:
     target: Any
     message: list[dict]
     message_id: int
+    at: float = field(default_factory=time.time)  # when NapCat accepted it (wall clock)
 
 
 @dataclass

@@ -52,9 +52,9 @@ class Command(DjangoQCommand):
         if options.get("run_once"):
             cluster.stop()
             return
-        # Config watcher, log lines to the console, heartbeat for /healthz: started after the fork
-        # above so the cluster's children never inherit their threads.
-        from maibot.process import start_process_services, stop_process_services
+        # Config watcher, log lines to the console, the heartbeat: started after the fork above so the
+        # cluster's children never inherit their threads.
+        from maibot.process import heartbeat_acquire, heartbeat_release, start_process_services, stop_process_services
 
         dispatcher = None
         thread = None
@@ -71,6 +71,9 @@ class Command(DjangoQCommand):
             from maibot import logdb
 
             logdb.activate("cluster")
+        # The heartbeat always runs (whatever MAIBOT_CONSOLE_SERVICES says): when it stops, the other
+        # clusters take back this one's claims within seconds. Its first beat comes before any claim.
+        heartbeat_acquire("cluster", alive)
         if not options.get("no_dispatcher"):
             dispatcher = Dispatcher()
             thread = threading.Thread(target=dispatcher.run_forever, name="maibot-dispatcher", daemon=True)
@@ -90,3 +93,4 @@ class Command(DjangoQCommand):
                 dispatcher.stop()
                 thread.join(timeout=30)
             stop_process_services()
+            heartbeat_release()

@@ -1,0 +1,307 @@
+"""A dead process's claims die with it, in-process: the rule that takes claims back (the outbox sweep, the
+dispatcher's recovery) on heartbeat rows the test writes — a dead claimer's rows at once, a live one's
+never, however long it has held them —, two peers taking back and claiming the same rows at once, the
+heartbeat's epochs, and a server paused while handing over that hands over nothing it may have lost.
+The same with real processes: tests/test_cluster_faults.py (a server SIGKILLed behind HAProxy) and
+tests/scheduling/test_claim_race.py (a cluster dying after its claim)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from chat.models import AdapterPlatform, Message
+from chat.outbox import Deliverer, Delivery, Sink, outbox_claim, outbox_sweep
+from chat.services import Outbound, messages_send
+from maibot.config import get_config
+from maibot.models import ProcessHeartbeat
+from maibot.process import DEAD_AFTER_BEATS, Heartbeat, dead_claimers, instance_id
+from scheduling import dispatcher
+from scheduling.models import ScheduledMessage, ScheduledStatus
+from scheduling.services import SYSTEM, scheduled_message_create
+from tests.conftest import db
+
+
+def heartbeat_row(instance: str, *, alive_for: float) -> ProcessHeartbeat:
+    """A process's heartbeat as the database has it: running out `alive_for` seconds from now."""
+    now = timezone.now()
+    return ProcessHeartbeat.objects.create(
+        instance=instance,
+        name=f"test:{instance}",
+        role="web",
+        started_at=now - timedelta(minutes=10),
+        beat_at=now,
+        alive_until=now + timedelta(seconds=alive_for),
+    )
+
+
+def outbound(session, text: str) -> Message:
+    (message,) = messages_send([Outbound(session=session, source_kind="proactive", text=text)])
+    return message
+
+
+def claim_as(claimer: str, platform: str, **kwargs) -> list[int]:
+    _, batch = outbox_claim(
+        adapter_platforms=[platform], web_users=[], accept_formats={}, claimer=claimer, lease_seconds=3600, **kwargs
+    )
+    return [d.message_id for d in batch]
+
+
+def fate(message: Message) -> tuple[str, str, str | None]:
+    row = Message.objects.get(pk=message.pk)
+    return row.delivery_status, row.delivery_error, row.delivery_claimed_by
+
+
+def test_the_sweep_takes_back_a_dead_servers_claims_at_once_and_never_a_live_ones(make_session):
+    AdapterPlatform.objects.create(platform="qq", first_echo_at=timezone.now())  # echoes deliveries
+    heartbeat_row("dead", alive_for=-0.5)
+    heartbeat_row("slow", alive_for=30)
+    echoing, quiet = make_session(platform="qq"), make_session(platform="tg")
+    claimed = {}
+    for owner in ("dead", "slow", "unknown"):
+        for session in (echoing, quiet):
+            message = outbound(session, f"{owner} {session.platform}")
+            # Claimed ten minutes ago with an hour's lease: only the claimer's heartbeat can free it.
+            assert claim_as(owner, session.platform, now=timezone.now() - timedelta(minutes=10)) == [message.pk]
+            claimed[owner, session.platform] = message
+
+    outbox_sweep()
+
+    # The dead server's rows, at once: handed over again where the adapter echoes, failed where it
+    # does not (it may have reached the platform: never twice).
+    assert fate(claimed["dead", "qq"])[:2] == ("pending", "")
+    # Perhaps handed over before the death: an echo that still comes for it counts.
+    assert Message.objects.get(pk=claimed["dead", "qq"].pk).sent_at is not None
+    assert fate(claimed["dead", "tg"])[:2] == ("failed", "delivery_interrupted")
+    # A live server keeps its claim however long it has held it; a claimer with no heartbeat row (one
+    # that never beat) is left to its lease.
+    for owner in ("slow", "unknown"):
+        for platform in ("qq", "tg"):
+            assert fate(claimed[owner, platform]) == ("sending", "", owner)
+    assert claim_as("peer", "qq") == [claimed["dead", "qq"].pk]
+    assert Message.objects.get(pk=claimed["dead", "qq"].pk).delivery_attempts == 2
+
+
+def due_tasks(make_session, n: int) -> list[str]:
+    ids = [
+        scheduled_message_create(
+            session=make_session(), send_at=timezone.now() + timedelta(hours=1), message_text=f"m{i}", acted_by=SYSTEM
+        ).task.pk
+        for i in range(n)
+    ]
+    ScheduledMessage.objects.filter(pk__in=ids).update(due_at=timezone.now(), send_at=timezone.now())
+    return ids
+
+
+def test_the_dispatcher_takes_back_a_dead_clusters_claims_at_once_and_never_a_live_ones(make_session):
+    heartbeat_row("dead", alive_for=-0.5)
+    heartbeat_row("slow", alive_for=30)
+    owned = {}
+    for owner in ("dead", "slow", "unknown"):
+        (task,) = due_tasks(make_session, 1)
+        _, claimed = dispatcher.claim_due(timezone.now(), limit=10, lease_seconds=3600, claimer=owner)
+        assert [c.pk for c in claimed] == [task]
+        owned[owner] = task
+
+    report = dispatcher.deliver_due()
+
+    assert (report.recovered, report.sent) == (1, 1)
+    states = dict(ScheduledMessage.objects.values_list("pk", "status"))
+    assert states == {owned["dead"]: "sent", owned["slow"]: "sending", owned["unknown"]: "sending"}
+    assert ScheduledMessage.objects.get(pk=owned["dead"]).claimed_by == instance_id()
+
+
+def race(*peers) -> list:
+    """Run the peers in threads released together; their results in order."""
+    barrier = threading.Barrier(len(peers))
+    results: list = [None] * len(peers)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait(timeout=10)
+            results[i] = peers[i]()
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(peers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    return results
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_servers_taking_back_a_dead_servers_claims_at_once_take_each_row_once(make_session):
+    AdapterPlatform.objects.create(platform="qq", first_echo_at=timezone.now())
+    sessions = [make_session(platform="qq") for _ in range(10)]
+    messages = messages_send(
+        [Outbound(session=sessions[i % 10], source_kind="proactive", text=f"m{i}") for i in range(200)]
+    )
+    heartbeat_row("dead", alive_for=30)
+    assert len(claim_as("dead", "qq")) == 200
+    ProcessHeartbeat.objects.filter(instance="dead").update(alive_until=timezone.now() - timedelta(seconds=1))
+
+    def peer(name: str):
+        return lambda: (outbox_sweep(), claim_as(name, "qq"))[1]
+
+    first, second = race(peer("peer1"), peer("peer2"))
+
+    assert not set(first) & set(second)
+    assert sorted(first + second) == sorted(m.pk for m in messages)
+    # One hand-over by the dead server, one by whichever peer took the row: never two takers.
+    assert set(Message.objects.values_list("delivery_attempts", flat=True)) == {2}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_clusters_taking_back_a_dead_clusters_claims_at_once_send_each_once(make_session):
+    ids = due_tasks(make_session, 100)
+    heartbeat_row("dead", alive_for=30)
+    _, claimed = dispatcher.claim_due(timezone.now(), limit=1000, lease_seconds=3600, claimer="dead")
+    assert len(claimed) == 100
+    ProcessHeartbeat.objects.filter(instance="dead").update(alive_until=timezone.now() - timedelta(seconds=1))
+
+    first, second = race(dispatcher.deliver_due, dispatcher.deliver_due)
+
+    assert first.recovered + second.recovered == 100
+    assert first.sent + second.sent == 100
+    assert ScheduledMessage.objects.filter(pk__in=ids, status=ScheduledStatus.SENT).count() == 100
+    sent_for = list(Message.objects.values_list("extra__scheduled_message_id", flat=True))
+    assert sorted(sent_for) == sorted(ids)
+
+
+def test_a_heartbeat_of_the_previous_version_counts_neither_way(db):
+    """During a rolling upgrade a process of the previous version writes its heartbeat by name alone: it
+    makes no claim that names it, and it is never counted dead."""
+    now = timezone.now()
+    for name in ("old:1", "old:2"):
+        ProcessHeartbeat.objects.update_or_create(
+            name=name, defaults={"role": "cluster", "started_at": now, "beat_at": now - timedelta(hours=1)}
+        )
+    assert ProcessHeartbeat.objects.filter(instance__isnull=True).count() == 2
+    assert not dead_claimers().exists()
+
+
+class Monotonic:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_beat_that_comes_too_late_starts_an_epoch_earlier_claims_do_not_survive(db):
+    interval = get_config().console.heartbeat_seconds
+    clock = Monotonic()
+    heartbeat = Heartbeat("web", instance="epochs", monotonic=clock)
+    assert heartbeat.vouch() is None  # no beat yet: no claim
+
+    heartbeat.beat()
+    epoch = heartbeat.vouch()
+    assert epoch is not None and heartbeat.vouches(epoch)
+    row = ProcessHeartbeat.objects.get(instance="epochs")
+    assert row.alive_until - row.beat_at == timedelta(seconds=interval * DEAD_AFTER_BEATS)
+
+    clock.now += interval  # beats on time keep the epoch
+    heartbeat.beat()
+    assert heartbeat.vouches(epoch)
+
+    # Paused (SIGSTOP, a stalled database write) for one interval less than the others wait: this
+    # process stops vouching before anyone may count it dead.
+    clock.now += interval * (DEAD_AFTER_BEATS - 1)
+    assert not heartbeat.vouches(epoch) and heartbeat.vouch() is None
+    heartbeat.beat()  # it comes back and beats: a new epoch, and the old claims stay lost
+    assert not heartbeat.vouches(epoch)
+    again = heartbeat.vouch()
+    assert again is not None and again != epoch and heartbeat.vouches(again)
+
+
+@dataclass
+class RecordingSink(Sink):
+    """One echoing platform connected here; `after_each` runs after each hand-over."""
+
+    platform: str
+    handed: list[int] = field(default_factory=list)
+    after_each: object = None
+
+    def adapter_platforms(self):
+        return [self.platform]
+
+    def probing_platforms(self):
+        return []
+
+    def echoing_platforms(self):
+        return [self.platform]
+
+    def web_users(self):
+        return []
+
+    def accept_formats(self):
+        return {}
+
+    async def deliver(self, delivery: Delivery) -> bool:
+        self.handed.append(delivery.message_id)
+        if self.after_each is not None:
+            await self.after_each(delivery)
+        return True
+
+    def confirm_missed(self, overdue) -> None:
+        pass
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_server_paused_while_handing_over_hands_over_nothing_it_may_have_lost(make_session):
+    def setup():
+        AdapterPlatform.objects.create(platform="qq", first_echo_at=timezone.now())
+        session = make_session(platform="qq")
+        return [outbound(session, f"m{i}").pk for i in range(4)]
+
+    ids = await db(setup)
+    clock = Monotonic()
+    heartbeat = Heartbeat("web", monotonic=clock)  # this process's instance, as its claims name it
+    await db(heartbeat.beat)
+    taken_by_peer: list[int] = []
+
+    async def pause_after_the_first(delivery: Delivery) -> None:
+        if delivery.message_id != ids[0]:
+            return
+        # SIGSTOP here, for longer than the others wait: they count this server dead and one of them
+        # takes its claim back and claims the rows itself.
+        clock.now += 60
+
+        def peer():
+            ProcessHeartbeat.objects.filter(instance=heartbeat.instance).update(alive_until=timezone.now())
+            outbox_sweep()
+            taken_by_peer.extend(claim_as("peer", "qq"))
+
+        await db(peer)
+
+    sink = RecordingSink("qq", after_each=pause_after_the_first)
+    deliverer = Deliverer(sink)
+    deliverer._loop = asyncio.get_running_loop()
+    deliverer.heartbeat = heartbeat
+    try:
+        await deliverer._round()
+    finally:
+        deliverer.executor.shutdown(wait=True)
+
+    # The first row went out before the pause (the receipt trade-off: its echo decides); none of the
+    # rest went out once the process resumed.
+    assert sink.handed == [ids[0]]
+    assert sorted(taken_by_peer) == ids
+
+    def rows():
+        return list(Message.objects.order_by("id").values_list("delivery_status", "delivery_claimed_by"))
+
+    # The resumed server's marks matched nothing: the peer's claim stands.
+    assert await db(rows) == [("sending", "peer")] * 4
