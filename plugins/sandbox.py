@@ -249,6 +249,30 @@ def unreadable(folder: Path) -> list[str]:
     return found
 
 
+def _opaque_parents(paths: list[Path], mounts: list[tuple[str, str]]) -> list[str]:
+    """Folders in the view on the way to `paths` that the runner's uid could not pass through (a root
+    server's 0700 folder inside a visible tree, e.g. a private folder holding the data dir): they are
+    covered like the data dir, so the runner's own folders mounted inside them can be reached. Nothing in
+    them was visible to that uid anyway."""
+    if not as_root():
+        return []  # the runner is the server's own uid: it passes wherever the server does
+    bound = [m[0] for m in mounts if m[1] == "bind"]
+    found = []
+    for path in paths:
+        parts = Path(os.path.abspath(path)).parts[1:-1]
+        for i in range(len(parts)):
+            parent = "/" + "/".join(parts[: i + 1])
+            if not any(_under(parent, b) and parent != b for b in bound):
+                continue
+            try:
+                mode = os.stat(parent).st_mode
+            except OSError:
+                continue
+            if not mode & 0o001:
+                found.append(parent)
+    return found
+
+
 def _under(path: str, root: str) -> bool:
     return root == "/" or path == root or path.startswith(root.rstrip("/") + "/")
 
@@ -373,7 +397,8 @@ class Jail:
                 continue  # a symlink inside a bound tree resolves there; its target is bound by its realpath
             bind(path)
         needed = [p for p in wanted if p != "/" and os.path.isdir(p) and not os.path.islink(p)]
-        for secret in hidden_paths():
+        # Outermost first: a folder covered later would hide what was mounted inside it before.
+        for secret in sorted({*hidden_paths(), *_opaque_parents([*own_ro, *own_rw], mounts)}, key=len):
             mount = covering(secret)
             if mount is None or mount[1] != "bind" or not os.path.exists(secret):
                 continue  # not in the view anyway (or hidden already)

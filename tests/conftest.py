@@ -97,18 +97,6 @@ def no_heartbeat_outlives_its_test() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True, scope="session")
-def worker_data_dirs_reachable(django_test_environment) -> None:
-    """Parallel workers' data dirs lie in one parent (MAIBOT_DATA_DIR/gwN), which the controller process
-    made private as its own data dir. A sandboxed plugin runner, a uid of its own, reaches its plugin's
-    data dir inside gwN through that parent: make it traversable (0711, not listable). A deployment's
-    data dir has no such parent (it is hidden from the runner as a whole)."""
-    from django.conf import settings
-
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        os.chmod(settings.DATA_DIR.parent, 0o711)
-
-
-@pytest.fixture(autouse=True, scope="session")
 def empty_task_queue(django_test_environment) -> Iterator[None]:
     """With REDIS_URL the task broker is Redis, which outlives the test database: tasks queued with no
     cluster running (summary refreshes after inbound messages…) would otherwise reach the clusters of

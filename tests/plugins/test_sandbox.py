@@ -327,6 +327,38 @@ def test_the_view_hides_the_data_dir_and_the_database_however_they_lie(layout, t
     assert "secret_key" not in done.stdout
 
 
+def test_a_runners_own_folders_are_reached_through_a_private_folder_that_holds_the_data_dir(tmp_path, settings):
+    # The data dir inside a private (0700) folder of a visible tree (as parallel test workers' gwN in a
+    # private MAIBOT_DATA_DIR): the runner's uid passes through it to its own data dir, and sees nothing
+    # else of it.
+    project = tmp_path / "app"
+    private = project / "private"
+    data = private / "data"
+    own = data / "plugin-data" / "some.plugin"
+    own.mkdir(parents=True)
+    tmp_path.chmod(0o755)
+    project.chmod(0o755)
+    (private / "other-secret").write_text("OTHER-SECRET")
+    private.chmod(0o700)
+    settings.DATA_DIR, settings.MEDIA_ROOT = data, data / "media"
+    script = f"echo written > {own}/note && cat {own}/note; ls {private}; cat {private}/other-secret; true"
+    jail = sandbox.Jail.build(
+        command=["/bin/sh", "-c", script],
+        uid=sandbox.plugin_uid("some.plugin"),
+        network="none",
+        tmp_mb=1,
+        visible=[project],
+        own_rw=[own],
+    )
+    sandbox.prepare_dirs("some.plugin", own)
+    try:
+        done = subprocess.run(jail.argv, pass_fds=jail.pass_fds, capture_output=True, text=True, timeout=60)
+    finally:
+        jail.spawned()
+    assert done.stdout.startswith("written"), done.stderr
+    assert "OTHER-SECRET" not in done.stdout and "other-secret" not in done.stdout
+
+
 def test_without_a_working_sandbox_plugins_are_refused_unless_the_deployment_opts_out(tmp_path, monkeypatch):
     copy_plugins(tmp_path / "plugins", "weather")
     monkeypatch.setattr(
