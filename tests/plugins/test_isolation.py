@@ -291,6 +291,8 @@ def test_a_removed_folder_unloads_its_plugin_also_without_hot_reload(tmp_path):
 def test_the_plugins_folder_is_created_at_start_and_a_plugin_put_there_later_loads(tmp_path, settings):
     settings.DATA_DIR = tmp_path / "data"
     settings.DATA_DIR.mkdir()
+    # This process's host, if an earlier in-process test started one through the ASGI app, is not ours.
+    plugin_host.stop()
     with config.override(plugins={"reload_debounce_ms": 50}):
         host = plugin_host.start()
         try:
