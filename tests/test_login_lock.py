@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
@@ -189,3 +190,15 @@ def test_behind_a_trusted_proxy_a_guesser_is_locked_by_its_real_address_whatever
     assert wait_for(lambda: attacker.login("op", PASSWORD).status_code == 302, timeout=window + 20, interval=0.5)
     assert time.monotonic() - locked_at >= window - 1.5
     assert attacker.session.get(f"{proxy.url('attacker')}/admin/", timeout=30).status_code == 200
+
+
+@pytest.mark.live
+def test_a_burst_of_concurrent_guesses_gets_no_more_passwords_checked_than_the_limit(accounts, server_behind_proxy):
+    _, proxy, _ = server_behind_proxy
+    guessers = [LoginBrowser(proxy.url("attacker")) for _ in range(4 * LIMIT)]
+    for guesser in guessers:  # the login page first, so the guesses themselves go out together
+        guesser.session.get(f"{guesser.base}/admin/login/", timeout=30)
+    with ThreadPoolExecutor(len(guessers)) as pool:
+        statuses = list(pool.map(lambda g: g[1].login("op", f"guess-{g[0]}").status_code, enumerate(guessers)))
+    assert sorted(statuses) == [200] * (LIMIT - 1) + [429] * (3 * LIMIT + 1)
+    assert LoginBrowser(proxy.url("attacker")).login("op", PASSWORD).status_code == 429
