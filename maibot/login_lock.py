@@ -12,6 +12,11 @@ the next, until that time has passed since the last of them:
   that has logged in as that user before (axes' access log): the operator's usual address is never
   locked out by someone else's guesses at their name, only by its own failures.
 
+Axes checks the count, then the password, then records a failure: concurrent guesses would all pass the
+check before the first is counted (a burst of 20 had 20 passwords checked). So the admin's login form
+(SerializedLoginForm) checks one password at a time per client address and per username in each server
+process; with several processes at most one more guess per extra process gets through.
+
 Refused attempts are not counted (the lock ends on time however often it is tried), and a successful
 login does not clear the count (a staff user could otherwise clear their address's count by logging
 in to their own account between guesses at another's). Staff with the axes permissions see and delete
@@ -21,11 +26,15 @@ the counts in the admin (Axes > Access attempts); `manage axes_reset_username`, 
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
 from django.contrib import admin
+from django.contrib.admin.forms import AdminAuthenticationForm
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
@@ -108,3 +117,46 @@ def lockout_response(request: HttpRequest, *_: Any) -> HttpResponse:
     )
     response["Retry-After"] = str(retry_after)
     return response
+
+
+class _KeyedLocks:
+    """One lock per key, existing only while someone holds or waits for it (a guesser's many addresses
+    and names leave nothing behind)."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[tuple[str, str], tuple[threading.Lock, list[int]]] = {}
+
+    @contextlib.contextmanager
+    def hold(self, key: tuple[str, str]) -> Iterator[None]:
+        with self._guard:
+            lock, users = self._locks.setdefault(key, (threading.Lock(), [0]))
+            users[0] += 1
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                users[0] -= 1
+                if not users[0]:
+                    del self._locks[key]
+
+
+_attempts = _KeyedLocks()
+
+
+@contextlib.contextmanager
+def one_at_a_time(address: str | None, username: str | None) -> Iterator[None]:
+    """Hold the login checks of this address and this username in this process. Always the address's
+    lock first, and at most one of each: no two holders can wait for each other."""
+    with _attempts.hold((BY_ADDRESS, address or "")), _attempts.hold((BY_USERNAME, username or "")):
+        yield
+
+
+class SerializedLoginForm(AdminAuthenticationForm):
+    """The admin's login form (console.admin sets it): authenticates under `one_at_a_time`, so the
+    count axes checks already holds every earlier guess of this client and of this username."""
+
+    def clean(self) -> dict[str, Any]:
+        with one_at_a_time(client_address(self.request), self.cleaned_data.get("username")):
+            return super().clean()
