@@ -13,7 +13,7 @@ the next, until that time has passed since the last of them:
   locked out by someone else's guesses at their name, only by its own failures.
 
 Axes checks the count, then the password, then records a failure: concurrent guesses would all pass the
-check before the first is counted (a burst of 20 had 20 passwords checked). So the admin's login form
+check before the first is counted. So the admin's login form
 (SerializedLoginForm) checks one password at a time per client address and per username in each server
 process; with several processes at most one more guess per extra process gets through.
 
