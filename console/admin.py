@@ -1,9 +1,16 @@
-"""The config's history in the admin: who changed which keys, and the model provider's old and new values."""
+"""The config's history in the admin: who changed which keys, and the model provider's old and new values;
+the login (its form checks one password at a time per client and username: maibot.login_lock) and its
+failed attempts (django-axes' page, its one action held to a permission)."""
 
+from axes.admin import AccessAttemptAdmin
+from axes.models import AccessAttempt
 from django.contrib import admin
 
 from chat.admin import ReadOnlyAdmin
+from maibot.login_lock import SerializedLoginForm
 from maibot.models import ConfigChange
+
+admin.site.login_form = SerializedLoginForm
 
 
 @admin.register(ConfigChange)
@@ -15,3 +22,16 @@ class ConfigChangeAdmin(ReadOnlyAdmin):
     @admin.display(description="Changed keys")
     def keys(self, obj: ConfigChange) -> str:
         return ", ".join(obj.changed_keys)
+
+
+class LoginAttemptAdmin(AccessAttemptAdmin):
+    """Axes' page of counted login failures (deleting a row lifts its lock): its clean-up action deletes
+    rows, so it needs the delete permission like every action here (axes offers it to viewers)."""
+
+    @admin.action(description="Clean up expired attempts", permissions=["delete"])
+    def cleanup_expired_attempts(self, request, queryset) -> None:
+        super().cleanup_expired_attempts(request, queryset)
+
+
+admin.site.unregister(AccessAttempt)
+admin.site.register(AccessAttempt, LoginAttemptAdmin)

@@ -1,5 +1,5 @@
 """Network lists from the environment (MAIBOT_ADAPTER_ALLOW_FROM): parsing CIDRs with a clear error, and
-matching a client's address against them."""
+matching a client's address against them; the address a per-client limit counts a client by."""
 
 from __future__ import annotations
 
@@ -44,3 +44,19 @@ def address_in(host: str | None, networks: tuple[Network, ...]) -> bool:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
     return any(address in network for network in networks)
+
+
+def client_block(host: str | None) -> str | None:
+    """The address a per-client limit counts a client by (the set-up code's and the login's failures):
+    an IPv4 address as it is (an IPv4-mapped IPv6 address as its IPv4 address), an IPv6 address as the
+    first address of its /64, which one host usually has whole (so it cannot step out of its count by
+    changing address). None when `host` is not an address."""
+    try:
+        address = ipaddress.ip_address((host or "").strip("[]"))
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{address}/64", strict=False).network_address)
+    return str(address)

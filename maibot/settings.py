@@ -7,6 +7,7 @@ The bot's own behaviour (persona, limits, model) lives in bot_config.toml, read 
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -79,6 +80,9 @@ INSTALLED_APPS = [
     "channels",
     # django-ninja's API docs page then loads Swagger UI from its own static files, not a CDN.
     "ninja",
+    # The admin login's limit on wrong passwords (maibot.login_lock); before console, whose admin
+    # re-registers its attempts' page.
+    "axes",
     # scheduling before django_q: its `qcluster` command wraps django-q2's to run the dispatcher.
     "maibot",
     "chat",
@@ -98,6 +102,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # On the single file's first run (no operator yet), pages lead to the browser set-up (maibot.setup).
     "maibot.setup.setup_middleware",
+    # Last: turns a login refused by the failed-password limit into its page (maibot.login_lock).
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "maibot.urls"
@@ -203,6 +209,37 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
 
+# --- the login's limit on wrong passwords (django-axes, configured in maibot.login_lock) -----------------
+
+
+def _positive(name: str, default: float, kind: type[int] | type[float]) -> float:
+    """A positive number from the environment (`kind`: int or float); anything else stops start-up."""
+    value = os.environ.get(name, "").strip()
+    try:
+        number = kind(value) if value else default
+    except ValueError:
+        number = 0
+    if not 0 < number <= 10**6:
+        raise ImproperlyConfigured(f"{name}: a positive {'whole ' if kind is int else ''}number, got {value!r}")
+    return number
+
+
+# Axes' backend first: it refuses a locked-out login before the password is checked.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+# This many failures from one address, or for one username, lock logging in for MAIBOT_LOGIN_LOCKOUT_MINUTES.
+AXES_FAILURE_LIMIT = int(_positive("MAIBOT_LOGIN_FAILURE_LIMIT", 5, int))
+AXES_COOLOFF_TIME = timedelta(minutes=_positive("MAIBOT_LOGIN_LOCKOUT_MINUTES", 15, float))
+# The client is the address maibot.proxies decided; axes never reads forwarding headers itself.
+AXES_CLIENT_IP_CALLABLE = "maibot.login_lock.client_address"
+AXES_LOCKOUT_PARAMETERS = "maibot.login_lock.lockout_parameters"
+AXES_LOCKOUT_CALLABLE = "maibot.login_lock.lockout_response"
+# Attempts while locked are refused without being counted; a success does not clear the count.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_RESET_ON_SUCCESS = False
+# Logged failures name the address, not the username typed (it may be a password typed in the wrong box).
+AXES_SENSITIVE_PARAMETERS = ["username"]
+AXES_VERBOSE = False
+
 # --- adapters -------------------------------------------------------------------------------------
 # Comma-separated `platform:token` entries (a bare token is qq's): the token an adapter sends (the raw
 # `Authorization` / `x-apikey` header) admits it as that platform only (maibot.adapter_tokens).
@@ -270,5 +307,7 @@ LOGGING = {
         "django": {"level": "INFO"},
         "daphne": {"level": "WARNING"},
         "django_q": {"level": "INFO"},
+        # Failures and lock-outs are warnings; its INFO lines narrate every login.
+        "axes": {"level": "WARNING"},
     },
 }

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hmac
-import ipaddress
 import json
 import logging
 import os
@@ -38,6 +37,8 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.utils.decorators import sync_and_async_middleware
+
+from maibot.networks import client_block
 
 logger = logging.getLogger(__name__)
 
@@ -115,17 +116,9 @@ def exclusive() -> Iterator[None]:
 
 
 def client_key(address: str | None) -> str:
-    """Whose wrong codes these are: the address (an IPv6 address by its /64, which one host usually has
-    whole); a request whose client is unknown shares one key with all such requests."""
-    try:
-        parsed = ipaddress.ip_address(address or "")
-    except ValueError:
-        return "unknown"
-    if isinstance(parsed, ipaddress.IPv6Address):
-        if parsed.ipv4_mapped is not None:
-            return str(parsed.ipv4_mapped)
-        return str(ipaddress.ip_network(f"{parsed}/64", strict=False))
-    return str(parsed)
+    """Whose wrong codes these are: the address (an IPv6 address by its /64: maibot.networks.client_block);
+    a request whose client is unknown shares one key with all such requests."""
+    return client_block(address) or "unknown"
 
 
 @dataclass(frozen=True)

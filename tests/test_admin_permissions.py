@@ -8,6 +8,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from axes.models import AccessAttempt
 from django.apps import apps
 from django.contrib import admin
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
@@ -66,6 +67,16 @@ def _task(success: bool):
     return make
 
 
+def _expired_login_attempt(make_session):
+    # Older than the lock-out window: what the clean-up action would delete if it ran.
+    attempt = AccessAttempt.objects.create(
+        username="op", ip_address="203.0.113.1", user_agent="guesser", http_accept="*/*",
+        path_info="/admin/login/", get_data="", post_data="", failures_since_start=3,
+    )  # fmt: skip
+    AccessAttempt.objects.filter(pk=attempt.pk).update(attempt_time=timezone.now() - timedelta(days=1))
+    return attempt
+
+
 FACTORIES = {
     ScheduledMessage: _scheduled_message,
     Timer: _timer,
@@ -73,6 +84,7 @@ FACTORIES = {
     Message: _failed_message,
     Success: _task(True),
     Failure: _task(False),
+    AccessAttempt: _expired_login_attempt,
 }
 
 

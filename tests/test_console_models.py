@@ -1,8 +1,11 @@
 """The model test in the console: one tiny call with one tool to each configured model, through the real
-openai client against the scripted server; latency, answer, tool calling and errors shown; only for
-those with the permission. (The page in headless Chromium: test_console_models_browser.py.)"""
+openai client against the scripted server; how each went (answered, or the kind of failure), latency and
+tool calling shown, never what came back (a model pointed at an internal service cannot be used to read
+it); only for those with the permission. (The page in headless Chromium: test_console_models_browser.py.)"""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -11,6 +14,7 @@ from django.test import Client
 from chat.models import LLMCall
 from maibot import config
 from tests.fake_llm import FakeLLM
+from tests.internal_service import SECRET, BannerService, InternalService
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,14 +70,78 @@ def test_each_model_is_tested_with_one_tool_and_the_outcome_shown(provider):
         assert listing.count('value="Test"') == 3 and provider.requests == []
         page = client.post("/admin/models/").content.decode()
     found = rows(page)
-    assert 'class="tool-calling">works<' in found["good"] and "echo" in found["good"]
-    assert 'class="tool-calling">no tool call<' in found["chatty"] and "pong!" in found["chatty"]
-    assert "failed" in found["broken"] and "HTTP 500" in found["broken"] and "the provider is down" in found["broken"]
+    assert 'class="tool-calling">works<' in found["good"] and ">answered<" in found["good"]
+    assert 'class="tool-calling">no tool call<' in found["chatty"] and ">answered<" in found["chatty"]
+    assert ">failed: HTTP 500<" in found["broken"]
     assert all(" ms</td>" in row for row in found.values())
+    # What came back is not on the page: not the words, not the call, not the provider's message.
+    assert "pong!" not in page and "echo(" not in page and "the provider is down" not in page
     # One request each, with the one tool offered; each is in the ledger.
     assert sorted(r["model"] for r in provider.requests) == ["broken-1", "chatty-1", "good-1"]
     assert all([t["function"]["name"] for t in r["tools"]] == ["echo"] for r in provider.requests)
     assert LLMCall.objects.filter(purpose="model_test", task="utility").count() == 3
+
+
+@pytest.fixture
+def config_file(settings, tmp_path):
+    from maibot import reload
+    from maibot.config import render_template
+
+    settings.DATA_DIR = tmp_path
+    path = tmp_path / "bot_config.toml"
+    path.write_text(render_template(), encoding="utf-8")
+    reload._applied_digest = None
+    reload.last_error = reload.last_result = None
+    yield path
+    reload.last_error = reload.last_result = None
+
+
+def staff_who_may_point_and_test_models() -> Client:
+    """The attacker: a staff user (no superuser) who may change the provider and test the models."""
+    return client_for("change_config", "change_llm_provider", "test_llm_models")
+
+
+@pytest.mark.parametrize(
+    ("service", "outcome"),
+    [
+        (lambda: InternalService(403, "text/html", f"<h1>admin of {SECRET}</h1>"), "failed: HTTP 403"),
+        (lambda: InternalService(200, "text/plain", f"ami-id: {SECRET}"), "failed: not a chat-completions answer"),
+        (
+            lambda: InternalService(200, "application/json", json.dumps({"secret": SECRET})),
+            "failed: not a chat-completions answer",
+        ),
+        (
+            lambda: InternalService(200, "application/json", json.dumps({"choices": {"0": SECRET}})),
+            "failed: not a chat-completions answer",
+        ),
+        (
+            lambda: InternalService(500, "application/json", json.dumps({"error": {"message": SECRET}})),
+            "failed: HTTP 500",
+        ),
+        (lambda: InternalService(200, "application/json", json.dumps(FakeLLM.text(SECRET))), "answered"),
+        (BannerService, "failed: connection failed"),
+    ],
+    ids=["html-403", "text-200", "json-200", "choices-object", "json-error-message", "chat-answer", "not-http"],
+)
+def test_a_model_pointed_at_an_internal_service_shows_how_it_went_never_what_it_answered(config_file, service, outcome):
+    from maibot import reload
+
+    attacker = staff_who_may_point_and_test_models()
+    internal = service()
+    try:
+        current = config_file.read_text(encoding="utf-8")
+        model = f'\n[[llm.models]]\nname = "probe"\nmodel = "m"\nbase_url = "{internal.url}"\n'
+        saved = attacker.post(
+            "/admin/config/raw/", {"toml": current + model, "base_digest": reload.text_digest(current)}
+        )
+        assert saved.status_code == 302 and [m.name for m in config.get_config().llm.models] == ["probe"]
+        response = attacker.post("/admin/models/", {"model": "probe"})
+    finally:
+        internal.close()
+    page = response.content.decode()
+    assert internal.hits == 1 and response.status_code == 200
+    assert SECRET not in page
+    assert f'class="outcome console-{"ok" if outcome == "answered" else "down"}">{outcome}<' in rows(page)["probe"]
 
 
 def test_one_model_may_be_tested_alone(provider):
@@ -97,20 +165,6 @@ def test_with_no_model_the_page_says_offline(db):
     client = client_for(superuser=True)
     page = client.get("/admin/models/").content.decode()
     assert "No model is configured" in page and "Test every model" not in page
-
-
-@pytest.fixture
-def config_file(settings, tmp_path):
-    from maibot import reload
-    from maibot.config import render_template
-
-    settings.DATA_DIR = tmp_path
-    path = tmp_path / "bot_config.toml"
-    path.write_text(render_template(), encoding="utf-8")
-    reload._applied_digest = None
-    reload.last_error = reload.last_result = None
-    yield path
-    reload.last_error = reload.last_result = None
 
 
 def test_adding_a_model_or_moving_its_provider_needs_the_provider_permission(config_file):

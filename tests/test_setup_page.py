@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -17,6 +15,7 @@ from django.core.management import call_command
 from maibot import deployment_env, setup
 from tests.conftest import ROOT
 from tests.fake_llm import FakeLLM
+from tests.internal_service import SECRET, InternalService
 
 pytestmark = pytest.mark.django_db
 
@@ -31,7 +30,6 @@ FORM = {
     "persona": "A careful helper.",
     "adapter_token": "tok-123",
 }
-SECRET = "internal-secret-7f3a"
 
 
 def far(address: str = "203.0.113.9") -> dict:
@@ -160,37 +158,6 @@ def test_a_form_that_passed_its_checks_makes_no_operator_once_one_exists(code, c
 
 
 # --- the model Test -----------------------------------------------------------------------------------------
-
-
-class InternalService:
-    """A service on 127.0.0.1 the server can reach and the attacker cannot: answers every request with
-    one fixed status, content type and body (the secret)."""
-
-    def __init__(self, status: int, content_type: str, body: str) -> None:
-        self.hits = 0
-        service = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                service.hits += 1
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                data = body.encode()
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.mark.parametrize(

@@ -124,9 +124,10 @@ class LLMResult:
     completion_tokens: int = 0
     cached_tokens: int = 0
     latency_ms: int = 0
+    # Why the call failed, for the ledger, the planner's cycles and the logs: the kind, and at most the
+    # provider's short error message (never the remote body: see _failed).
     error: str = ""
-    # The error's kind without anything the remote end sent ("HTTP 401", "timeout", "connection failed"),
-    # for pages that must not show a remote response (the set-up's model test).
+    # The error's kind alone ("HTTP 401", "timeout after 30s", "connection failed"), for the model tests.
     failure: str = ""
     timed_out: bool = False
     call_id: int | None = None
@@ -233,26 +234,63 @@ def _read(response: Any, result: LLMResult) -> None:
 
 
 # What a failed call looks like on the result (and in the ledger): provider trouble never raises.
+# LookupError: the SDK builds its answer without validating it, so `choices` may be any JSON value.
 def _call_errors() -> tuple[type[Exception], ...]:
-    return (_openai().OpenAIError, ValueError, AttributeError, TypeError)
+    return (_openai().OpenAIError, ValueError, LookupError, AttributeError, TypeError)
+
+
+# The provider's own error message, shortened: enough to fix a key or a model name, too little to read
+# another service through a base URL pointed at it.
+PROVIDER_MESSAGE_MAX = 160
+
+
+def _provider_message(exc: Exception) -> str:
+    """The `message` field of a JSON error body (`{"error": {"message": ...}}` or a top-level
+    `message`, as the openai SDK reads it), on one line and at most PROVIDER_MESSAGE_MAX characters;
+    "" for any other body (text, HTML, JSON without that field)."""
+    body = getattr(exc, "body", None)
+    message = body.get("message") if isinstance(body, dict) else None
+    if not isinstance(message, str):
+        return ""
+    message = " ".join(message.split())
+    return message if len(message) <= PROVIDER_MESSAGE_MAX else message[: PROVIDER_MESSAGE_MAX - 1] + "…"
+
+
+def _connect_reason(exc: Exception) -> str:
+    """Why a connection could not be made ("[Errno 111] Connection refused", a DNS or TLS error): the
+    reason the local system gave while connecting, before the remote end sent any byte of an answer.
+    Failures after that (a protocol error quotes the bytes it could not parse) give only their kind."""
+    import httpx2  # the openai SDK's HTTP client
+
+    cause = exc.__cause__
+    if cause is None:
+        return ""
+    if isinstance(cause, httpx2.ConnectError):
+        return " ".join(str(cause).split())[:PROVIDER_MESSAGE_MAX]
+    return type(cause).__name__
 
 
 def _failed(exc: Exception, result: LLMResult, timeout: float) -> None:
+    """Fill `failure` (the kind: "HTTP 401", "timeout after 30s", "connection failed", "not a
+    chat-completions answer") and `error` (the kind, and for an HTTP error the provider's own short
+    message, for a connection the local reason). Neither ever holds the remote body: the ledger, the
+    planner's cycles, the logs and the console show them to staff who may point a model at any URL."""
     openai = _openai()
+    detail = ""
     if isinstance(exc, openai.APITimeoutError):
-        result.error = result.failure = f"timeout after {timeout:g}s"
+        result.failure = f"timeout after {timeout:g}s"
         result.timed_out = True
     elif isinstance(exc, openai.APIStatusError):
-        result.error = f"HTTP {exc.status_code}: {str(exc)[:500]}"
         result.failure = f"HTTP {exc.status_code}"
-    else:
-        result.error = f"{type(exc).__name__}: {str(exc)[:500]}"
-        if isinstance(exc, openai.APIConnectionError):
-            result.failure = "connection failed"
-        elif isinstance(exc, openai.OpenAIError):
-            result.failure = type(exc).__name__
-        else:  # _read found no chat-completions answer in what came back
-            result.failure = "not a chat-completions answer"
+        detail = _provider_message(exc)
+    elif isinstance(exc, openai.APIConnectionError):
+        result.failure = "connection failed"
+        detail = _connect_reason(exc)
+    elif isinstance(exc, openai.OpenAIError):
+        result.failure = type(exc).__name__
+    else:  # _read found no chat-completions answer in what came back
+        result.failure = "not a chat-completions answer"
+    result.error = f"{result.failure}: {detail}" if detail else result.failure
 
 
 def _finish(result: LLMResult, started: float, purpose: str, model: str) -> None:
@@ -424,16 +462,16 @@ MODEL_TEST_TIMEOUT = 30.0
 
 @dataclass
 class ModelTest:
-    """One model's answer to the test call: latency, what it said, whether it called the offered tool."""
+    """How one model's test call went, as the set-up page and the console show it: whether it
+    answered, how long it took, whether it called the offered tool. Never what the remote end sent (the
+    model's words, an error body): whoever may test a model may point it at any URL."""
 
     name: str
     model: str
     ok: bool
     latency_ms: int
-    answer: str
     tool_calling: bool
-    error: str
-    # "ok", else LLMResult.failure: nothing the remote end sent.
+    # "ok", else LLMResult.failure ("HTTP 401", "timeout after 30s", "connection failed", ...).
     outcome: str
 
 
@@ -461,14 +499,11 @@ def model_test(model: LLMModel) -> ModelTest:
         admission=budget.Admission(day=budget.local_day(budget.clock(), cfg.tzinfo), caps=[]),
     )
     calls = [c for c in result.tool_calls if c.name == "echo" and c.arguments is not None]
-    shown = result.content or "; ".join(f"{c.name}({c.raw_arguments})" for c in result.tool_calls)
     return ModelTest(
         name=model.name,
         model=model.model,
         ok=result.ok,
         latency_ms=result.latency_ms,
-        answer=shown[:500],
         tool_calling=bool(calls) and str(calls[0].arguments.get("word", "")).strip().lower() == "ping",
-        error=result.error,
         outcome="ok" if result.ok else result.failure or "failed",
     )

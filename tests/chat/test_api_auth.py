@@ -86,9 +86,8 @@ def test_create_api_token_command_prints_it_once_and_stores_only_a_hash():
 
 @pytest.fixture
 def operator_client() -> Client:
-    get_user_model().objects.create_superuser(username="op", password="pw-123456")
     client = Client()
-    client.login(username="op", password="pw-123456")
+    client.force_login(get_user_model().objects.create_superuser(username="op", password="pw-123456"))
     return client
 
 

@@ -1,11 +1,14 @@
 """The LLM client through the real openai SDK against the local scripted server; every call ledgered."""
 
+import json
+
 import pytest
 
 from chat.agent import llm
 from chat.models import LLMCall
 from maibot import config
 from tests.fake_llm import FakeLLM
+from tests.internal_service import SECRET, BannerService, InternalService
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -77,3 +80,54 @@ def test_a_hard_timeout_bounds_the_whole_sync_call_and_is_ledgered(fake_llm):
     assert slow.timed_out and slow.error == "timeout after 0.3s" and slow.latency_ms < 2000
     assert len(fake_llm.requests) == 1  # no retry restarted the clock
     assert LLMCall.objects.get(pk=slow.call_id).error == "timeout after 0.3s"
+
+
+# --- what a failure keeps of the remote answer ------------------------------------------------------------
+# The ledger, the planner's cycles and the live log are read by staff who are not superusers, some of whom
+# may point a model at any URL: they keep the kind of failure and at most the provider's short message.
+
+LONG_MESSAGE = "Incorrect API key provided: sk-****. " + "x" * 300 + SECRET
+
+
+@pytest.mark.parametrize(
+    ("service", "expected"),
+    [
+        (
+            lambda: InternalService(401, "application/json", json.dumps({"error": {"message": LONG_MESSAGE}})),
+            LONG_MESSAGE,
+        ),
+        (lambda: InternalService(502, "text/html", f"<html>{SECRET}</html>"), "HTTP 502"),
+        (lambda: InternalService(200, "application/json", json.dumps({"choices": {"0": SECRET}})), ""),
+        (BannerService, "connection failed: RemoteProtocolError"),
+    ],
+    ids=["long-provider-message", "html-body", "not-an-answer", "not-http"],
+)
+def test_a_failure_keeps_its_kind_and_at_most_a_short_provider_message(service, expected, caplog):
+    internal = service()
+    try:
+        with config.override(llm={"base_url": internal.url, "model": "m", "max_retries": 0}):
+            result = llm.complete_sync(purpose="summary", messages=[{"role": "user", "content": "x"}])
+    finally:
+        internal.close()
+    call = LLMCall.objects.get(pk=result.call_id)
+    logged = [r.getMessage() for r in caplog.records if r.name == "chat.agent.llm"]
+    assert call.error == result.error and len(logged) == 1 and logged[0].endswith(result.error)
+    assert SECRET not in result.error
+    if expected == LONG_MESSAGE:  # the provider's own message, on one line and shortened
+        assert result.error.startswith("HTTP 401: Incorrect API key provided: sk-****. xxx")
+        assert len(result.error) == len("HTTP 401: ") + llm.PROVIDER_MESSAGE_MAX and result.error.endswith("…")
+    elif expected:
+        assert result.error == expected
+    else:
+        assert result.error == result.failure == "not a chat-completions answer"
+
+
+def test_a_refused_connection_says_why():
+    import socket
+
+    with socket.socket() as unused:  # a port nobody listens on
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    with config.override(llm={"base_url": f"http://127.0.0.1:{port}/v1", "model": "m", "max_retries": 0}):
+        result = llm.complete_sync(purpose="summary", messages=[{"role": "user", "content": "x"}])
+    assert result.failure == "connection failed" and result.error == "connection failed: [Errno 111] Connection refused"

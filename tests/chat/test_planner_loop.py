@@ -299,5 +299,5 @@ async def test_malformed_provider_answer_is_an_error_not_a_message(fake_llm, run
     fake_llm.script({"id": "broken", "object": "chat.completion", "choices": []})
     await say(private, "hi")
     [cycle] = await finished_cycles(private)
-    assert cycle.action == "error" and "no choices" in cycle.error
+    assert cycle.action == "error" and cycle.error == "not a chat-completions answer"
     assert await outbound(private) == []
