@@ -7,6 +7,7 @@ error result the model sees, recorded as before. The same with the model offline
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -145,6 +146,47 @@ async def test_a_plugin_tool_that_blocks_its_runner_never_delays_another_chat_an
     await wait_for_async(lambda: record.restarts == 1 and record.runner_state == "running", what="the restart")
     assert any("TOOL slow_lookup blocked its runner; the runner was killed" in e for e in record.recent_errors)
     assert await stalled(slowtool) == 0
+
+
+async def test_plugin_api_calls_stalled_in_many_chats_leave_the_capabilities_to_other_chats(
+    fake_llm, runtimes, make_session, slowtool
+):
+    """A plugin tool asking another plugin's API that never answers, in more chats than the host's loop
+    has worker threads: the API calls hold none of them, so another chat's plugin tool still reads the
+    chat through a capability at once."""
+    chats = min(32, (os.cpu_count() or 1) + 4) + 2  # asyncio's default executor, plus two
+
+    def answer(body):
+        messages = body["messages"]
+        if messages[-1]["role"] == "tool":
+            return fake_llm.tool_call("reply", {"text": "done: " + messages[-1]["content"]})
+        text = json.dumps(messages, ensure_ascii=False)
+        if "please relay" in text:
+            return fake_llm.tool_call("relay", {})
+        if "please count" in text:
+            return fake_llm.tool_call("recent", {})
+        return fake_llm.tool_call("reply", {"text": "hi"})
+
+    fake_llm.default = answer
+    with config.override(chat={"tool_timeout": TOOL_TIMEOUT}):
+        for _ in range(chats):
+            await say(await sync_to_async(make_session)(), "please relay")
+
+        async def all_stalled() -> bool:
+            return await stalled(slowtool) == chats
+
+        await wait_for_async(all_stalled, timeout=TOOL_TIMEOUT - 2, what="an API call stalled in every chat at once")
+        said = time.monotonic()
+        other = await sync_to_async(make_session)()
+        await say(other, "please count")
+        counted = await wait_for_async(
+            lambda: Message.objects.filter(session=other, direction=Direction.OUT).first(),
+            timeout=TOOL_TIMEOUT / 2,
+            what="the other chat's answer",
+        )
+        assert time.monotonic() - said < TOOL_TIMEOUT / 2
+        assert json.loads(counted.text.removeprefix("done: ")) == {"ok": True, "result": {"content": "1 recent"}}
+        assert await stalled(slowtool) == chats
 
 
 async def test_a_plugin_command_stalled_in_ten_chats_never_delays_another_chats_planner_and_is_cut_at_tool_timeout(

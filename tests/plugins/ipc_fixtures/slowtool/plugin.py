@@ -1,7 +1,8 @@
-"""A test plugin written against the real maibot-plugin-sdk: a tool and a command that wait an hour
-(without blocking their runner's loop), as a plugin stuck on a slow service would, and a tool that
-blocks its runner with time.sleep, as a hostile one would. Its `stalled` API tells how many calls wait
-now."""
+"""A test plugin written against the real maibot-plugin-sdk: a tool, a command and an API that wait an
+hour (without blocking their runner's loop), as a plugin stuck on a slow service would, and a tool that
+blocks its runner with time.sleep, as a hostile one would. `relay` calls the slow API through the host
+(as another plugin would), `recent` reads the chat through a capability. Its `stalled` API tells how
+many calls wait now."""
 
 import asyncio
 import time
@@ -41,6 +42,21 @@ class SlowToolPlugin(MaiBotPlugin):
             time.sleep(3600)  # the whole runner stops: it cannot even take the cancel
         await self._stall()
         return {"content": f"{word}: found"}
+
+    @Tool("relay", description="Asks the slow API")
+    async def relay(self, **kwargs):
+        answer = await self.ctx.api.call("test.maibot.slowtool.slow_api")
+        return {"content": str(answer)}
+
+    @Tool("recent", description="How many messages the chat has lately")
+    async def recent(self, stream_id: str = "", **kwargs):
+        messages = await self.ctx.message.get_recent(stream_id, limit=5)
+        return {"content": f"{len(messages)} recent"}
+
+    @API("slow_api", description="Waits an hour", public=True)
+    async def slow_api(self, **kwargs):
+        await self._stall()
+        return "late"
 
     @Command("stall", description="Waits an hour", pattern=r"^/stall")
     async def stall(self, **kwargs):
