@@ -323,9 +323,9 @@ class AgentTurn:
         name: str,
         arguments: dict[str, Any] | None,
         *,
-        call_id: str,
-        offered: dict[str, Tool],
-        argument_error: str,
+        call_id: str = "",
+        offered: dict[str, Tool] | None = None,
+        argument_error: str = "",
     ) -> ToolOutcome:
         """run() of a call to an async tool, awaited on this loop (not recorded)."""
         tool, ctx, res = self._resolve(name, arguments, call_id, offered, argument_error)
