@@ -30,7 +30,8 @@ thread waits for it, so a slow one costs its own turn its time and nothing any o
 sync tools of the same round still run, in order, in the caller's thread). It must not block its loop
 (ORM work goes through sync_to_async, which from a chat runtime is the runtime's own DB thread and
 connection). From sync code (`execute`, `call`: the life loop, commands) it runs in the pool thread
-as any tool, through asgiref's async_to_sync, its sync_to_async work back on the borrowed connection.
+as any tool, through asgiref's async_to_sync (its sync_to_async work back on the borrowed connection),
+and is cancelled at its deadline there too.
 """
 
 from __future__ import annotations
@@ -162,7 +163,11 @@ class _Loan:
 def _invoke(tool: Tool, ctx: ToolContext, arguments: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Run the tool in a pool thread and wait at most `timeout` seconds (TimeoutError after that)."""
     loan = _Loan()
-    func = async_to_sync(tool.func) if tool.is_async else tool.func
+    func = tool.func
+    if tool.is_async:
+        # Cut at its deadline there too, so a stalled coroutine never keeps the pool thread.
+        run_async = async_to_sync(_ainvoke)
+        func = lambda ctx, **arguments: run_async(tool, ctx, arguments, timeout)  # noqa: E731
     future = _pool.submit(contextvars.copy_context().run, loan.run, func, ctx, **arguments)
     try:
         result = future.result(timeout=timeout)
