@@ -2,16 +2,18 @@
 
 * `@Tool` and `@Action` (the SDK turns an Action into a Tool with `legacy_action`) → planner tools
   (scope "chat"), run by the agent-turn engine with the same recording, timeout (`chat.tool_timeout`)
-  and error results as built-in tools; async tools, so a chat's planner awaits the plugin's answer on
-  its loop and no thread other chats need waits for it. The handler gets the model's arguments plus the chat's
-  `stream_id`, `chat_id`, `group_id`, `user_id`, `platform`; an action also gets `action_data` and
-  `reasoning` (as MaiBot passes them). Its result goes back to the model as {"ok": true, "result": …}
-  (a non-dict result as {"content": "…"}); an exception as a `tool_failed` error.
+  and error results as built-in tools. They are async tools: a chat's planner awaits the plugin's
+  answer on its own loop, and no thread other chats need waits for it. The handler gets the model's
+  arguments plus the chat's `stream_id`, `chat_id`, `group_id`, `user_id`, `platform`; an action also
+  gets `action_data` and `reasoning` (as MaiBot passes them). Its result goes back to the model as
+  {"ok": true, "result": …} (a non-dict result as {"content": "…"}); an exception as a `tool_failed`
+  error.
 * `@Command` → a command asked before every planner cycle (and by the offline planner): its
   `pattern` (regex, searched) or one of its `aliases` (prefix) must match the typed text. The handler
   gets text, stream_id, group_id, platform, user_id, matched_groups, message; it returns
   (success, text, intercept) as in MaiBot. When it intercepts, the message never reaches the planner.
-  An async command (awaited, as a tool is), cut at `chat.tool_timeout`.
+  The command is awaited as a tool is, and cut at `chat.tool_timeout`; one that fails or times out
+  does not intercept.
 * Every other component type is listed in the admin and skipped with a note.
 
 A cluster worker's host (`plugins.host.start_for_life_loop`) registers only the tools of scope "life".
