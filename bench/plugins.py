@@ -7,11 +7,12 @@ blocking `chat.receive.after_process` hook and an observing `@EventHandler(ON_ME
 inbound message passes through 20 blocking hooks and 20 observers). The plugins run in this process's
 plugin host (plugins.host) as the server runs them.
 
-* tool call: `AgentTurn.run` of a plugin tool that returns at once (the engine's thread hop, the
-  host's hop to the plugins' loop and back), next to a built-in tool that does the same.
-* command match: the before-planner commands asked about a message one plugin command matches (the
-  turn opened and recorded, the handler run, the message intercepted), and about one no command wants
-  (20 patterns tried, nothing opened).
+* tool call, as the chat planner makes it: `AgentTurn.arun` of a plugin tool that returns at once
+  (awaited: the host's hop to the plugins' loop and back), next to a built-in tool that does the same
+  (`AgentTurn.run` in the runtime's DB thread: that hop, and the engine's hop to its tool thread).
+* command match: the before-planner commands (`run_commands`) asked about a message one plugin command
+  matches (the turn opened and recorded, the handler awaited, the message intercepted), and about one
+  no command wants (20 patterns tried, nothing opened).
 * reply latency: one private session, FakeLLM in its own process answering every call at once with a
   `reply` tool call, debounce 0; each round stores one inbound message, sends `inbound_stored` and
   waits until the cycle is recorded (wall time). After a warm-up run, first with no plugin loaded, then
@@ -96,11 +97,11 @@ def generate_plugins(directory: Path, count: int) -> None:
         (folder / "plugin.py").write_text(PLUGIN.format(n=n), encoding="utf-8")
 
 
-def timed(fn, n: int) -> list[float]:
+async def atimed(call, n: int) -> list[float]:
     out = []
     for _ in range(n):
         t0 = time.perf_counter()
-        fn()
+        await call()
         out.append((time.perf_counter() - t0) * 1000)
     return out
 
@@ -122,7 +123,7 @@ def main() -> None:
 
     from chat import planner
     from chat.agent.engine import AgentTurn
-    from chat.commands import commands_turn
+    from chat.commands import run_commands
     from chat.components import Tool, ok
     from chat.components import registry as tools
     from chat.models import CycleKind, Direction, Message, PlannerCycle, SourceKind
@@ -203,15 +204,21 @@ def main() -> None:
 
     tools.register(Tool(name="bench_builtin", description="Answers at once", parameters={}, func=lambda ctx, **a: ok()))
     turn = AgentTurn.open(kind=CycleKind.CHAT, session=session, trigger="bench")
-    assert turn.run("bench_tool_0", {"q": "x"}).ok
-    plugin_tool = timed(lambda: turn.run("bench_tool_0", {"q": "x"}), args.calls)
-    builtin_tool = timed(lambda: turn.run("bench_builtin", {}), args.calls)
-
     matching = store("/bench7 go")
     plain = store("just chatting, no command here")
     n_commands = max(50, args.calls // 10)
-    command_hit = timed(lambda: commands_turn(session=session, new_messages=[matching]), n_commands)
-    command_miss = timed(lambda: commands_turn(session=session, new_messages=[plain]), args.calls)
+
+    async def calls() -> tuple[list[float], ...]:
+        assert (await turn.arun("bench_tool_0", {"q": "x"})).ok
+        run = sync_to_async(turn.run)
+        return (
+            await atimed(lambda: turn.arun("bench_tool_0", {"q": "x"}), args.calls),
+            await atimed(lambda: run("bench_builtin", {}), args.calls),
+            await atimed(lambda: run_commands(session=session, new_messages=[matching]), n_commands),
+            await atimed(lambda: run_commands(session=session, new_messages=[plain]), args.calls),
+        )
+
+    plugin_tool, builtin_tool, command_hit, command_miss = asyncio.run(calls())
     host.stop()
     llm_proc.terminate()
     llm_proc.wait()
@@ -219,8 +226,8 @@ def main() -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, SQLite")
     each = "each: tool, command, blocking hook, observer"
     print(f"plugins: {loaded} of {args.plugins} loaded in {load_s:.2f} s ({each})")
-    print(f"plugin tool call (AgentTurn.run, not recorded): {fmt(plugin_tool)} over {args.calls} calls")
-    print(f"  built-in tool, same work: {fmt(builtin_tool)}")
+    print(f"plugin tool call (AgentTurn.arun, not recorded): {fmt(plugin_tool)} over {args.calls} calls")
+    print(f"  built-in tool, same work (AgentTurn.run in the DB thread): {fmt(builtin_tool)}")
     print(f"command match, intercepted (turn opened and recorded, handler run): {fmt(command_hit)} over {n_commands}")
     print(f"command match, no command wants the message ({args.plugins} patterns tried): {fmt(command_miss)}")
     print(f"reply latency, wake → cycle recorded (FakeLLM instant), {args.cycles} cycles each:")

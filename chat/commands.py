@@ -6,6 +6,7 @@ its tool calls and answers recorded as in the offline planner; messages no comma
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -14,8 +15,8 @@ from typing import Any
 from asgiref.sync import sync_to_async
 
 from chat import talk
-from chat.agent.engine import AgentTurn
-from chat.components import Command, commands
+from chat.agent.engine import AgentTurn, abandon_cycle
+from chat.components import Command, command_handle, commands
 from chat.models import ChatSession, CycleKind, Message, PlannerCycle, SourceKind
 from chat.offline import typed_text
 from chat.services import message_send
@@ -48,39 +49,50 @@ def planner_commands() -> list[Command]:
     return [c for c in commands() if c.before_planner]
 
 
-def commands_turn(*, session: ChatSession, new_messages: list[Message]) -> tuple[set[int], PlannerCycle | None]:
+async def run_commands(*, session: ChatSession, new_messages: list[Message]) -> tuple[set[int], PlannerCycle | None]:
     """Offer each new message's text to the before-planner commands; returns the primary keys of the
     messages a command handled (the planner must not see them) and the turn's cycle (None: no command
-    matched anything)."""
+    matched anything). A plugin's command is awaited on this loop (no thread waits for its answer);
+    the turn's record and answers are written in a thread."""
     handlers = planner_commands()
     if not handlers:
         return set(), None
     started = time.perf_counter()
     handled: set[int] = set()
-    agent_turn: AgentTurn | None = None
     turn: _Turn | None = None
-    for message in new_messages:
-        text = typed_text(message)
-        if not text or not talk.may_command(message, session):
-            continue
-        for command in handlers:
-            if command.matches is not None and not command.matches(text):
+    try:
+        for message in new_messages:
+            text = typed_text(message)
+            if not text or not talk.may_command(message, session):
                 continue
-            if agent_turn is None:
-                agent_turn = AgentTurn.open(kind=CycleKind.CHAT, session=session, trigger="command")
-                turn = _Turn(agent_turn)
-            turn.message = message
-            try:
-                done = command.handle(turn, text)
-            except Exception:
-                logger.exception("command %s failed on message %s", command.name, message.pk)
-                turn.note(f"{command.name} failed")
-                done = False
-            if done:
-                handled.add(message.pk)
-                break
-    if agent_turn is None:
+            for command in handlers:
+                if command.matches is not None and not command.matches(text):
+                    continue
+                if turn is None:
+                    turn = _Turn(await _open(kind=CycleKind.CHAT, session=session, trigger="command"))
+                turn.message = message
+                try:
+                    done = await command_handle(command, turn, text)
+                except Exception:
+                    logger.exception("command %s failed on message %s", command.name, message.pk)
+                    turn.note(f"{command.name} failed")
+                    done = False
+                if done:
+                    handled.add(message.pk)
+                    break
+    except asyncio.CancelledError:
+        if turn is not None:
+            await _abandon(cycle_id=turn.turn.cycle.cycle_id)
+        raise
+    if turn is None:
         return handled, None
+    await _finish(session=session, turn=turn, handled=handled, started=started)
+    return handled, turn.turn.cycle
+
+
+def _finish_turn(*, session: ChatSession, turn: _Turn, handled: set[int], started: float) -> None:
+    """Send the commands' answers and close the turn's record."""
+    agent_turn = turn.turn
     for text in turn.replies:
         message_send(
             session=session, source_kind=SourceKind.REPLY, text=text, extra={"cycle_id": str(agent_turn.cycle.cycle_id)}
@@ -91,7 +103,8 @@ def commands_turn(*, session: ChatSession, new_messages: list[Message]) -> tuple
         outcome="; ".join(turn.outcomes)[:4000],
         timings={"total_ms": round((time.perf_counter() - started) * 1000, 3)},
     )
-    return handled, agent_turn.cycle
 
 
-run_commands = sync_to_async(commands_turn)
+_open = sync_to_async(AgentTurn.open)
+_abandon = sync_to_async(abandon_cycle)
+_finish = sync_to_async(_finish_turn)

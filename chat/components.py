@@ -1,14 +1,16 @@
 """The component registry: what the apps above `chat` (and plugins) plug into the bot.
 
-* Tools the agent turns offer to the model. A tool is a plain sync function taking a ToolContext and
-  its JSON arguments and returning a JSON-able dict: {"ok": true, ...} or {"ok": false, "error":
-  {"code": ..., "message": ...}}. The session is implicit: it comes from the context, never from the
-  model's arguments. A tool belongs to one or more *scopes*: the chat planner offers the "chat" tools,
-  the life loop the "life" tools (chat.agent.engine runs them all the same way).
+* Tools the agent turns offer to the model. A tool is a function taking a ToolContext and its JSON
+  arguments and returning a JSON-able dict: {"ok": true, ...} or {"ok": false, "error": {"code": ...,
+  "message": ...}}; a plain sync function, or a coroutine function for a tool that waits for another
+  process (a plugin's, an MCP server's: awaited on the turn's loop, see chat.agent.engine). The
+  session is implicit: it comes from the context, never from the model's arguments. A tool belongs
+  to one or more *scopes*: the chat planner offers the "chat" tools, the life loop the "life" tools
+  (chat.agent.engine runs them all the same way).
 * Commands: handlers that read what people type before any model does. The offline planner asks
   them all; those marked `before_planner` (plugins' commands) are also asked before every chat-planner
   cycle (chat.commands), and a message one of them handles never reaches the model. A command gets
-  the turn and one typed text and says whether it handled it.
+  the turn and one typed text and says whether it handled it (`command_handle` asks it).
 * Context blocks other apps add to the planner's prompt (inner state, memory slots, summary…): a sync
   function (session) -> str; an empty string means "nothing to say". The planner renders the
   registered blocks in `order` (stable, cache-friendly blocks first).
@@ -19,10 +21,12 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
+
+from asgiref.sync import iscoroutinefunction, sync_to_async
 
 from chat.models import ChatSession, Message
 
@@ -53,7 +57,7 @@ class ToolContext:
     extra: dict[str, Any] = field(default_factory=dict)  # shared by the calls of one turn
 
 
-ToolFunc = Callable[..., dict[str, Any]]
+ToolFunc = Callable[..., dict[str, Any]] | Callable[..., Awaitable[dict[str, Any]]]
 
 
 @dataclass
@@ -72,6 +76,11 @@ class Tool:
     # Seconds one call may run; None: the config's chat.tool_timeout.
     timeout: float | None = None
 
+    @property
+    def is_async(self) -> bool:
+        """A coroutine function: awaited on the turn's loop, not run in a thread (chat.agent.engine)."""
+        return iscoroutinefunction(self.func)
+
     def schema(self) -> dict[str, Any]:
         """The OpenAI `tools=[...]` entry."""
         return {
@@ -79,7 +88,7 @@ class Tool:
             "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
         }
 
-    def __call__(self, ctx: ToolContext, **arguments: Any) -> dict[str, Any]:
+    def __call__(self, ctx: ToolContext, **arguments: Any) -> Any:
         return self.func(ctx, **arguments)
 
 
@@ -181,7 +190,9 @@ class CommandTurn(Protocol):
 class Command:
     name: str
     # (turn, typed text) -> True when the command handled the text (answered, well or with an error).
-    handle: Callable[[CommandTurn, str], bool]
+    # Sync, or a coroutine function for a command that waits for another process (a plugin's): that
+    # one is awaited on the turn's loop and may use the turn's `answer` and `note`, not its `tool`.
+    handle: Callable[[CommandTurn, str], bool] | Callable[[CommandTurn, str], Awaitable[bool]]
     order: int = 100
     # What the command understands, per language ("zh", "en"), for the offline notice.
     help: dict[str, str] = field(default_factory=dict)
@@ -206,3 +217,12 @@ def unregister_command(name: str) -> Command | None:
 
 def commands() -> list[Command]:
     return sorted(_commands.values(), key=lambda c: (c.order, c.name))
+
+
+async def command_handle(command: Command, turn: CommandTurn, text: str) -> bool:
+    """Ask one command from async code: an async handler is awaited here (no thread waits for a
+    plugin's answer), a sync one runs in the caller's DB thread (sync_to_async), where its tool calls
+    and queries belong."""
+    if iscoroutinefunction(command.handle):
+        return await command.handle(turn, text)
+    return await sync_to_async(command.handle)(turn, text)

@@ -14,6 +14,7 @@ stickers, notices) get no answer.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -23,8 +24,8 @@ from asgiref.sync import sync_to_async
 
 from chat import talk
 from chat.agent import budget
-from chat.agent.engine import AgentTurn
-from chat.components import commands
+from chat.agent.engine import AgentTurn, abandon_cycle
+from chat.components import command_handle, commands
 from chat.models import ChatSession, CycleKind, Message, PlannerCycle, SourceKind
 from chat.services import message_send
 from maibot.config import get_config
@@ -101,12 +102,13 @@ def typed_text(message: Message) -> str:
     return walk(message.segments).strip()
 
 
-def offline_turn(
+async def run_offline_cycle(
     *, session: ChatSession, new_messages: list[Message], mentioned: bool, over_budget: str = ""
 ) -> PlannerCycle | None:
     """Handle the new messages of one cycle; None when there was nothing to answer (group chatter).
     `over_budget`: a model is configured but its daily budget is spent (why): the notice says when it
-    is back, and in groups only commands are answered."""
+    is back, and in groups only commands are answered. A plugin's command is awaited on this loop (no
+    thread waits for its answer); everything that reads or writes the database runs in a thread."""
     started = time.perf_counter()
     typed = [(m, t) for m, t in ((m, typed_text(m)) for m in new_messages) if t]
     texts = [t for _, t in typed]
@@ -118,26 +120,38 @@ def offline_turn(
     if over_budget and not session.is_private and not slash:
         return None  # a group is not told about the budget: the bot stays silent there
     trigger = f"{len(new_messages)} new message(s), " + ("over budget" if over_budget else "offline")
-    agent_turn = AgentTurn.open(kind=CycleKind.CHAT, session=session, trigger=trigger)
-    cycle = agent_turn.cycle
+    agent_turn = await _open(kind=CycleKind.CHAT, session=session, trigger=trigger)
     turn = _CommandTurn(agent_turn)
     handlers = commands()
     handled_any = False
-    for message, text in typed:
-        if not talk.may_command(message, session):
-            continue  # chat.command_operators: only they may use commands; others get the notice
-        turn.message = message
-        for command in handlers:
-            try:
-                handled = command.handle(turn, text)
-            except Exception:
-                # Our bug, not the person's: they still get an answer, and the turn is recorded.
-                logger.exception("offline command %s failed on a message of session %s", command.name, session.pk)
-                turn.answer(_sorry(), "offline_error")
-                handled = True
-            if handled:
-                handled_any = True
-                break
+    try:
+        for message, text in typed:
+            if not talk.may_command(message, session):
+                continue  # chat.command_operators: only they may use commands; others get the notice
+            turn.message = message
+            for command in handlers:
+                try:
+                    handled = await command_handle(command, turn, text)
+                except Exception:
+                    # Our bug, not the person's: they still get an answer, and the turn is recorded.
+                    logger.exception("offline command %s failed on a message of session %s", command.name, session.pk)
+                    turn.answer(_sorry(), "offline_error")
+                    handled = True
+                if handled:
+                    handled_any = True
+                    break
+    except asyncio.CancelledError:
+        await _abandon(cycle_id=agent_turn.cycle.cycle_id)
+        raise
+    return await _finish(session=session, turn=turn, handled_any=handled_any, over_budget=over_budget, started=started)
+
+
+def _finish_turn(
+    *, session: ChatSession, turn: _CommandTurn, handled_any: bool, over_budget: str, started: float
+) -> PlannerCycle:
+    """Send the turn's answers (the notice when no command answered) and close its record."""
+    agent_turn = turn.turn
+    cycle = agent_turn.cycle
     if not turn.replies and handled_any:
         # A command that answered by itself (a plugin's, through the send service): nothing to add.
         agent_turn.close(
@@ -163,9 +177,6 @@ def offline_turn(
     return cycle
 
 
-async def run_offline_cycle(
-    *, session: ChatSession, new_messages: list[Message], mentioned: bool, over_budget: str = ""
-) -> PlannerCycle | None:
-    return await sync_to_async(offline_turn)(
-        session=session, new_messages=new_messages, mentioned=mentioned, over_budget=over_budget
-    )
+_open = sync_to_async(AgentTurn.open)
+_abandon = sync_to_async(abandon_cycle)
+_finish = sync_to_async(_finish_turn)

@@ -11,7 +11,6 @@ so it runs wherever the plugin's code runs (this process or a runner), with the 
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -144,8 +143,9 @@ async def call_api(
 ) -> Any:
     """Call an API with keyword arguments `args`, waiting at most `timeout` seconds; returns what its
     handler returned. Raises ApiError (cannot be called), TimeoutError, or the handler's exception
-    (as the host reports it). Runs the blocking invoke in a worker thread: safe from any event loop."""
+    (as the host reports it). Safe from any event loop; no thread waits for the answer (a slow API,
+    called from many chats at once, holds none of the threads the capabilities need)."""
     api = resolve_api(caller_record, plugin_id, api_name, version)
     if not isinstance(args, dict):
         raise ApiError("the API's arguments must be a JSON object")
-    return await asyncio.to_thread(api.host.invoke, api.record, api.component, dict(args), timeout)
+    return await api.host.ainvoke(api.record, api.component, dict(args), timeout)

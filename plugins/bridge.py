@@ -2,14 +2,18 @@
 
 * `@Tool` and `@Action` (the SDK turns an Action into a Tool with `legacy_action`) → planner tools
   (scope "chat"), run by the agent-turn engine with the same recording, timeout (`chat.tool_timeout`)
-  and error results as built-in tools. The handler gets the model's arguments plus the chat's
-  `stream_id`, `chat_id`, `group_id`, `user_id`, `platform`; an action also gets `action_data` and
-  `reasoning` (as MaiBot passes them). Its result goes back to the model as {"ok": true, "result": …}
-  (a non-dict result as {"content": "…"}); an exception as a `tool_failed` error.
+  and error results as built-in tools. They are async tools: a chat's planner awaits the plugin's
+  answer on its own loop, and no thread other chats need waits for it. The handler gets the model's
+  arguments plus the chat's `stream_id`, `chat_id`, `group_id`, `user_id`, `platform`; an action also
+  gets `action_data` and `reasoning` (as MaiBot passes them). Its result goes back to the model as
+  {"ok": true, "result": …} (a non-dict result as {"content": "…"}); an exception as a `tool_failed`
+  error.
 * `@Command` → a command asked before every planner cycle (and by the offline planner): its
   `pattern` (regex, searched) or one of its `aliases` (prefix) must match the typed text. The handler
   gets text, stream_id, group_id, platform, user_id, matched_groups, message; it returns
   (success, text, intercept) as in MaiBot. When it intercepts, the message never reaches the planner.
+  The command is awaited as a tool is, and cut at `chat.tool_timeout`; one that fails or times out
+  does not intercept.
 * Every other component type is listed in the admin and skipped with a note.
 
 A cluster worker's host (`plugins.host.start_for_life_loop`) registers only the tools of scope "life".
@@ -106,7 +110,7 @@ def _tool(host: ComponentHost, record: PluginRecord, component: ComponentInfo) -
     if cache is not None:
         host.on_unregister(lambda: plugin_cache.drop(record.plugin_id, component.name))
 
-    def run(ctx: ToolContext, **arguments: Any) -> dict[str, Any]:
+    async def run(ctx: ToolContext, **arguments: Any) -> dict[str, Any]:
         cache_key = ""
         if cache is not None:
             stream_id = ctx.session.session_id if ctx.session is not None and cache_policy.scope == "chat" else ""
@@ -123,7 +127,7 @@ def _tool(host: ComponentHost, record: PluginRecord, component: ComponentInfo) -
             args["reasoning"] = ""
         timeout = get_config().chat.tool_timeout
         try:
-            result = host.invoke(record, component, args, timeout)
+            result = await host.ainvoke(record, component, args, timeout)
         except TimeoutError:
             return registry.error(Code.TOOL_TIMEOUT, f"{component.name} did not finish within {timeout:g}s")
         except Exception as exc:
@@ -160,7 +164,7 @@ def _command(host: ComponentHost, record: PluginRecord, component: ComponentInfo
             return {}
         return None
 
-    def handle(turn, text: str) -> bool:
+    async def handle(turn, text: str) -> bool:
         groups = match(text)
         if groups is None:
             return False
@@ -181,7 +185,7 @@ def _command(host: ComponentHost, record: PluginRecord, component: ComponentInfo
             args["message"] = _message(message, session)
         label = f"plugin command {record.plugin_id}.{component.name}"
         try:
-            result = host.invoke(record, component, args, get_config().chat.tool_timeout)
+            result = await host.ainvoke(record, component, args, get_config().chat.tool_timeout)
         except Exception as exc:
             # As MaiBot: a command that raised does not intercept; the message goes on.
             turn.note(f"{label} failed: {type(exc).__name__}: {exc}"[:500])

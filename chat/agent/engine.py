@@ -17,15 +17,26 @@ or do not fit the tool's signature, an exception, a result that is not a dict an
 {"ok": false, "error": {"code": ToolErrorCode..., "message": ...}}, recorded exactly as sent. The
 model calls themselves go through chat.agent.llm, whose ledger rows carry the cycle.
 
-Sync code: async callers run it in a thread (sync_to_async). How a timeout can be enforced on a sync
+Sync code, with one async entry: `execute` is sync (async callers run it in a thread, sync_to_async);
+`aexecute` is its form for async code (the chat planner). How a timeout can be enforced on a sync
 tool: the tool runs in a pool thread that borrows the caller's database connection (the caller only
 waits meanwhile, so the connection is never used by two threads at once, and the tool sees the
 caller's transaction). A tool still running at its deadline keeps that connection and closes it when
 it ends; the caller goes on with a fresh one.
+
+An async tool (a coroutine function: plugins' and MCP servers' tools, which only wait for another
+process) is awaited on the caller's event loop by `aexecute`, its timeout an `asyncio.timeout`: no
+thread waits for it, so a slow one costs its own turn its time and nothing any other chat needs (the
+sync tools of the same round still run, in order, in the caller's thread). It must not block its loop
+(ORM work goes through sync_to_async, which from a chat runtime is the runtime's own DB thread and
+connection). From sync code (`execute`, `call`: the life loop, commands) it runs in the pool thread
+as any tool, through asgiref's async_to_sync (its sync_to_async work back on the borrowed connection),
+and is cancelled at its deadline there too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import inspect
 import json
@@ -38,7 +49,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from asgiref.sync import SyncToAsync
+from asgiref.sync import SyncToAsync, async_to_sync, sync_to_async
 from django.db import connections, transaction
 from django.utils import timezone
 
@@ -152,7 +163,12 @@ class _Loan:
 def _invoke(tool: Tool, ctx: ToolContext, arguments: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Run the tool in a pool thread and wait at most `timeout` seconds (TimeoutError after that)."""
     loan = _Loan()
-    future = _pool.submit(contextvars.copy_context().run, loan.run, tool, ctx, **arguments)
+    func = tool.func
+    if tool.is_async:
+        # Cut at its deadline there too, so a stalled coroutine never keeps the pool thread.
+        run_async = async_to_sync(_ainvoke)
+        func = lambda ctx, **arguments: run_async(tool, ctx, arguments, timeout)  # noqa: E731
+    future = _pool.submit(contextvars.copy_context().run, loan.run, func, ctx, **arguments)
     try:
         result = future.result(timeout=timeout)
     except FutureTimeout:
@@ -166,6 +182,19 @@ def _invoke(tool: Tool, ctx: ToolContext, arguments: dict[str, Any], timeout: fl
         loan.returned()
         raise
     loan.returned()
+    return result
+
+
+async def _ainvoke(tool: Tool, ctx: ToolContext, arguments: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Await an async tool on this loop for at most `timeout` seconds (TimeoutError after that: the
+    tool is cancelled)."""
+    async with asyncio.timeout(timeout):
+        return await tool.func(ctx, **arguments)
+
+
+def _checked(result: Any) -> dict[str, Any]:
+    if not isinstance(result, dict):
+        raise TypeError(f"tool returned {type(result).__name__}, not a dict")
     return result
 
 
@@ -232,6 +261,49 @@ class AgentTurn:
     def schemas(self, tools: list[Tool] | None = None) -> list[dict[str, Any]]:
         return [tool.schema() for tool in (self.tools() if tools is None else tools)]
 
+    def _resolve(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None,
+        call_id: str,
+        offered: dict[str, Tool] | None,
+        argument_error: str,
+    ) -> tuple[Tool | None, ToolContext, dict[str, Any] | None]:
+        """The tool a call names, its context, and the error result when it cannot run (None: it can)."""
+        if offered is None:
+            tool = registry.get(name)
+            tool = tool if tool is not None and self.scope in tool.scopes else None
+            names = ", ".join(t.name for t in self.tools()) if tool is None else ""
+        else:
+            tool = offered.get(name)
+            names = ", ".join(offered)
+        ctx = self.context(call_id)
+        if tool is None:
+            return None, ctx, error_result(Code.UNKNOWN_TOOL, f"there is no tool {name!r}; use one of: {names}")
+        if arguments is None:
+            problem = f"the arguments are not a JSON object: {argument_error}"
+        else:
+            problem = _misfit(tool, ctx, arguments)
+        return tool, ctx, error_result(Code.INVALID_ARGUMENTS, problem) if problem else None
+
+    def _failed(self, name: str, timeout: float, exc: Exception) -> dict[str, Any]:
+        """The error result of a call that raised (a timeout, or the tool's own failure)."""
+        if isinstance(exc, TimeoutError):
+            logger.warning("tool %s timed out after %gs in cycle %s", name, timeout, self.cycle.cycle_id)
+            return error_result(Code.TOOL_TIMEOUT, f"{name} did not finish within {timeout:g}s")
+        logger.error("tool %s failed in cycle %s", name, self.cycle.cycle_id, exc_info=exc)
+        return error_result(Code.TOOL_FAILED, f"{type(exc).__name__}: {exc}"[:500])
+
+    @staticmethod
+    def _outcome(
+        name: str, call_id: str, arguments: dict[str, Any] | None, res: dict[str, Any], tool: Tool | None
+    ) -> ToolOutcome:
+        # What is recorded is exactly what the model is told (and anything odd becomes text).
+        content = json.dumps(res, ensure_ascii=False, default=str)
+        return ToolOutcome(
+            name=name, call_id=call_id, arguments=arguments, result=json.loads(content), content=content, tool=tool
+        )
+
     def run(
         self,
         name: str,
@@ -242,37 +314,33 @@ class AgentTurn:
         argument_error: str = "",
     ) -> ToolOutcome:
         """Run one call (not recorded). `offered`: the tools the model was shown (default: the scope's)."""
-        if offered is None:
-            tool = registry.get(name)
-            tool = tool if tool is not None and self.scope in tool.scopes else None
-            names = ", ".join(t.name for t in self.tools()) if tool is None else ""
-        else:
-            tool = offered.get(name)
-            names = ", ".join(offered)
-        ctx = self.context(call_id)
-        if tool is None:
-            res = error_result(Code.UNKNOWN_TOOL, f"there is no tool {name!r}; use one of: {names}")
-        elif arguments is None:
-            res = error_result(Code.INVALID_ARGUMENTS, f"the arguments are not a JSON object: {argument_error}")
-        elif problem := _misfit(tool, ctx, arguments):
-            res = error_result(Code.INVALID_ARGUMENTS, problem)
-        else:
+        tool, ctx, res = self._resolve(name, arguments, call_id, offered, argument_error)
+        if res is None:
             timeout = tool.timeout or get_config().chat.tool_timeout
             try:
-                res = _invoke(tool, ctx, arguments, timeout)
-                if not isinstance(res, dict):
-                    raise TypeError(f"tool returned {type(res).__name__}, not a dict")
-            except TimeoutError:
-                logger.warning("tool %s timed out after %gs in cycle %s", name, timeout, self.cycle.cycle_id)
-                res = error_result(Code.TOOL_TIMEOUT, f"{name} did not finish within {timeout:g}s")
+                res = _checked(_invoke(tool, ctx, arguments, timeout))
             except Exception as exc:
-                logger.exception("tool %s failed in cycle %s", name, self.cycle.cycle_id)
-                res = error_result(Code.TOOL_FAILED, f"{type(exc).__name__}: {exc}"[:500])
-        # What is recorded is exactly what the model is told (and anything odd becomes text).
-        content = json.dumps(res, ensure_ascii=False, default=str)
-        return ToolOutcome(
-            name=name, call_id=call_id, arguments=arguments, result=json.loads(content), content=content, tool=tool
-        )
+                res = self._failed(name, timeout, exc)
+        return self._outcome(name, call_id, arguments, res, tool)
+
+    async def arun(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None,
+        *,
+        call_id: str = "",
+        offered: dict[str, Tool] | None = None,
+        argument_error: str = "",
+    ) -> ToolOutcome:
+        """run() of a call to an async tool, awaited on this loop (not recorded)."""
+        tool, ctx, res = self._resolve(name, arguments, call_id, offered, argument_error)
+        if res is None:
+            timeout = tool.timeout or get_config().chat.tool_timeout
+            try:
+                res = _checked(await _ainvoke(tool, ctx, arguments, timeout))
+            except Exception as exc:
+                res = self._failed(name, timeout, exc)
+        return self._outcome(name, call_id, arguments, res, tool)
 
     def _record(
         self, outcome: ToolOutcome, round_no: int, *, raw_arguments: str = "", recorded_arguments=None
@@ -301,9 +369,53 @@ class AgentTurn:
         the scope's tools now). `close(outcomes) -> fields | None`: when it returns fields, the cycle's
         record is closed with them in the same transaction as the calls' records."""
         offered = {t.name: t for t in (self.tools() if tools is None else tools)}
-        outcomes = [
+        return self._finish(calls, [], offered, round_no=round_no, close=close)
+
+    async def aexecute(
+        self,
+        calls: list[ToolCallRequest],
+        *,
+        round_no: int = 0,
+        tools: list[Tool] | None = None,
+        close: Any = None,
+    ) -> list[ToolOutcome]:
+        """execute() from async code: the same calls in the same order, recorded the same way, but a
+        call to an async tool is awaited here (no thread waits for it). The sync calls before it run in
+        one trip to a thread (sync_to_async), the rest together with the records in another."""
+        offered = {t.name: t for t in (await sync_to_async(self.tools)() if tools is None else tools)}
+        done: list[ToolOutcome] = []
+        try:
+            for i, c in enumerate(calls):
+                tool = offered.get(c.name)
+                if tool is None or not tool.is_async:
+                    continue
+                if len(done) < i:
+                    done += await sync_to_async(self._run_all)(calls[len(done) : i], offered)
+                done.append(
+                    await self.arun(c.name, c.arguments, call_id=c.id, offered=offered, argument_error=c.argument_error)
+                )
+        except asyncio.CancelledError:
+            if done:  # what ran before the turn was stopped is recorded all the same
+                await sync_to_async(self._finish)(calls[: len(done)], done, offered, round_no=round_no)
+            raise
+        return await sync_to_async(self._finish)(calls, done, offered, round_no=round_no, close=close)
+
+    def _run_all(self, calls: list[ToolCallRequest], offered: dict[str, Tool]) -> list[ToolOutcome]:
+        return [
             self.run(c.name, c.arguments, call_id=c.id, offered=offered, argument_error=c.argument_error) for c in calls
         ]
+
+    def _finish(
+        self,
+        calls: list[ToolCallRequest],
+        done: list[ToolOutcome],
+        offered: dict[str, Tool],
+        *,
+        round_no: int,
+        close: Any = None,
+    ) -> list[ToolOutcome]:
+        """Run the calls after the first len(done) (those already run), then record them all."""
+        outcomes = [*done, *self._run_all(calls[len(done) :], offered)]
         records = [
             self._record(o, round_no, raw_arguments=c.raw_arguments) for o, c in zip(outcomes, calls, strict=True)
         ]

@@ -161,7 +161,6 @@ def content_fallback(*, turn: AgentTurn, content: str, round_no: int) -> str:
 _abandon = sync_to_async(abandon_cycle)
 _prepare = sync_to_async(prepare)
 _open = sync_to_async(cycle_open)
-_execute = sync_to_async(AgentTurn.execute)
 _fallback = sync_to_async(content_fallback)
 _close = sync_to_async(close_cycle)
 
@@ -249,8 +248,8 @@ async def run_cycle(
         return fields
 
     def close_after(outcomes: list[ToolOutcome]) -> dict[str, Any] | None:
-        # Runs in the tool thread while this coroutine waits: when the round ends the cycle, its
-        # results and the cycle's record go to the database in one trip.
+        # Runs in the thread that records the round while this coroutine waits: when the round ends
+        # the cycle, its results and the cycle's record go to the database in one trip.
         nonlocal t, done
         done = round_outcome(outcomes)
         if not done.ended:
@@ -319,7 +318,8 @@ async def run_cycle(
                 t = watch.add("execute_ms", t)
                 break
             conversation.append(result.assistant_message or {"role": "assistant", "content": result.content})
-            await _execute(turn, result.tool_calls, round_no=round_no, tools=prepared.tools, close=close_after)
+            # Plugins' and MCP servers' tools are awaited here: a slow one holds no thread other chats need.
+            await turn.aexecute(result.tool_calls, round_no=round_no, tools=prepared.tools, close=close_after)
             tools_ran = True
             if done.ended:
                 closed = True

@@ -6,10 +6,11 @@ A link connects (stdio: starts the command; streamable HTTP: the URL with its he
 server's tools, offers the allowed ones, and pings the server every PING_SECONDS. When the connection
 breaks (the process died, a ping or a call found it gone) its tools are removed at once and the link
 reconnects with backoff (1 s doubling to 30 s). A config reload restarts exactly the links whose entry
-changed. A call runs in the engine's tool thread: its arguments are checked against the server's
-schema, then the call is handed to the link's loop and waited for at most the entry's
-call_timeout_seconds; a dead server answers at once with mcp_unavailable, so it never holds up a
-cycle. What each process sees is kept in McpServerState for the admin.
+changed. A tool is async (chat.agent.engine awaits it on the turn's loop, so a slow server holds no
+thread another chat needs): its arguments are checked against the server's schema, then the call is
+handed to the link's loop and waited for at most the entry's call_timeout_seconds; a dead server
+answers at once with mcp_unavailable, so it never holds up a cycle. What each process sees is kept in
+McpServerState for the admin.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import httpx2
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from django.db.models import F
 from django.utils import timezone
@@ -203,15 +205,15 @@ class ServerLink:
         self._withdraw()
         await self._save(state=McpLinkState.STOPPED, tools=[])
 
-    # --- calls (from the engine's tool thread) --------------------------------------------------
+    # --- calls (awaited by the engine, on any loop) ---------------------------------------------
 
     def _tool_func(self, name: str):
-        def call(ctx: ToolContext, **arguments: Any) -> dict[str, Any]:
-            return self.call_sync(name, arguments)
+        async def call(ctx: ToolContext, **arguments: Any) -> dict[str, Any]:
+            return await self.call(name, arguments)
 
         return call
 
-    def call_sync(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    async def call(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         validator, remote, session = self.validators.get(name), self.offered.get(name), self.session
         if validator is None or remote is None or session is None:
             return error(UNAVAILABLE, f"the MCP server {self.entry.name} is not connected; try again later")
@@ -222,13 +224,15 @@ class ServerLink:
             return error(ToolErrorCode.INVALID_ARGUMENTS, f"{where}: {first.message}"[:500])
         started = time.monotonic()
         timeout = self.entry.call_timeout_seconds
+        # On the link's loop (the caller's in the server; a life-loop turn's is another); cancelled with
+        # the wait.
         future = asyncio.run_coroutine_threadsafe(
             session.call_tool(remote, arguments, read_timeout_seconds=timeout), self.loop
         )
         try:
-            result = future.result(timeout=timeout)
+            async with asyncio.timeout(timeout):
+                result = await asyncio.wrap_future(future)
         except TimeoutError:
-            future.cancel()
             outcome = error(ToolErrorCode.TOOL_TIMEOUT, f"{name} did not finish within {timeout:g}s")
         except Exception as exc:  # the connection broke under the call, or the server refused it
             self.loop.call_soon_threadsafe(self._broken.set)
@@ -240,7 +244,7 @@ class ServerLink:
                 outcome = ok(result=result.structured_content)
             else:
                 outcome = ok(result=_text(result))
-        self._count(ok=bool(outcome.get("ok")), ms=(time.monotonic() - started) * 1000)
+        await sync_to_async(self._count)(ok=bool(outcome.get("ok")), ms=(time.monotonic() - started) * 1000)
         return outcome
 
     def _count(self, *, ok: bool, ms: float) -> None:

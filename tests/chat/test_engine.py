@@ -13,7 +13,7 @@ from chat.agent.llm import ToolCallRequest
 from chat.components import LIFE, Tool, ToolContext, ok, registry
 from chat.models import ChatSession, CycleKind, ToolCallRecord
 from maibot import config
-from tests.conftest import wait_for
+from tests.conftest import wait_for, wait_for_async
 
 pytestmark = pytest.mark.django_db
 
@@ -174,3 +174,118 @@ async def test_a_tool_thread_runs_coroutines_on_the_callers_event_loop():
     tool = Tool("where", "", NO_ARGS, lambda ctx: async_to_sync(where)() or ok())
     assert await sync_to_async(_invoke)(tool, ToolContext(session=None), {}, 5) == {"ok": True}
     assert seen == [asyncio.get_running_loop()]
+
+
+@pytest.fixture
+def async_tools(monkeypatch):
+    """Sync and async tools that note when they run; `gate` lets `waits` answer."""
+    order: list[str] = []
+    gate = asyncio.Event()
+
+    def noted(ctx, text: str) -> dict:
+        order.append(f"sync {text}")
+        return ok(text=text)
+
+    async def waits(ctx, text: str) -> dict:
+        order.append(f"async {text}")
+        await gate.wait()
+        return ok(text=text)
+
+    async def sleeps(ctx) -> dict:
+        order.append("sleeps")
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            order.append("sleeps cancelled")
+            raise
+
+    async def broken(ctx) -> dict:
+        raise RuntimeError("kaput")
+
+    async def not_a_dict(ctx):
+        return ["ok"]
+
+    text = {"type": "object", "properties": {"text": {"type": "string"}}}
+    made = [
+        Tool("noted", "Sync.", text, noted),
+        Tool("waits", "Async, until the gate opens.", text, waits),
+        Tool("sleeps", "Async, an hour.", NO_ARGS, sleeps, timeout=0.3),
+        Tool("abroken", "Async, fails.", NO_ARGS, broken),
+        Tool("anot_a_dict", "Async, returns a list.", NO_ARGS, not_a_dict),
+    ]
+    for tool in made:
+        monkeypatch.setitem(registry._tools, tool.name, tool)
+    return order, gate
+
+
+def started(order: list[str]):
+    async def check() -> bool:
+        return order == ["sync 1", "async 2"]
+
+    return check
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_aexecute_awaits_async_tools_in_order_without_holding_the_db_thread(make_session, async_tools):
+    order, gate = async_tools
+    turn = await sync_to_async(open_turn)(await sync_to_async(make_session)())
+    task = asyncio.ensure_future(
+        turn.aexecute(
+            [
+                call("noted", {"text": "1"}),
+                call("waits", {"text": "2"}),
+                call("noted", {"text": "3"}),
+                call("sleeps", {}),
+                call("abroken", {}),
+                call("anot_a_dict", {}),
+                call("waits", {"txt": "typo"}),
+            ],
+            round_no=1,
+        )
+    )
+    await wait_for_async(started(order), what="the async tool to start")
+    # While the async tool waits, the thread every runtime's database work runs in is free.
+    assert await asyncio.wait_for(sync_to_async(ChatSession.objects.count)(), 5) == 1
+    assert not task.done()
+    gate.set()
+    outcomes = await task
+    assert order == ["sync 1", "async 2", "sync 3", "sleeps", "sleeps cancelled"]
+    assert [o.code if not o.ok else "ok" for o in outcomes] == [
+        "ok",
+        "ok",
+        "ok",
+        "tool_timeout",
+        "tool_failed",
+        "tool_failed",
+        "invalid_arguments",
+    ]
+    assert outcomes[1].result == {"ok": True, "text": "2"}
+    assert outcomes[3].result["error"]["message"] == "sleeps did not finish within 0.3s"
+    assert outcomes[4].result["error"]["message"] == "RuntimeError: kaput"
+    assert outcomes[5].result["error"]["message"] == "TypeError: tool returned list, not a dict"
+    records = [r async for r in ToolCallRecord.objects.filter(cycle=turn.cycle).order_by("id")]
+    assert [(r.name, r.round, r.result) for r in records] == [(o.name, 1, o.result) for o in outcomes]
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_aexecute_stopped_during_an_async_tool_records_the_calls_that_ran(make_session, async_tools):
+    order, _gate = async_tools
+    turn = await sync_to_async(open_turn)(await sync_to_async(make_session)())
+    task = asyncio.ensure_future(turn.aexecute([call("noted", {"text": "1"}), call("waits", {"text": "2"})]))
+    await wait_for_async(started(order), what="the async tool to start")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    records = [r async for r in ToolCallRecord.objects.filter(cycle=turn.cycle)]
+    assert [(r.name, r.result) for r in records] == [("noted", {"ok": True, "text": "1"})]
+
+
+def test_an_async_tool_called_from_sync_code_is_cut_at_its_timeout(make_session, async_tools):
+    order, _gate = async_tools
+    turn = open_turn(make_session())
+    assert turn.call("sleeps", {})["error"] == {"code": "tool_timeout", "message": "sleeps did not finish within 0.3s"}
+    # The stalled coroutine is cancelled at its deadline: it keeps no thread of the engine's pool.
+    assert wait_for(lambda: order == ["sleeps", "sleeps cancelled"])
+    assert turn.call("abroken", {})["error"]["message"] == "RuntimeError: kaput"
+    assert turn.call("noted", {"text": "1"}) == {"ok": True, "text": "1"}
+    assert ToolCallRecord.objects.filter(cycle=turn.cycle).count() == 3

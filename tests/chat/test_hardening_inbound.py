@@ -10,6 +10,7 @@ import logging
 import uuid
 
 import pytest
+from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
@@ -18,7 +19,7 @@ from django.urls import reverse
 
 from chat.components import Command, _commands, register_command
 from chat.models import Message
-from chat.offline import offline_turn
+from chat.offline import run_offline_cycle
 from chat.wire.inbound import EnvelopeError, json_text_is_storable, parse_custom, parse_envelope
 from maibot import config
 from tests.chat.gateway_helpers import Adapter06, RawSocket, envelope
@@ -53,7 +54,7 @@ def test_the_offline_planner_answers_what_it_cannot_do(make_session, english, te
         segments=[{"type": "text", "data": text}],
         time=session.last_active_at,
     )
-    cycle = offline_turn(session=session, new_messages=[message], mentioned=False)
+    cycle = async_to_sync(run_offline_cycle)(session=session, new_messages=[message], mentioned=False)
     assert cycle.action == "offline_error" and cycle.ended_at is not None
     answers = list(Message.objects.filter(session=session, direction="out").values_list("text", flat=True))
     assert len(answers) == 1 and answers[0].startswith(("I could not read the time", "Sorry"))
@@ -81,7 +82,7 @@ def test_a_burst_confirms_every_reminder_even_when_one_command_breaks(make_sessi
             )
             for t in texts
         ]
-        cycle = offline_turn(session=session, new_messages=messages, mentioned=False)
+        cycle = async_to_sync(run_offline_cycle)(session=session, new_messages=messages, mentioned=False)
     finally:
         _commands.pop("test.broken")
     answers = list(

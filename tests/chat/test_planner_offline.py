@@ -5,11 +5,11 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
-from asgiref.sync import sync_to_async
+from asgiref.sync import async_to_sync, sync_to_async
 from django.utils import timezone
 
 from chat.models import Direction, LLMCall, Message, PlannerCycle, ToolCallRecord
-from chat.offline import offline_turn
+from chat.offline import run_offline_cycle
 from maibot import config
 from maibot.config import format_instant
 from scheduling.dispatcher import deliver_due
@@ -59,7 +59,7 @@ def test_today_with_a_past_time_is_an_error():
 
 def turn(session, *texts):
     messages = [inbound_store(session=session, text=t) for t in texts]
-    return offline_turn(session=session, new_messages=messages, mentioned=False)
+    return async_to_sync(run_offline_cycle)(session=session, new_messages=messages, mentioned=False)
 
 
 def replies(session) -> list[str]:
@@ -148,7 +148,7 @@ def test_messages_without_text_get_no_offline_answer(make_session):
     session = make_session()
     image = inbound_store(session=session, text="[image]")
     image.segments = [{"type": "image", "data": {"media": "ab12"}}]
-    assert offline_turn(session=session, new_messages=[image], mentioned=False) is None
+    assert async_to_sync(run_offline_cycle)(session=session, new_messages=[image], mentioned=False) is None
     assert replies(session) == [] and not PlannerCycle.objects.exists()
 
 
@@ -156,7 +156,7 @@ def test_messages_without_text_get_no_offline_answer(make_session):
 def test_group_chatter_is_ignored_offline(make_session):
     group = make_session(chat_type="group")
     assert turn(group, "lunch?") is None and replies(group) == []
-    mentioned = offline_turn(
+    mentioned = async_to_sync(run_offline_cycle)(
         session=group, new_messages=[inbound_store(session=group, text="麦麦 在吗")], mentioned=True
     )
     assert mentioned.action == "offline_notice" and len(replies(group)) == 1

@@ -5,11 +5,11 @@ and the scripted server, with an injected clock."""
 from datetime import datetime
 
 import pytest
-from asgiref.sync import sync_to_async
+from asgiref.sync import async_to_sync, sync_to_async
 
 from chat import talk
 from chat.models import Direction, Message
-from chat.offline import offline_turn
+from chat.offline import run_offline_cycle
 from maibot import config
 from scheduling.models import ScheduledMessage
 from tests.chat.planner_helpers import (  # noqa: F401
@@ -116,10 +116,10 @@ def test_offline_commands_only_for_the_listed_operators(make_session):
     session = make_session(user_id="admin-1")
     stranger = make_session(user_id="stranger")
     with config.override(bot={"language": "en"}, chat={"command_operators": ["qq:admin-1"]}):
-        mine = offline_turn(
+        mine = async_to_sync(run_offline_cycle)(
             session=session, new_messages=[inbound_store(session=session, text="/list")], mentioned=False
         )
-        theirs = offline_turn(
+        theirs = async_to_sync(run_offline_cycle)(
             session=stranger,
             new_messages=[inbound_store(session=stranger, text="remind me in 10 minutes to drink water")],
             mentioned=False,

@@ -10,11 +10,12 @@ import os
 import re
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.contrib.auth.models import Permission, User
 
 from chat.agent.engine import AgentTurn
 from chat.agent.llm import ToolCallRequest
-from chat.commands import commands_turn
+from chat.commands import run_commands
 from chat.components import commands, registry
 from chat.models import CycleKind, Direction, LLMCall, Message, ToolCallRecord
 from maibot import config
@@ -115,12 +116,12 @@ def test_an_invalid_plugin_config_fails_the_plugin_with_the_reason(tmp_path):
 
 
 def test_in_offline_mode_a_plugin_command_answers_without_the_offline_notice(load_plugins, make_session):
-    from chat.offline import offline_turn
+    from chat.offline import run_offline_cycle
 
     load_plugins("weather")
     session = make_session()
     hello = inbound_store(session=session, text="/hello Carol")
-    cycle = offline_turn(session=session, new_messages=[hello], mentioned=False)
+    cycle = async_to_sync(run_offline_cycle)(session=session, new_messages=[hello], mentioned=False)
     assert cycle.action == "command"
     assert list(Message.objects.filter(direction=Direction.OUT).values_list("text", flat=True)) == ["Hi, Carol!"]
 
@@ -240,14 +241,14 @@ def test_a_command_intercepts_before_the_planner_and_one_that_does_not_lets_the_
     peek = inbound_store(session=session, text="/peek at this")
     chatter = inbound_store(session=session, text="just chatting")
 
-    handled, cycle = commands_turn(session=session, new_messages=[hello, peek, chatter])
+    handled, cycle = async_to_sync(run_commands)(session=session, new_messages=[hello, peek, chatter])
     assert handled == {hello.pk}
     assert cycle.action == "command"
     assert "plugin command test.maibot.weather.hello: ok (greeted Bob)" in cycle.outcome
     assert "plugin command test.maibot.weather.peek: ok (peeked)" in cycle.outcome
     assert list(Message.objects.filter(direction=Direction.OUT).values_list("text", flat=True)) == ["Hi, Bob!"]
 
-    handled, cycle = commands_turn(session=session, new_messages=[chatter])
+    handled, cycle = async_to_sync(run_commands)(session=session, new_messages=[chatter])
     assert handled == set() and cycle is None  # nothing matched: no turn opened
 
 
