@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import subprocess
 import sys
 import tempfile
@@ -38,32 +37,11 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from plugins import manifest as mf
+from plugins.supervisor import safe_environment
 
 logger = logging.getLogger(__name__)
 
 MAX_OUTPUT = 8000  # characters of pip's output kept for the admin
-# What of the server's environment pip sees: where programs are, the locale, the network's proxies and
-# certificates, and pip's own settings. Nothing else (the model key, adapter tokens, SECRET_KEY...).
-PIP_ENVIRONMENT = (
-    "PATH",
-    "HOME",
-    "LANG",
-    "LANGUAGE",
-    "TMPDIR",
-    "PYTHONPATH",
-    "VIRTUAL_ENV",
-    "SSL_CERT_FILE",
-    "SSL_CERT_DIR",
-    "REQUESTS_CA_BUNDLE",
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "NO_PROXY",
-    "ALL_PROXY",
-    "http_proxy",
-    "https_proxy",
-    "no_proxy",
-    "all_proxy",
-)
 
 
 @dataclass
@@ -124,9 +102,8 @@ def installed_pins() -> list[str]:
 
 
 def _pip_environment() -> dict[str, str]:
-    return {
-        name: value for name, value in os.environ.items() if name in PIP_ENVIRONMENT or name.startswith(("LC_", "PIP_"))
-    }
+    # The basics every program the host starts gets, where pip installs to, and pip's own settings.
+    return safe_environment(also=("PYTHONPATH", "VIRTUAL_ENV"), prefixes=("PIP_",))
 
 
 def install(requirements: list[str]) -> InstallOutcome:

@@ -52,10 +52,10 @@ def remote_error(error: dict[str, Any]) -> Exception:
     return _remote_types[name](message)
 
 
-# What a runner inherits from the server's environment: the basics a Python program and an HTTP client
-# need. Never the rest (API keys, DATABASE_URL, REDIS_URL, adapter tokens): plugin code has no business
-# with the bot's secrets.
-_INHERITED_ENV = (
+# What a program the plugin host starts (a runner, pip) inherits from the server's environment: the basics
+# a Python program and an HTTP client need (and LC_*). Never the rest (API keys, DATABASE_URL, REDIS_URL,
+# adapter tokens): plugin code and package installs have no business with the bot's secrets.
+SAFE_ENVIRONMENT = (
     "PATH",
     "HOME",
     "USER",
@@ -70,16 +70,26 @@ _INHERITED_ENV = (
     "HTTP_PROXY",
     "HTTPS_PROXY",
     "NO_PROXY",
+    "ALL_PROXY",
     "http_proxy",
     "https_proxy",
     "no_proxy",
+    "all_proxy",
 )
+
+
+def safe_environment(*, also: tuple[str, ...] = (), prefixes: tuple[str, ...] = ()) -> dict[str, str]:
+    """The server's environment reduced to SAFE_ENVIRONMENT and LC_*, plus the names `also` and the
+    variables starting with `prefixes`."""
+    return {
+        k: v for k, v in os.environ.items() if k in SAFE_ENVIRONMENT or k in also or k.startswith(("LC_", *prefixes))
+    }
 
 
 def runner_env() -> dict[str, str]:
     """The runner's environment: the basics (above, and LC_*), and the server's sys.path as PYTHONPATH
     so it sees the same packages (the project, the venv, a shiv extraction)."""
-    env = {k: v for k, v in os.environ.items() if k in _INHERITED_ENV or k.startswith("LC_")}
+    env = safe_environment()
     paths = [str(PROJECT_ROOT), *(p for p in sys.path if p and os.path.isdir(p))]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     env["PYTHONUNBUFFERED"] = "1"
