@@ -572,8 +572,9 @@ class PluginHost:
                 asyncio.run_coroutine_threadsafe(process.stop(UNLOAD_TIMEOUT), self.loop)
                 return
             record.process = None  # the crashed one needs no stopping
-            self._apply(record, process, reply)
+            # Counted before the new runner shows as running: a reader never sees it running uncounted.
             record.restarts += 1
+            self._apply(record, process, reply)
             logger.info("plugin %s: runner restarted (pid %s)", record.plugin_id, process.pid)
 
     # --- reloading -----------------------------------------------------------------------------------
