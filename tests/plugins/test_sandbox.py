@@ -178,6 +178,20 @@ def test_every_process_a_plugin_starts_dies_with_its_runner_on_reload_on_kill_an
     assert wait_for(lambda: not processes_with(marker), timeout=20), "the daemon survived the host"
 
 
+def test_a_plugins_daemon_dies_when_its_folder_is_deleted(hostile):
+    host = hostile()
+    record = host.records[HOSTILE]
+    heartbeat = Path(settings.DATA_DIR) / "plugin-data" / HOSTILE / "heartbeat"
+    marker = f"hostile-daemon-{uuid.uuid4().hex}"
+    assert invoke(host, "hostile_daemon", marker=marker) == {"started": True}
+    assert wait_for(lambda: heartbeat.exists() and processes_with(marker), timeout=20)
+    folder = record.folder
+    shutil.rmtree(folder)
+    assert host.remove_folder(folder).ok  # what the folder watcher does when it sees the folder gone
+    assert record.state == PluginState.REMOVED
+    assert wait_for(lambda: not processes_with(marker), timeout=20), "the daemon survived its plugin's deletion"
+
+
 def test_a_plugin_forks_only_up_to_its_process_limit_and_other_plugins_keep_working(hostile, make_session):
     from chat.agent.engine import AgentTurn
     from chat.agent.llm import ToolCallRequest
