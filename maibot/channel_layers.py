@@ -14,8 +14,8 @@ from channels.layers import InMemoryChannelLayer
 
 class ChannelQueue:
     """One channel's messages: the part of asyncio.Queue the in-memory layer uses (`put_nowait`, `get`,
-    `get_nowait`, `empty`, `_queue`), kept in two small lists. An asyncio.Queue allocates four deques
-    (about 3 KB) whether or not anything is ever queued; a waiting runtime's channel needs ~200 bytes."""
+    `get_nowait`, `empty`, `_queue`), kept in two small lists, because an asyncio.Queue allocates four
+    deques whether or not anything is ever queued (sizes: docs/benchmarks.md)."""
 
     __slots__ = ("_getters", "_queue", "maxsize")
 
@@ -68,11 +68,9 @@ class SweepingInMemoryChannelLayer(InMemoryChannelLayer):
     """Channels' InMemoryChannelLayer (channels 4.3) with two changes, nothing else:
 
     - its expiry sweep (expired messages, stale group memberships) runs at most once per
-      `sweep_interval` seconds instead of on every `receive`. The parent walks every channel and every
-      group on each receive, O(live channels) per message: with 10,000 live runtimes a burst of first
-      messages grew quadratically (bench/sessions.py) and starved the event loop. A message or
-      membership is now dropped at most `sweep_interval` seconds after it expired (messages expire
-      after 60 s, memberships after a day);
+      `sweep_interval` seconds instead of on every `receive` (the parent walks every channel and every
+      group on each receive: O(live channels) per message). A message or membership is dropped at most
+      `sweep_interval` seconds after it expired (messages expire after 60 s, memberships after a day);
     - a channel's queue is a ChannelQueue, created when first needed (the parent builds an
       asyncio.Queue on every send and receive, used or not).
 

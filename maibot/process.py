@@ -275,21 +275,16 @@ def call_before_server_shutdown(loop: asyncio.AbstractEventLoop, hook: Callable[
 
 def tune_garbage_collector() -> None:
     """Set the garbage collector up for a long-running server: move every object the process has so
-    far (Django, the apps, their libraries: ~140,000-190,000 objects, loaded at import and kept for the
-    process's life) out of its sight, after one collection of what is garbage already, and collect the
-    young generation every 10,000 net allocations instead of 700.
+    far (Django, the apps, their libraries, loaded at import and kept for the process's life) out of its
+    sight, after one collection of what is garbage already, and collect the young generation every
+    10,000 net allocations instead of 700.
 
-    Why (bench/ingest.py, bench/sessions.py, a 2-core machine): each full collection walked that
-    start-up heap, 80-130 ms with the event loop stopped, and under an ingest burst they came every
-    ~0.5 s: a lone message sent then waited up to 200 ms, and the collector took about a third of the
-    server's CPU per message. At 700 a burst's batches (parsed frames, rows, model instances, alive
-    while their transaction runs) outlived enough young collections to be promoted, and the promoted
-    objects set off the full collections; at 10,000 they die young. Measured: a 20,000 burst went from
-    6 full collections (11-54 ms each once frozen) to none, and its collector time from ~250 to ~80 ms;
-    10,000 sessions at 50/s from 13-14 full collections (up to 190-290 ms) to none. A young collection
-    now walks up to 10,000 objects (~1-2 ms). The cost of the freeze: an object frozen here that later
-    becomes garbage in a reference cycle is never freed (reference counting still frees the rest); what
-    is loaded at import is meant to stay.
+    So a full collection never walks the start-up heap (each one stops the event loop), and a batch's
+    objects (parsed frames, rows, model instances, alive while their transaction runs) die young instead
+    of being promoted and setting off full collections. The measurements behind both settings are in
+    docs/benchmarks.md ("The garbage collector's settings"). The cost of the freeze: an object frozen
+    here that later becomes garbage in a reference cycle is never freed (reference counting still frees
+    the rest); what is loaded at import is meant to stay.
     """
     gc.collect()
     gc.freeze()
