@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from asgiref.sync import iscoroutinefunction, sync_to_async
 
 from chat.models import ChatSession, Message
+from maibot.config import get_config
 
 
 class ToolErrorCode(StrEnum):
@@ -55,6 +56,10 @@ class ToolContext:
     tool_call_id: str = ""
     cycle: Any = None  # chat.models.PlannerCycle of the turn that runs the tool
     extra: dict[str, Any] = field(default_factory=dict)  # shared by the calls of one turn
+    # The seconds this call may take (Tool.time_limit), set and enforced by the engine, which cuts the
+    # call there. A tool that hands its work to another process passes it on, so the work stops there
+    # when the engine stops waiting; it adds no limit of its own.
+    timeout: float | None = None
 
 
 ToolFunc = Callable[..., dict[str, Any]] | Callable[..., Awaitable[dict[str, Any]]]
@@ -75,6 +80,10 @@ class Tool:
     scopes: frozenset[str] = frozenset({CHAT})
     # Seconds one call may run; None: the config's chat.tool_timeout.
     timeout: float | None = None
+
+    def time_limit(self) -> float:
+        """Seconds one call may run: `timeout`, else the config's chat.tool_timeout."""
+        return self.timeout or get_config().chat.tool_timeout
 
     @property
     def is_async(self) -> bool:

@@ -125,7 +125,8 @@ def _tool(host: ComponentHost, record: PluginRecord, component: ComponentInfo) -
         if legacy_action:
             args["action_data"] = dict(arguments)
             args["reasoning"] = ""
-        timeout = get_config().chat.tool_timeout
+        # The engine's limit for this call (it cuts the call there): the runner's work stops with it.
+        timeout = ctx.timeout or get_config().chat.tool_timeout
         try:
             result = await host.ainvoke(record, component, args, timeout)
         except TimeoutError:
