@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -135,6 +135,27 @@ class ToolRegistry:
 
 
 registry = ToolRegistry()
+
+
+def register_tool(
+    name: str,
+    description: str,
+    func: ToolFunc,
+    *,
+    parameters: dict[str, Any] | None = None,
+    properties: dict[str, Any] | None = None,
+    required: Sequence[str] = (),
+    **options: Any,
+) -> Tool:
+    """Put a tool in the registry and return it (ValueError when its name is taken): the one way tools
+    are registered. Its arguments' JSON Schema is `parameters`, or an object of `properties` (with
+    `required` among them) that takes no other keys. `options`: the Tool's other fields."""
+    if parameters is None:
+        parameters = {"type": "object", "properties": properties or {}}
+        if required:
+            parameters["required"] = list(required)
+        parameters["additionalProperties"] = False
+    return registry.register(Tool(name=name, description=description, parameters=parameters, func=func, **options))
 
 
 def ok(**payload: Any) -> dict[str, Any]:

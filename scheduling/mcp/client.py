@@ -36,7 +36,7 @@ from django.utils import timezone
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from chat.components import CHAT, LIFE, Tool, ToolContext, ToolErrorCode, error, ok, registry
+from chat.components import CHAT, LIFE, ToolContext, ToolErrorCode, error, ok, register_tool, registry
 from maibot.aio import wait_event
 from maibot.config import BotConfig, McpServerEntry, get_config, mcp_secret_resolve
 from maibot.reload import register_reload_callback
@@ -175,16 +175,14 @@ class ServerLink:
                 )
                 continue
             try:
-                registry.register(
-                    Tool(
-                        name=name,
-                        description=f"[{self.entry.name}] {tool.description or tool.name}"[:1024],
-                        parameters=schema,
-                        func=self._tool_func(name),
-                        scopes=frozenset({self.scope}),
-                        # The link's own deadline answers first, with a clearer error.
-                        timeout=self.entry.call_timeout_seconds + 2,
-                    )
+                register_tool(
+                    name,
+                    f"[{self.entry.name}] {tool.description or tool.name}"[:1024],
+                    self._tool_func(name),
+                    parameters=schema,
+                    scopes=frozenset({self.scope}),
+                    # The link's own deadline answers first, with a clearer error.
+                    timeout=self.entry.call_timeout_seconds + 2,
                 )
             except ValueError:
                 logger.warning("MCP server %s: tool name %s is taken; not offered", self.entry.name, name)
