@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from asgiref.sync import iscoroutinefunction, sync_to_async
+from asgiref.sync import iscoroutinefunction
 
 from chat.models import ChatSession, Message
+from maibot.aio import db
 from maibot.config import get_config
 
 
@@ -188,8 +189,8 @@ def register_context_block(name: str, provider: ContextProvider, *, order: int =
 
 
 def context_blocks(session: ChatSession | None) -> list[tuple[str, str]]:
-    """(name, text) of every registered block with something to say, in order. Sync: call it from a
-    thread (sync_to_async) when in async code."""
+    """(name, text) of every registered block with something to say, in order. Sync: async code calls
+    it through maibot.aio.db."""
     out = []
     for block in sorted(_blocks.values(), key=lambda b: (b.order, b.name)):
         text = block.provider(session)
@@ -251,8 +252,8 @@ def commands() -> list[Command]:
 
 async def command_handle(command: Command, turn: CommandTurn, text: str) -> bool:
     """Ask one command from async code: an async handler is awaited here (no thread waits for a
-    plugin's answer), a sync one runs in the caller's DB thread (sync_to_async), where its tool calls
+    plugin's answer), a sync one runs in the caller's DB thread (maibot.aio.db), where its tool calls
     and queries belong."""
     if iscoroutinefunction(command.handle):
         return await command.handle(turn, text)
-    return await sync_to_async(command.handle)(turn, text)
+    return await db(command.handle)(turn, text)

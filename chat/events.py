@@ -18,7 +18,7 @@ A handler is a coroutine function (kwargs, timeout) -> result. No thread waits f
 handlers are awaited on the emitter's event loop, observe handlers and background emits run on this
 module's own event loop (one thread, however many calls wait), so a slow handler costs the chat that
 emitted it its time and nothing else. A handler must honour `timeout` (a plugin's call is cut there
-and cancelled in its runner) and must not block its loop (ORM work goes through sync_to_async); the
+and cancelled in its runner) and must not block its loop (ORM work goes through maibot.aio.db); the
 chain stops waiting for it `GRACE` seconds after its timeout in any case. Its timeout is its own
 (`EventHandler.timeout`) but never more than the config's `chat.tool_timeout`, which is also the
 default. What one chat may have running in the background (observe calls, after-send emits) is
