@@ -18,7 +18,7 @@ import weakref
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Required, TypedDict, Unpack
 
 from chat.agent import budget
 from chat.models import LLMCall
@@ -362,20 +362,26 @@ def _attempt(
     _finish(result, started, purpose, model.model)
 
 
-def _route(
-    purpose: str,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
-    session_id: int | None,
-    cycle_id: int | None,
-    timeout: float | None,
-    *,
-    whole: bool,
-    retries: bool,
-) -> Plan[LLMResult]:
+class LLMRequest(TypedDict, total=False):
+    """What a model is asked (complete(), complete_sync()): the purpose (its task, routes and caps), the
+    messages, the tools offered, the chat and cycle the ledger rows and caps belong to, a timeout."""
+
+    purpose: Required[str]
+    messages: Required[list[dict[str, Any]]]
+    tools: list[dict[str, Any]] | None
+    session_id: int | None
+    cycle_id: int | None
+    timeout: float | None
+
+
+def _route(request: LLMRequest, *, whole: bool, retries: bool) -> Plan[LLMResult]:
     """The task's models in order, each admitted under the caps, called and recorded, until one
     answers (complete() and complete_sync() carry it out). `timeout` bounds each attempt, with `whole`
     the call as a whole too; `retries`: the SDK's own retries of an attempt."""
+    if unknown := set(request) - set(LLMRequest.__annotations__):
+        raise TypeError(f"unexpected keyword arguments: {', '.join(sorted(unknown))}")
+    purpose, messages, tools = request["purpose"], request["messages"], request.get("tools")
+    session_id, cycle_id, timeout = request.get("session_id"), request.get("cycle_id"), request.get("timeout")
     cfg = get_config()
     task = budget.task_of(purpose)
     deadline = _Deadline(timeout if whole else None)
@@ -404,40 +410,22 @@ def _route(
     return _no_call(cfg, last, refusal)
 
 
-async def complete(
-    *,
-    purpose: str,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None = None,
-    session_id: int | None = None,
-    cycle_id: int | None = None,
-    timeout: float | None = None,
-) -> LLMResult:
+async def complete(**request: Unpack[LLMRequest]) -> LLMResult:
     """One chat-completions answer from the task's models (chat.agent.budget.task_of(purpose)): the first,
     then each fallback after a provider error or timeout, each attempt a ledger row. `timeout` bounds the
     whole call, fallbacks included (each attempt also within its model's own). Never raises for
     provider trouble: the error is on the result and in the ledger. A model whose daily cap is reached is
     skipped; when a task or session cap is reached, or every model's, no call is made
     (`result.budget_exceeded` says which cap and when it resets)."""
-    return await run_async(_route(purpose, messages, tools, session_id, cycle_id, timeout, whole=True, retries=True))
+    return await run_async(_route(request, whole=True, retries=True))
 
 
-def complete_sync(
-    *,
-    purpose: str,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None = None,
-    session_id: int | None = None,
-    cycle_id: int | None = None,
-    timeout: float | None = None,
-    hard_timeout: bool = False,
-) -> LLMResult:
+def complete_sync(*, hard_timeout: bool = False, **request: Unpack[LLMRequest]) -> LLMResult:
     """`complete` for sync worker code (django-q2 tasks), with the SDK's sync client: the same
     requests, the same ledger rows, the same fallbacks and caps. `timeout` bounds each attempt, and
     with `hard_timeout` the whole call, fallbacks included: the SDK then does not retry (a retry would
     start the clock again)."""
-    plan = _route(purpose, messages, tools, session_id, cycle_id, timeout, whole=hard_timeout, retries=not hard_timeout)
-    return run_sync(plan)
+    return run_sync(_route(request, whole=hard_timeout, retries=not hard_timeout))
 
 
 # --- the model test (console) ---------------------------------------------------------------------
