@@ -196,6 +196,11 @@ def _running(tool: Tool, ctx: ToolContext, arguments: dict[str, Any]) -> Step:
     return Step(partial(_invoke, tool, ctx, arguments, ctx.timeout))
 
 
+def _request(name: str, arguments: dict[str, Any] | None, call_id: str) -> ToolCallRequest:
+    """A call the code makes itself, as if the model had asked for it."""
+    return ToolCallRequest(id=call_id, name=name, raw_arguments="", arguments=arguments)
+
+
 def _checked(result: Any) -> dict[str, Any]:
     if not isinstance(result, dict):
         raise TypeError(f"tool returned {type(result).__name__}, not a dict")
@@ -309,41 +314,25 @@ class AgentTurn:
             name=name, call_id=call_id, arguments=arguments, result=json.loads(content), content=content, tool=tool
         )
 
-    def _call(
-        self, name: str, arguments: dict[str, Any] | None, call_id: str, offered: dict[str, Tool] | None, error: str
-    ) -> Plan[ToolOutcome]:
-        """One call, resolved, run within its time limit and checked (not recorded)."""
-        tool, ctx, res = self._resolve(name, arguments, call_id, offered, error)
+    def _call(self, call: ToolCallRequest, offered: dict[str, Tool] | None) -> Plan[ToolOutcome]:
+        """One call, resolved, run within its time limit and checked (not recorded). `offered`: the
+        tools the model was shown (None: the scope's)."""
+        name, arguments = call.name, call.arguments
+        tool, ctx, res = self._resolve(name, arguments, call.id, offered, call.argument_error)
         if res is None:
             try:
                 res = _checked((yield _running(tool, ctx, arguments)))
             except Exception as exc:
                 res = self._failed(name, ctx.timeout, exc)
-        return self._outcome(name, call_id, arguments, res, tool)
+        return self._outcome(name, call.id, arguments, res, tool)
 
-    def run(
-        self,
-        name: str,
-        arguments: dict[str, Any] | None,
-        *,
-        call_id: str = "",
-        offered: dict[str, Tool] | None = None,
-        argument_error: str = "",
-    ) -> ToolOutcome:
-        """Run one call (not recorded). `offered`: the tools the model was shown (default: the scope's)."""
-        return run_sync(self._call(name, arguments, call_id, offered, argument_error))
+    def run(self, name: str, arguments: dict[str, Any] | None, *, call_id: str = "") -> ToolOutcome:
+        """Run one call to a tool of this turn's scope (not recorded)."""
+        return run_sync(self._call(_request(name, arguments, call_id), None))
 
-    async def arun(
-        self,
-        name: str,
-        arguments: dict[str, Any] | None,
-        *,
-        call_id: str = "",
-        offered: dict[str, Tool] | None = None,
-        argument_error: str = "",
-    ) -> ToolOutcome:
+    async def arun(self, name: str, arguments: dict[str, Any] | None, *, call_id: str = "") -> ToolOutcome:
         """run() from async code: an async tool awaited on this loop, a sync one in the DB thread."""
-        return await run_async(self._call(name, arguments, call_id, offered, argument_error))
+        return await run_async(self._call(_request(name, arguments, call_id), None))
 
     def _record(
         self, outcome: ToolOutcome, round_no: int, *, raw_arguments: str = "", recorded_arguments=None
@@ -400,7 +389,7 @@ class AgentTurn:
                     continue
                 if len(done) < i:
                     done += yield Step(partial(self._run_all, calls[len(done) : i], offered))
-                done.append((yield from self._call(c.name, c.arguments, c.id, offered, c.argument_error)))
+                done.append((yield from self._call(c, offered)))
         except asyncio.CancelledError:
             if done:  # what ran before the turn was stopped is recorded all the same
                 yield Step(partial(self._finish, calls[: len(done)], done, offered, round_no=round_no))
@@ -408,9 +397,7 @@ class AgentTurn:
         return (yield Step(partial(self._finish, calls, done, offered, round_no=round_no, close=close)))
 
     def _run_all(self, calls: list[ToolCallRequest], offered: dict[str, Tool]) -> list[ToolOutcome]:
-        return [
-            self.run(c.name, c.arguments, call_id=c.id, offered=offered, argument_error=c.argument_error) for c in calls
-        ]
+        return [run_sync(self._call(c, offered)) for c in calls]
 
     def _finish(
         self,
