@@ -271,14 +271,10 @@ class AgentTurn:
         return [tool.schema() for tool in (self.tools() if tools is None else tools)]
 
     def _resolve(
-        self,
-        name: str,
-        arguments: dict[str, Any] | None,
-        call_id: str,
-        offered: dict[str, Tool] | None,
-        argument_error: str,
+        self, call: ToolCallRequest, offered: dict[str, Tool] | None
     ) -> tuple[Tool | None, ToolContext, dict[str, Any] | None]:
         """The tool a call names, its context, and the error result when it cannot run (None: it can)."""
+        name, arguments = call.name, call.arguments
         if offered is None:
             tool = registry.get(name)
             tool = tool if tool is not None and self.scope in tool.scopes else None
@@ -286,12 +282,12 @@ class AgentTurn:
         else:
             tool = offered.get(name)
             names = ", ".join(offered)
-        ctx = self.context(call_id)
+        ctx = self.context(call.id)
         if tool is None:
             return None, ctx, error_result(Code.UNKNOWN_TOOL, f"there is no tool {name!r}; use one of: {names}")
         ctx.timeout = tool.time_limit()
         if arguments is None:
-            problem = f"the arguments are not a JSON object: {argument_error}"
+            problem = f"the arguments are not a JSON object: {call.argument_error}"
         else:
             problem = _misfit(tool, ctx, arguments)
         return tool, ctx, error_result(Code.INVALID_ARGUMENTS, problem) if problem else None
@@ -318,7 +314,7 @@ class AgentTurn:
         """One call, resolved, run within its time limit and checked (not recorded). `offered`: the
         tools the model was shown (None: the scope's)."""
         name, arguments = call.name, call.arguments
-        tool, ctx, res = self._resolve(name, arguments, call.id, offered, call.argument_error)
+        tool, ctx, res = self._resolve(call, offered)
         if res is None:
             try:
                 res = _checked((yield _running(tool, ctx, arguments)))
@@ -378,6 +374,8 @@ class AgentTurn:
     def _execute(
         self, calls: list[ToolCallRequest], round_no: int, tools: list[Tool] | None, close: Any
     ) -> Plan[list[ToolOutcome]]:
+        """The calls in order, recorded: async tools one by one, the sync calls between them each run
+        as one step, the last ones in the step that records them all."""
         if tools is None:
             tools = yield Step(self.tools)
         offered = {t.name: t for t in tools}
