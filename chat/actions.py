@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db.models import F
 
-from chat.components import Tool, ToolContext, error, ok, registry
+from chat.components import ToolContext, error, ok, register_tool
 from chat.components import ToolErrorCode as Code
 from chat.models import Media, MediaKind, Message, SourceKind
 from chat.services import message_send
@@ -126,52 +126,34 @@ def _has_emojis(ctx: ToolContext) -> bool:
     return Media.objects.filter(kind=MediaKind.EMOJI).exists()
 
 
-registry.register(
-    Tool(
-        name="reply",
-        description="Send a message to this chat now. Ends your turn.",
-        parameters={
-            "type": "object",
-            "properties": {
-                "text": {"type": "string", "description": "What you say, as you would type it in the chat."},
-                "quote_message_id": {
-                    "type": ["string", "null"],
-                    "description": "Optional: the id (#…) of a message in the history to quote.",
-                },
-            },
-            "required": ["text"],
-            "additionalProperties": False,
+register_tool(
+    "reply",
+    "Send a message to this chat now. Ends your turn.",
+    reply,
+    properties={
+        "text": {"type": "string", "description": "What you say, as you would type it in the chat."},
+        "quote_message_id": {
+            "type": ["string", "null"],
+            "description": "Optional: the id (#…) of a message in the history to quote.",
         },
-        func=reply,
-        ends_cycle=True,
-    )
+    },
+    required=["text"],
+    ends_cycle=True,
 )
-registry.register(
-    Tool(
-        name="no_reply",
-        description="Say nothing this time (nothing to add, not addressed, or you just spoke). Ends your turn.",
-        parameters={
-            "type": "object",
-            "properties": {"reason": {"type": "string", "description": "Why you stay silent (for your own record)."}},
-            "required": ["reason"],
-            "additionalProperties": False,
-        },
-        func=no_reply,
-        ends_cycle=True,
-    )
+register_tool(
+    "no_reply",
+    "Say nothing this time (nothing to add, not addressed, or you just spoke). Ends your turn.",
+    no_reply,
+    properties={"reason": {"type": "string", "description": "Why you stay silent (for your own record)."}},
+    required=["reason"],
+    ends_cycle=True,
 )
-registry.register(
-    Tool(
-        name="send_emoji",
-        description="Send a sticker matching a short description (e.g. 'happy', '开心'). Ends your turn.",
-        parameters={
-            "type": "object",
-            "properties": {"description": {"type": "string", "description": "The feeling or content wanted."}},
-            "required": ["description"],
-            "additionalProperties": False,
-        },
-        func=send_emoji,
-        available=_has_emojis,
-        ends_cycle=True,
-    )
+register_tool(
+    "send_emoji",
+    "Send a sticker matching a short description (e.g. 'happy', '开心'). Ends your turn.",
+    send_emoji,
+    properties={"description": {"type": "string", "description": "The feeling or content wanted."}},
+    required=["description"],
+    available=_has_emojis,
+    ends_cycle=True,
 )

@@ -21,14 +21,16 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from asgiref.sync import iscoroutinefunction, sync_to_async
+from asgiref.sync import iscoroutinefunction
 
 from chat.models import ChatSession, Message
+from maibot.aio import db
+from maibot.config import get_config
 
 
 class ToolErrorCode(StrEnum):
@@ -55,6 +57,10 @@ class ToolContext:
     tool_call_id: str = ""
     cycle: Any = None  # chat.models.PlannerCycle of the turn that runs the tool
     extra: dict[str, Any] = field(default_factory=dict)  # shared by the calls of one turn
+    # The seconds this call may take (Tool.time_limit), set and enforced by the engine, which cuts the
+    # call there. A tool that hands its work to another process passes it on, so the work stops there
+    # when the engine stops waiting; it adds no limit of its own.
+    timeout: float | None = None
 
 
 ToolFunc = Callable[..., dict[str, Any]] | Callable[..., Awaitable[dict[str, Any]]]
@@ -75,6 +81,10 @@ class Tool:
     scopes: frozenset[str] = frozenset({CHAT})
     # Seconds one call may run; None: the config's chat.tool_timeout.
     timeout: float | None = None
+
+    def time_limit(self) -> float:
+        """Seconds one call may run: `timeout`, else the config's chat.tool_timeout."""
+        return self.timeout or get_config().chat.tool_timeout
 
     @property
     def is_async(self) -> bool:
@@ -128,6 +138,27 @@ class ToolRegistry:
 registry = ToolRegistry()
 
 
+def register_tool(
+    name: str,
+    description: str,
+    func: ToolFunc,
+    *,
+    parameters: dict[str, Any] | None = None,
+    properties: dict[str, Any] | None = None,
+    required: Sequence[str] = (),
+    **options: Any,
+) -> Tool:
+    """Put a tool in the registry and return it (ValueError when its name is taken): the one way tools
+    are registered. Its arguments' JSON Schema is `parameters`, or an object of `properties` (with
+    `required` among them) that takes no other keys. `options`: the Tool's other fields."""
+    if parameters is None:
+        parameters = {"type": "object", "properties": properties or {}}
+        if required:
+            parameters["required"] = list(required)
+        parameters["additionalProperties"] = False
+    return registry.register(Tool(name=name, description=description, parameters=parameters, func=func, **options))
+
+
 def ok(**payload: Any) -> dict[str, Any]:
     return {"ok": True, **payload}
 
@@ -158,8 +189,8 @@ def register_context_block(name: str, provider: ContextProvider, *, order: int =
 
 
 def context_blocks(session: ChatSession | None) -> list[tuple[str, str]]:
-    """(name, text) of every registered block with something to say, in order. Sync: call it from a
-    thread (sync_to_async) when in async code."""
+    """(name, text) of every registered block with something to say, in order. Sync: async code calls
+    it through maibot.aio.db."""
     out = []
     for block in sorted(_blocks.values(), key=lambda b: (b.order, b.name)):
         text = block.provider(session)
@@ -221,8 +252,8 @@ def commands() -> list[Command]:
 
 async def command_handle(command: Command, turn: CommandTurn, text: str) -> bool:
     """Ask one command from async code: an async handler is awaited here (no thread waits for a
-    plugin's answer), a sync one runs in the caller's DB thread (sync_to_async), where its tool calls
+    plugin's answer), a sync one runs in the caller's DB thread (maibot.aio.db), where its tool calls
     and queries belong."""
     if iscoroutinefunction(command.handle):
         return await command.handle(turn, text)
-    return await sync_to_async(command.handle)(turn, text)
+    return await db(command.handle)(turn, text)

@@ -18,7 +18,7 @@ A handler is a coroutine function (kwargs, timeout) -> result. No thread waits f
 handlers are awaited on the emitter's event loop, observe handlers and background emits run on this
 module's own event loop (one thread, however many calls wait), so a slow handler costs the chat that
 emitted it its time and nothing else. A handler must honour `timeout` (a plugin's call is cut there
-and cancelled in its runner) and must not block its loop (ORM work goes through sync_to_async); the
+and cancelled in its runner) and must not block its loop (ORM work goes through maibot.aio.db); the
 chain stops waiting for it `GRACE` seconds after its timeout in any case. Its timeout is its own
 (`EventHandler.timeout`) but never more than the config's `chat.tool_timeout`, which is also the
 default. What one chat may have running in the background (observe calls, after-send emits) is
@@ -155,10 +155,12 @@ def _events_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
-def _in_background(coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future:
+def _in_background(coro: Coroutine[Any, Any, Any], chat: Hashable) -> concurrent.futures.Future:
+    """Run `coro` on this module's loop; the backlog slot it took for `chat` is released when it ends."""
     future = asyncio.run_coroutine_threadsafe(coro, _events_loop())
     _tasks.add(future)
     future.add_done_callback(_tasks.discard)
+    future.add_done_callback(lambda _done: _release(chat))
     return future
 
 
@@ -352,10 +354,8 @@ def _observe(handler: EventHandler, point: str, kwargs: dict[str, Any]) -> concu
             await _run(handler, kwargs)
         except Exception as exc:
             _fail(handler, point, f"{type(exc).__name__}: {exc}", exc=exc)
-        finally:
-            _release(chat)
 
-    return _in_background(run())
+    return _in_background(run(), chat)
 
 
 def emit_background(point: str, make_kwargs: Callable[[], list[dict[str, Any]]]) -> None:
@@ -365,13 +365,11 @@ def emit_background(point: str, make_kwargs: Callable[[], list[dict[str, Any]]])
     if not has_handlers(point):
         return
 
-    async def emit_one(kwargs: dict[str, Any], chat: Hashable) -> None:
+    async def emit_one(kwargs: dict[str, Any]) -> None:
         try:
             await aemit(point, **kwargs)
         except Exception:
             logger.exception("emitting %s failed", point)
-        finally:
-            _release(chat)
 
     def run() -> None:
         try:
@@ -381,7 +379,7 @@ def emit_background(point: str, make_kwargs: Callable[[], list[dict[str, Any]]])
                     for handler in handlers(point):
                         _fail(handler, point, why)
                     continue
-                _in_background(emit_one(kwargs, chat))
+                _in_background(emit_one(kwargs), chat)
         except Exception:
             logger.exception("emitting %s failed", point)
         finally:

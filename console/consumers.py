@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from channels.db import database_sync_to_async
 from django.utils import timezone
 
+from maibot.aio import db
 from maibot.config import get_config
 from maibot.models import LogEntry
 from maibot.websocket import JsonFrameConsumer
@@ -25,26 +25,22 @@ LOOKBACK = 50
 CLOSE_FORBIDDEN = 4403
 
 
-@database_sync_to_async
 def _may_view(user) -> bool:
     return bool(user and user.is_active and user.is_staff and user.has_perm("maibot.view_console"))
 
 
-@database_sync_to_async
 def _backlog(min_level: int) -> list[LogEntry]:
     rows = list(LogEntry.objects.filter(level__gte=min_level).order_by("-id")[:BACKLOG])
     rows.reverse()
     return rows
 
 
-@database_sync_to_async
 def _after(last_id: int) -> list[LogEntry]:
     # Look back a little: two processes' inserts may commit out of id order (PostgreSQL), so a row
     # with a lower id can appear after a higher one was already sent. Seen ids are skipped by the caller.
     return list(LogEntry.objects.filter(id__gt=last_id - LOOKBACK).order_by("id")[:PAGE])
 
 
-@database_sync_to_async
 def _newest_id() -> int:
     return LogEntry.objects.order_by("-id").values_list("id", flat=True).first() or 0
 
@@ -65,7 +61,7 @@ def _as_dict(entry: LogEntry, tz) -> dict:
 
 class LogStreamConsumer(JsonFrameConsumer):
     async def connect(self) -> None:
-        if not await _may_view(self.scope.get("user")):
+        if not await db(_may_view, fresh=True)(self.scope.get("user")):
             await self.close(code=CLOSE_FORBIDDEN)
             return
         self.min_level = logging.INFO
@@ -91,9 +87,9 @@ class LogStreamConsumer(JsonFrameConsumer):
     async def _restart(self) -> None:
         if self._tail is not None:
             self._tail.cancel()
-        rows = await _backlog(self.min_level)
+        rows = await db(_backlog, fresh=True)(self.min_level)
         # Tail from the newest row of any level, so raising the filter does not replay old lines.
-        self.last_id = max([r.id for r in rows] + [await _newest_id()])
+        self.last_id = max([r.id for r in rows] + [await db(_newest_id, fresh=True)()])
         self._seen = {r.id for r in rows}
         await self._send(rows, reset=True)
         self._tail = asyncio.create_task(self._follow())
@@ -104,7 +100,7 @@ class LogStreamConsumer(JsonFrameConsumer):
 
     async def _follow(self) -> None:
         while True:
-            rows = [r for r in await _after(self.last_id) if r.id not in self._seen]
+            rows = [r for r in await db(_after, fresh=True)(self.last_id) if r.id not in self._seen]
             if rows:
                 self._seen.update(r.id for r in rows)
                 self.last_id = max(self.last_id, rows[-1].id)

@@ -32,12 +32,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from asgiref.sync import iscoroutinefunction, sync_to_async
+from asgiref.sync import iscoroutinefunction
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.utils.decorators import sync_and_async_middleware
 
+from maibot.aio import db
 from maibot.networks import client_block
 
 logger = logging.getLogger(__name__)
@@ -202,7 +203,7 @@ def setup_middleware(get_response):
     if iscoroutinefunction(get_response):
 
         async def middleware(request: HttpRequest) -> HttpResponse:
-            gated = _gated_page(request) and code_path().exists() and await sync_to_async(setup_pending)()
+            gated = _gated_page(request) and code_path().exists() and await db(setup_pending)()
             return redirect(SETUP_PATH) if gated else await get_response(request)
 
     else:

@@ -97,7 +97,9 @@ def tool_scopes(metadata: dict[str, Any]) -> frozenset[str]:
     return frozenset({CHAT, LIFE}) if life_loop is True else frozenset({CHAT})
 
 
-def _tool(host: ComponentHost, record: PluginRecord, component: ComponentInfo) -> Tool:
+def _tool(
+    host: ComponentHost, record: PluginRecord, component: ComponentInfo, scopes: frozenset[str] | None = None
+) -> Tool:
     meta = component.metadata
     legacy_action = bool(meta.get("legacy_action"))
     platforms = [str(p) for p in meta.get("platforms") or []]
@@ -125,7 +127,8 @@ def _tool(host: ComponentHost, record: PluginRecord, component: ComponentInfo) -
         if legacy_action:
             args["action_data"] = dict(arguments)
             args["reasoning"] = ""
-        timeout = get_config().chat.tool_timeout
+        # The engine's limit for this call (it cuts the call there): the runner's work stops with it.
+        timeout = ctx.timeout or get_config().chat.tool_timeout
         try:
             result = await host.ainvoke(record, component, args, timeout)
         except TimeoutError:
@@ -139,15 +142,15 @@ def _tool(host: ComponentHost, record: PluginRecord, component: ComponentInfo) -
         return registry.ok(result=result)
 
     description = str(meta.get("description") or meta.get("brief_description") or component.name)
-    return Tool(
-        name=component.name,
-        description=f"{description} (plugin {record.plugin_id})"[:MAX_DESCRIPTION],
+    return registry.register_tool(
+        component.name,
+        f"{description} (plugin {record.plugin_id})"[:MAX_DESCRIPTION],
+        run,
         parameters=parameters_schema(meta),
-        func=run,
         available=(lambda ctx: ctx.session is not None and ctx.session.platform in platforms)
         if platforms
         else (lambda ctx: True),
-        scopes=tool_scopes(meta),
+        scopes=tool_scopes(meta) if scopes is None else scopes,
     )
 
 
@@ -219,10 +222,7 @@ def _register_tool(
     if registry.registry.get(component.name) is not None:
         component.note = f"the tool name {component.name} is already taken"
         return
-    tool = _tool(host, record, component)
-    if scopes is not None:
-        tool.scopes = scopes
-    registry.registry.register(tool)
+    _tool(host, record, component, scopes)
     host.on_unregister(lambda name=component.name: registry.registry.unregister(name))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from chat.components import Tool, ToolContext, ToolErrorCode, error, ok, registry
+from chat.components import ToolContext, ToolErrorCode, error, ok, register_tool
 from scheduling.error_codes import SchedulingError, SchedulingErrorCode
 from scheduling.models import Actor
 from scheduling.services import (
@@ -79,55 +79,38 @@ def _private(ctx: ToolContext) -> bool:
     return ctx.session.is_private
 
 
-registry.register(
-    Tool(
-        name="schedule_private_message",
-        description=(
-            "Schedule a private message to this person. Write the final text now: at send_at it is "
-            "sent exactly as written, without asking you again. Use for reminders and promised "
-            "follow-ups."
-        ),
-        parameters={
-            "type": "object",
-            "properties": {
-                "send_at": {
-                    "type": "string",
-                    "description": "When to send, ISO 8601. With an offset it is that instant; without "
-                    "one it is read in the bot's time zone. Must be in the future.",
-                },
-                "message_text": {"type": "string", "description": "The exact text to send."},
-                "replace_existing": {
-                    "type": "boolean",
-                    "description": "Cancel this chat's other pending scheduled messages first.",
-                    "default": False,
-                },
-            },
-            "required": ["send_at", "message_text"],
-            "additionalProperties": False,
+register_tool(
+    "schedule_private_message",
+    "Schedule a private message to this person. Write the final text now: at send_at it is "
+    "sent exactly as written, without asking you again. Use for reminders and promised "
+    "follow-ups.",
+    schedule_private_message,
+    properties={
+        "send_at": {
+            "type": "string",
+            "description": "When to send, ISO 8601. With an offset it is that instant; without "
+            "one it is read in the bot's time zone. Must be in the future.",
         },
-        func=schedule_private_message,
-        available=_private,
-    )
-)
-registry.register(
-    Tool(
-        name="cancel_scheduled_private_message",
-        description="Cancel a pending scheduled message of this chat by task_id, or all of them when omitted.",
-        parameters={
-            "type": "object",
-            "properties": {"task_id": {"type": ["string", "null"], "description": "The task to cancel; omit for all."}},
-            "additionalProperties": False,
+        "message_text": {"type": "string", "description": "The exact text to send."},
+        "replace_existing": {
+            "type": "boolean",
+            "description": "Cancel this chat's other pending scheduled messages first.",
+            "default": False,
         },
-        func=cancel_scheduled_private_message,
-        available=_private,
-    )
+    },
+    required=["send_at", "message_text"],
+    available=_private,
 )
-registry.register(
-    Tool(
-        name="list_scheduled_private_messages",
-        description="List this chat's pending scheduled messages.",
-        parameters={"type": "object", "properties": {}, "additionalProperties": False},
-        func=list_scheduled_private_messages,
-        available=_private,
-    )
+register_tool(
+    "cancel_scheduled_private_message",
+    "Cancel a pending scheduled message of this chat by task_id, or all of them when omitted.",
+    cancel_scheduled_private_message,
+    properties={"task_id": {"type": ["string", "null"], "description": "The task to cancel; omit for all."}},
+    available=_private,
+)
+register_tool(
+    "list_scheduled_private_messages",
+    "List this chat's pending scheduled messages.",
+    list_scheduled_private_messages,
+    available=_private,
 )

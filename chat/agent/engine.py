@@ -12,26 +12,25 @@ tools through it):
     turn.close(action=..., outcome=...)         # end the record
 
 A call never raises. An unknown tool (or one outside the scope), arguments that are not a JSON object
-or do not fit the tool's signature, an exception, a result that is not a dict and a timeout
-(`Tool.timeout`, else `chat.tool_timeout`) each become an error result the model sees,
-{"ok": false, "error": {"code": ToolErrorCode..., "message": ...}}, recorded exactly as sent. The
-model calls themselves go through chat.agent.llm, whose ledger rows carry the cycle.
+or do not fit the tool's signature, an exception, a result that is not a dict and a timeout each
+become an error result the model sees, {"ok": false, "error": {"code": ToolErrorCode..., "message":
+...}}, recorded exactly as sent. The model calls themselves go through chat.agent.llm, whose ledger
+rows carry the cycle.
 
-Sync code, with one async entry: `execute` is sync (async callers run it in a thread, sync_to_async);
-`aexecute` is its form for async code (the chat planner). How a timeout can be enforced on a sync
-tool: the tool runs in a pool thread that borrows the caller's database connection (the caller only
-waits meanwhile, so the connection is never used by two threads at once, and the tool sees the
-caller's transaction). A tool still running at its deadline keeps that connection and closes it when
-it ends; the caller goes on with a fresh one.
-
+One time limit per call (`Tool.time_limit()`: `Tool.timeout`, else `chat.tool_timeout`), handed to
+the tool as `ToolContext.timeout` and enforced here only. A sync tool runs in a pool thread that
+borrows the caller's database connection (the caller only waits meanwhile, so the connection is never
+used by two threads at once, and the tool sees the caller's transaction); one still running at its
+deadline keeps that connection and closes it when it ends, and the caller goes on with a fresh one.
 An async tool (a coroutine function: plugins' and MCP servers' tools, which only wait for another
-process) is awaited on the caller's event loop by `aexecute`, its timeout an `asyncio.timeout`: no
-thread waits for it, so a slow one costs its own turn its time and nothing any other chat needs (the
-sync tools of the same round still run, in order, in the caller's thread). It must not block its loop
-(ORM work goes through sync_to_async, which from a chat runtime is the runtime's own DB thread and
-connection). From sync code (`execute`, `call`: the life loop, commands) it runs in the pool thread
-as any tool, through asgiref's async_to_sync (its sync_to_async work back on the borrowed connection),
-and is cancelled at its deadline there too.
+process) is awaited under an `asyncio.timeout` and cancelled at the deadline; it must not block its
+loop (ORM work goes through maibot.aio.db).
+
+`execute` and `aexecute` (like `run` and `arun`) carry out one plan (maibot.plans): sync code runs
+every call in its thread (an async tool through async_to_sync: on the caller's event loop when it has
+one, its DB work back in the caller's thread); async code (the chat planner) awaits an async tool on
+its loop, where no thread waits for it and a slow one costs its own turn its time and nothing any
+other chat needs, and runs the sync calls in order in the DB thread.
 """
 
 from __future__ import annotations
@@ -47,9 +46,10 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 
-from asgiref.sync import SyncToAsync, async_to_sync, sync_to_async
+from asgiref.sync import SyncToAsync, async_to_sync
 from django.db import connections, transaction
 from django.utils import timezone
 
@@ -58,7 +58,7 @@ from chat.components import CHAT, Tool, ToolContext, registry
 from chat.components import ToolErrorCode as Code
 from chat.components import error as error_result
 from chat.models import ChatSession, CycleKind, PlannerCycle, ToolCallRecord
-from maibot.config import get_config
+from maibot.plans import Plan, Step, run_async, run_sync
 
 logger = logging.getLogger(__name__)
 
@@ -161,14 +161,9 @@ class _Loan:
 
 
 def _invoke(tool: Tool, ctx: ToolContext, arguments: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Run the tool in a pool thread and wait at most `timeout` seconds (TimeoutError after that)."""
+    """Run a sync tool in a pool thread and wait at most `timeout` seconds (TimeoutError after that)."""
     loan = _Loan()
-    func = tool.func
-    if tool.is_async:
-        # Cut at its deadline there too, so a stalled coroutine never keeps the pool thread.
-        run_async = async_to_sync(_ainvoke)
-        func = lambda ctx, **arguments: run_async(tool, ctx, arguments, timeout)  # noqa: E731
-    future = _pool.submit(contextvars.copy_context().run, loan.run, func, ctx, **arguments)
+    future = _pool.submit(contextvars.copy_context().run, loan.run, tool.func, ctx, **arguments)
     try:
         result = future.result(timeout=timeout)
     except FutureTimeout:
@@ -185,11 +180,25 @@ def _invoke(tool: Tool, ctx: ToolContext, arguments: dict[str, Any], timeout: fl
     return result
 
 
-async def _ainvoke(tool: Tool, ctx: ToolContext, arguments: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Await an async tool on this loop for at most `timeout` seconds (TimeoutError after that: the
+async def _ainvoke(tool: Tool, ctx: ToolContext, arguments: dict[str, Any]) -> dict[str, Any]:
+    """Await an async tool on this loop for at most `ctx.timeout` seconds (TimeoutError after that: the
     tool is cancelled)."""
-    async with asyncio.timeout(timeout):
+    async with asyncio.timeout(ctx.timeout):
         return await tool.func(ctx, **arguments)
+
+
+def _running(tool: Tool, ctx: ToolContext, arguments: dict[str, Any]) -> Step:
+    """The step that runs one call and cuts it at `ctx.timeout`, the one place a tool call's time
+    limit is enforced: a sync tool in a pool thread; an async one awaited (from sync code through
+    async_to_sync, in the caller's thread)."""
+    if tool.is_async:
+        return Step(partial(async_to_sync(_ainvoke), tool, ctx, arguments), partial(_ainvoke, tool, ctx, arguments))
+    return Step(partial(_invoke, tool, ctx, arguments, ctx.timeout))
+
+
+def _request(name: str, arguments: dict[str, Any] | None, call_id: str) -> ToolCallRequest:
+    """A call the code makes itself, as if the model had asked for it."""
+    return ToolCallRequest(id=call_id, name=name, raw_arguments="", arguments=arguments)
 
 
 def _checked(result: Any) -> dict[str, Any]:
@@ -262,14 +271,10 @@ class AgentTurn:
         return [tool.schema() for tool in (self.tools() if tools is None else tools)]
 
     def _resolve(
-        self,
-        name: str,
-        arguments: dict[str, Any] | None,
-        call_id: str,
-        offered: dict[str, Tool] | None,
-        argument_error: str,
+        self, call: ToolCallRequest, offered: dict[str, Tool] | None
     ) -> tuple[Tool | None, ToolContext, dict[str, Any] | None]:
         """The tool a call names, its context, and the error result when it cannot run (None: it can)."""
+        name, arguments = call.name, call.arguments
         if offered is None:
             tool = registry.get(name)
             tool = tool if tool is not None and self.scope in tool.scopes else None
@@ -277,11 +282,12 @@ class AgentTurn:
         else:
             tool = offered.get(name)
             names = ", ".join(offered)
-        ctx = self.context(call_id)
+        ctx = self.context(call.id)
         if tool is None:
             return None, ctx, error_result(Code.UNKNOWN_TOOL, f"there is no tool {name!r}; use one of: {names}")
+        ctx.timeout = tool.time_limit()
         if arguments is None:
-            problem = f"the arguments are not a JSON object: {argument_error}"
+            problem = f"the arguments are not a JSON object: {call.argument_error}"
         else:
             problem = _misfit(tool, ctx, arguments)
         return tool, ctx, error_result(Code.INVALID_ARGUMENTS, problem) if problem else None
@@ -304,43 +310,25 @@ class AgentTurn:
             name=name, call_id=call_id, arguments=arguments, result=json.loads(content), content=content, tool=tool
         )
 
-    def run(
-        self,
-        name: str,
-        arguments: dict[str, Any] | None,
-        *,
-        call_id: str = "",
-        offered: dict[str, Tool] | None = None,
-        argument_error: str = "",
-    ) -> ToolOutcome:
-        """Run one call (not recorded). `offered`: the tools the model was shown (default: the scope's)."""
-        tool, ctx, res = self._resolve(name, arguments, call_id, offered, argument_error)
+    def _call(self, call: ToolCallRequest, offered: dict[str, Tool] | None) -> Plan[ToolOutcome]:
+        """One call, resolved, run within its time limit and checked (not recorded). `offered`: the
+        tools the model was shown (None: the scope's)."""
+        name, arguments = call.name, call.arguments
+        tool, ctx, res = self._resolve(call, offered)
         if res is None:
-            timeout = tool.timeout or get_config().chat.tool_timeout
             try:
-                res = _checked(_invoke(tool, ctx, arguments, timeout))
+                res = _checked((yield _running(tool, ctx, arguments)))
             except Exception as exc:
-                res = self._failed(name, timeout, exc)
-        return self._outcome(name, call_id, arguments, res, tool)
+                res = self._failed(name, ctx.timeout, exc)
+        return self._outcome(name, call.id, arguments, res, tool)
 
-    async def arun(
-        self,
-        name: str,
-        arguments: dict[str, Any] | None,
-        *,
-        call_id: str = "",
-        offered: dict[str, Tool] | None = None,
-        argument_error: str = "",
-    ) -> ToolOutcome:
-        """run() of a call to an async tool, awaited on this loop (not recorded)."""
-        tool, ctx, res = self._resolve(name, arguments, call_id, offered, argument_error)
-        if res is None:
-            timeout = tool.timeout or get_config().chat.tool_timeout
-            try:
-                res = _checked(await _ainvoke(tool, ctx, arguments, timeout))
-            except Exception as exc:
-                res = self._failed(name, timeout, exc)
-        return self._outcome(name, call_id, arguments, res, tool)
+    def run(self, name: str, arguments: dict[str, Any] | None, *, call_id: str = "") -> ToolOutcome:
+        """Run one call to a tool of this turn's scope (not recorded)."""
+        return run_sync(self._call(_request(name, arguments, call_id), None))
+
+    async def arun(self, name: str, arguments: dict[str, Any] | None, *, call_id: str = "") -> ToolOutcome:
+        """run() from async code: an async tool awaited on this loop, a sync one in the DB thread."""
+        return await run_async(self._call(_request(name, arguments, call_id), None))
 
     def _record(
         self, outcome: ToolOutcome, round_no: int, *, raw_arguments: str = "", recorded_arguments=None
@@ -368,8 +356,7 @@ class AgentTurn:
         """Run the model's calls in order and record them. `tools`: what the model was offered (default:
         the scope's tools now). `close(outcomes) -> fields | None`: when it returns fields, the cycle's
         record is closed with them in the same transaction as the calls' records."""
-        offered = {t.name: t for t in (self.tools() if tools is None else tools)}
-        return self._finish(calls, [], offered, round_no=round_no, close=close)
+        return run_sync(self._execute(calls, round_no, tools, close))
 
     async def aexecute(
         self,
@@ -381,8 +368,17 @@ class AgentTurn:
     ) -> list[ToolOutcome]:
         """execute() from async code: the same calls in the same order, recorded the same way, but a
         call to an async tool is awaited here (no thread waits for it). The sync calls before it run in
-        one trip to a thread (sync_to_async), the rest together with the records in another."""
-        offered = {t.name: t for t in (await sync_to_async(self.tools)() if tools is None else tools)}
+        one trip to the DB thread, the rest together with the records in another."""
+        return await run_async(self._execute(calls, round_no, tools, close))
+
+    def _execute(
+        self, calls: list[ToolCallRequest], round_no: int, tools: list[Tool] | None, close: Any
+    ) -> Plan[list[ToolOutcome]]:
+        """The calls in order, recorded: async tools one by one, the sync calls between them each run
+        as one step, the last ones in the step that records them all."""
+        if tools is None:
+            tools = yield Step(self.tools)
+        offered = {t.name: t for t in tools}
         done: list[ToolOutcome] = []
         try:
             for i, c in enumerate(calls):
@@ -390,20 +386,16 @@ class AgentTurn:
                 if tool is None or not tool.is_async:
                     continue
                 if len(done) < i:
-                    done += await sync_to_async(self._run_all)(calls[len(done) : i], offered)
-                done.append(
-                    await self.arun(c.name, c.arguments, call_id=c.id, offered=offered, argument_error=c.argument_error)
-                )
+                    done += yield Step(partial(self._run_all, calls[len(done) : i], offered))
+                done.append((yield from self._call(c, offered)))
         except asyncio.CancelledError:
             if done:  # what ran before the turn was stopped is recorded all the same
-                await sync_to_async(self._finish)(calls[: len(done)], done, offered, round_no=round_no)
+                yield Step(partial(self._finish, calls[: len(done)], done, offered, round_no=round_no))
             raise
-        return await sync_to_async(self._finish)(calls, done, offered, round_no=round_no, close=close)
+        return (yield Step(partial(self._finish, calls, done, offered, round_no=round_no, close=close)))
 
     def _run_all(self, calls: list[ToolCallRequest], offered: dict[str, Tool]) -> list[ToolOutcome]:
-        return [
-            self.run(c.name, c.arguments, call_id=c.id, offered=offered, argument_error=c.argument_error) for c in calls
-        ]
+        return [run_sync(self._call(c, offered)) for c in calls]
 
     def _finish(
         self,

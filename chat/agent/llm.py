@@ -2,8 +2,9 @@
 written to the LLMCall ledger (tokens, latency, cost, error).
 
 `complete` (AsyncOpenAI) serves async code (the chat planner); `complete_sync` (OpenAI) serves sync
-worker code (life-loop turns, summaries), so sync code never wraps async code. Both build the same
-request and record the same ledger row."""
+worker code (life-loop turns, summaries), so sync code never wraps async code. Both carry out one
+plan (`_route`: the task's models in order, each admitted under the caps, called, recorded; see
+maibot.plans): only the call itself differs."""
 
 from __future__ import annotations
 
@@ -16,13 +17,13 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
-
-from asgiref.sync import sync_to_async
+from functools import partial
+from typing import TYPE_CHECKING, Any, Required, TypedDict, Unpack
 
 from chat.agent import budget
 from chat.models import LLMCall
 from maibot.config import BotConfig, LLMModel, get_config
+from maibot.plans import Plan, Step, run_async, run_sync
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI, OpenAI
@@ -334,30 +335,63 @@ class _Deadline:
         return None if self.end is None else self.end - time.monotonic()
 
 
-async def complete(
-    *,
-    purpose: str,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None = None,
-    session_id: int | None = None,
-    cycle_id: int | None = None,
-    timeout: float | None = None,
-) -> LLMResult:
-    """One chat-completions answer from the task's models (chat.agent.budget.task_of(purpose)): the first,
-    then each fallback after a provider error or timeout, each attempt a ledger row. Never raises for
-    provider trouble: the error is on the result and in the ledger. A model whose daily cap is reached is
-    skipped; when a task or session cap is reached, or every model's, no call is made
-    (`result.budget_exceeded` says which cap and when it resets)."""
+def _ask(cfg: BotConfig, model: LLMModel, kwargs: dict[str, Any], *, retries: bool = True, gated: bool = True) -> Any:
+    """One chat-completions request with the sync client (in this thread, within the model's gate)."""
+    with _sync_gate(model) if gated else contextlib.nullcontext():
+        client = get_sync_client(cfg, model)
+        if not retries:
+            client = client.with_options(max_retries=0)
+        return client.chat.completions.create(**kwargs)
+
+
+async def _aask(cfg: BotConfig, model: LLMModel, kwargs: dict[str, Any]) -> Any:
+    """_ask() with the async client, on this loop."""
+    async with _async_gate(model):
+        return await get_client(cfg, model).chat.completions.create(**kwargs)
+
+
+def _attempt(
+    cfg: BotConfig, model: LLMModel, kwargs: dict[str, Any], result: LLMResult, purpose: str, **ask: bool
+) -> Plan[None]:
+    """One call to one model, its answer or its failure filled into `result` (the latency included)."""
+    started = time.perf_counter()
+    try:
+        _read((yield Step(partial(_ask, cfg, model, kwargs, **ask), partial(_aask, cfg, model, kwargs))), result)
+    except _call_errors() as exc:
+        _failed(exc, result, kwargs["timeout"])
+    _finish(result, started, purpose, model.model)
+
+
+class LLMRequest(TypedDict, total=False):
+    """What a model is asked (complete(), complete_sync()): the purpose (its task, routes and caps), the
+    messages, the tools offered, the chat and cycle the ledger rows and caps belong to, a timeout."""
+
+    purpose: Required[str]
+    messages: Required[list[dict[str, Any]]]
+    tools: list[dict[str, Any]] | None
+    session_id: int | None
+    cycle_id: int | None
+    timeout: float | None
+
+
+def _route(request: LLMRequest, *, whole: bool, retries: bool) -> Plan[LLMResult]:
+    """The task's models in order, each admitted under the caps, called and recorded, until one
+    answers (complete() and complete_sync() carry it out). `timeout` bounds each attempt, with `whole`
+    the call as a whole too; `retries`: the SDK's own retries of an attempt."""
+    if unknown := set(request) - set(LLMRequest.__annotations__):
+        raise TypeError(f"unexpected keyword arguments: {', '.join(sorted(unknown))}")
+    purpose, messages, tools = request["purpose"], request["messages"], request.get("tools")
+    session_id, cycle_id, timeout = request.get("session_id"), request.get("cycle_id"), request.get("timeout")
     cfg = get_config()
     task = budget.task_of(purpose)
-    deadline = _Deadline(timeout)
+    deadline = _Deadline(timeout if whole else None)
     last: LLMResult | None = None
     refusal: budget.Admission | None = None
     for attempt, model in enumerate(cfg.llm_route(task)):
         left = deadline.left()
         if left is not None and left <= 0:
             break
-        admission = await sync_to_async(_admit)(cfg, task, model, session_id)
+        admission = yield Step(partial(_admit, cfg, task, model, session_id))
         if not admission.admitted:
             refusal = admission if admission.refused_by.scope != "model" else (refusal or admission)
             if admission.refused_by.scope != "model":
@@ -365,81 +399,33 @@ async def complete(
             continue
         kwargs = _request(model, cfg, messages, tools, _attempt_timeout(model, timeout, left, first=last is None))
         result = LLMResult(model_name=model.name, attempts=(last.attempts if last else 0) + 1)
-        started = time.perf_counter()
-        async with _async_gate(model):
-            try:
-                _read(await get_client(cfg, model).chat.completions.create(**kwargs), result)
-            except _call_errors() as exc:
-                _failed(exc, result, kwargs["timeout"])
-        _finish(result, started, purpose, model.model)
-        result.call_id = await sync_to_async(_record)(
-            purpose=purpose,
-            model=model,
-            attempt=attempt,
-            result=result,
-            session_id=session_id,
-            cycle_id=cycle_id,
-            admission=admission,
-        )
+        yield from _attempt(cfg, model, kwargs, result, purpose, retries=retries)
+        result.call_id = yield Step(
+            partial(_record, purpose=purpose, model=model, attempt=attempt, result=result, session_id=session_id,
+                    cycle_id=cycle_id, admission=admission)
+        )  # fmt: skip
         if result.ok:
             return result
         last = result
     return _no_call(cfg, last, refusal)
 
 
-def complete_sync(
-    *,
-    purpose: str,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None = None,
-    session_id: int | None = None,
-    cycle_id: int | None = None,
-    timeout: float | None = None,
-    hard_timeout: bool = False,
-) -> LLMResult:
+async def complete(**request: Unpack[LLMRequest]) -> LLMResult:
+    """One chat-completions answer from the task's models (chat.agent.budget.task_of(purpose)): the first,
+    then each fallback after a provider error or timeout, each attempt a ledger row. `timeout` bounds the
+    whole call, fallbacks included (each attempt also within its model's own). Never raises for
+    provider trouble: the error is on the result and in the ledger. A model whose daily cap is reached is
+    skipped; when a task or session cap is reached, or every model's, no call is made
+    (`result.budget_exceeded` says which cap and when it resets)."""
+    return await run_async(_route(request, whole=True, retries=True))
+
+
+def complete_sync(*, hard_timeout: bool = False, **request: Unpack[LLMRequest]) -> LLMResult:
     """`complete` for sync worker code (django-q2 tasks), with the SDK's sync client: the same
-    requests, the same ledger rows, the same fallbacks and caps. With `hard_timeout` the SDK does not
-    retry, so `timeout` bounds the whole call, fallbacks included (a retry would start the clock again)."""
-    cfg = get_config()
-    task = budget.task_of(purpose)
-    deadline = _Deadline(timeout if hard_timeout else None)
-    last: LLMResult | None = None
-    refusal: budget.Admission | None = None
-    for attempt, model in enumerate(cfg.llm_route(task)):
-        left = deadline.left()
-        if left is not None and left <= 0:
-            break
-        admission = _admit(cfg, task, model, session_id)
-        if not admission.admitted:
-            refusal = admission if admission.refused_by.scope != "model" else (refusal or admission)
-            if admission.refused_by.scope != "model":
-                break
-            continue
-        kwargs = _request(model, cfg, messages, tools, _attempt_timeout(model, timeout, left, first=last is None))
-        result = LLMResult(model_name=model.name, attempts=(last.attempts if last else 0) + 1)
-        started = time.perf_counter()
-        with _sync_gate(model):
-            try:
-                client = get_sync_client(cfg, model)
-                if hard_timeout:
-                    client = client.with_options(max_retries=0)
-                _read(client.chat.completions.create(**kwargs), result)
-            except _call_errors() as exc:
-                _failed(exc, result, kwargs["timeout"])
-        _finish(result, started, purpose, model.model)
-        result.call_id = _record(
-            purpose=purpose,
-            model=model,
-            attempt=attempt,
-            result=result,
-            session_id=session_id,
-            cycle_id=cycle_id,
-            admission=admission,
-        )
-        if result.ok:
-            return result
-        last = result
-    return _no_call(cfg, last, refusal)
+    requests, the same ledger rows, the same fallbacks and caps. `timeout` bounds each attempt, and
+    with `hard_timeout` the whole call, fallbacks included: the SDK then does not retry (a retry would
+    start the clock again)."""
+    return run_sync(_route(request, whole=hard_timeout, retries=not hard_timeout))
 
 
 # --- the model test (console) ---------------------------------------------------------------------
@@ -482,13 +468,7 @@ def model_test(model: LLMModel) -> ModelTest:
     timeout = min(model.timeout, MODEL_TEST_TIMEOUT)
     kwargs = _request(model, cfg, [{"role": "user", "content": MODEL_TEST_PROMPT}], [MODEL_TEST_TOOL], timeout)
     result = LLMResult(model_name=model.name, attempts=1)
-    started = time.perf_counter()
-    try:
-        client = get_sync_client(cfg, model).with_options(max_retries=0)
-        _read(client.chat.completions.create(**kwargs), result)
-    except _call_errors() as exc:
-        _failed(exc, result, timeout)
-    _finish(result, started, "model_test", model.model)
+    run_sync(_attempt(cfg, model, kwargs, result, "model_test", retries=False, gated=False))
     result.call_id = _record(
         purpose="model_test",
         model=model,

@@ -12,7 +12,10 @@ from __future__ import annotations
 import inspect
 import string
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from functools import partial
 from typing import Any
+
+from maibot.plans import Plan, Step, run_async, run_sync
 
 ConstructFunction = Callable[[Mapping[str, Any]], "str | Awaitable[str]"]
 
@@ -113,29 +116,33 @@ class Prompt:
                 parts.append(text.strip())
         return "\n\n".join(parts)
 
-    def render(self, **context: Any) -> str:
-        """Render with sync construct functions only (see `arender` for async ones)."""
+    def _render(self, context: Mapping[str, Any]) -> Plan[str]:
         ctx = {**self.context, **context}
         values = dict(ctx)
         for field in self._needed():
             if field in self.construct_function:
                 out = self.construct_function[field](ctx)
                 if inspect.isawaitable(out):
-                    out.close() if hasattr(out, "close") else None
-                    raise PromptError(f"construct function {field!r} is async; use arender()")
+                    out = yield Step(partial(_refuse_async, field, out), partial(_awaited, out))
                 values[field] = "" if out is None else str(out)
         return self._assemble(values)
 
+    def render(self, **context: Any) -> str:
+        """Render with sync construct functions only (see `arender` for async ones)."""
+        return run_sync(self._render(context))
+
     async def arender(self, **context: Any) -> str:
-        ctx = {**self.context, **context}
-        values = dict(ctx)
-        for field in self._needed():
-            if field in self.construct_function:
-                out = self.construct_function[field](ctx)
-                if inspect.isawaitable(out):
-                    out = await out
-                values[field] = "" if out is None else str(out)
-        return self._assemble(values)
+        return await run_async(self._render(context))
+
+
+def _refuse_async(field: str, out: Awaitable[Any]) -> None:
+    if hasattr(out, "close"):
+        out.close()
+    raise PromptError(f"construct function {field!r} is async; use arender()")
+
+
+async def _awaited(out: Awaitable[Any]) -> Any:
+    return await out
 
 
 class PromptManager:

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.db import transaction
 
-from chat.components import LIFE, Tool, ToolContext, error, ok, registry
+from chat.components import LIFE, ToolContext, error, ok, register_tool
 from chat.models import ChatSession, SourceKind
 from chat.services import message_send
 from maibot.config import get_config
@@ -66,51 +66,33 @@ def do_nothing(ctx: ToolContext, reason: Any = "") -> dict[str, Any]:
     return ok(reason=str(reason or "")[:500])
 
 
-registry.register(
-    Tool(
-        name="send_message",
-        description="Send a message to a chat: the timer's chat unless `session` names another (a session_id).",
-        parameters={
-            "type": "object",
-            "properties": {
-                "text": {"type": "string", "description": "The message, as the person will read it."},
-                "session": {
-                    "type": ["string", "null"],
-                    "description": "session_id of another chat; omit for the timer's chat.",
-                },
-            },
-            "required": ["text"],
-            "additionalProperties": False,
+register_tool(
+    "send_message",
+    "Send a message to a chat: the timer's chat unless `session` names another (a session_id).",
+    send_message,
+    properties={
+        "text": {"type": "string", "description": "The message, as the person will read it."},
+        "session": {
+            "type": ["string", "null"],
+            "description": "session_id of another chat; omit for the timer's chat.",
         },
-        func=send_message,
-        scopes=frozenset({LIFE}),
-    )
+    },
+    required=["text"],
+    scopes=frozenset({LIFE}),
 )
-registry.register(
-    Tool(
-        name="update_inner_state",
-        description="Replace your inner state: your own note about your current situation, mood and plans.",
-        parameters={
-            "type": "object",
-            "properties": {"text": {"type": "string", "description": "The whole new inner state."}},
-            "required": ["text"],
-            "additionalProperties": False,
-        },
-        func=update_inner_state,
-        scopes=frozenset({LIFE}),
-    )
+register_tool(
+    "update_inner_state",
+    "Replace your inner state: your own note about your current situation, mood and plans.",
+    update_inner_state,
+    properties={"text": {"type": "string", "description": "The whole new inner state."}},
+    required=["text"],
+    scopes=frozenset({LIFE}),
 )
-registry.register(
-    Tool(
-        name="do_nothing",
-        description="Decide that nothing needs doing now.",
-        parameters={
-            "type": "object",
-            "properties": {"reason": {"type": "string", "description": "Why, in a few words."}},
-            "required": ["reason"],
-            "additionalProperties": False,
-        },
-        func=do_nothing,
-        scopes=frozenset({LIFE}),
-    )
+register_tool(
+    "do_nothing",
+    "Decide that nothing needs doing now.",
+    do_nothing,
+    properties={"reason": {"type": "string", "description": "Why, in a few words."}},
+    required=["reason"],
+    scopes=frozenset({LIFE}),
 )

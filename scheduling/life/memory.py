@@ -10,12 +10,12 @@ import threading
 from datetime import datetime, timedelta
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from chat.models import ChatSession, Direction, Message
+from maibot.aio import db
 from maibot.config import get_config
 from scheduling.life.error_codes import LifeError, MemoryErrorCode
 from scheduling.life.models import InnerState, InnerStateRevision, MemorySlot, ScratchNote, SessionSummary
@@ -302,7 +302,7 @@ def on_inbound_stored(sender: Any, messages: list[Message], **kwargs: Any) -> No
     if loop is None:
         summary_request(session_pks)
         return
-    task = loop.create_task(sync_to_async(summary_request)(session_pks))
+    task = loop.create_task(db(summary_request)(session_pks))
     _background.add(task)
     task.add_done_callback(_background.discard)
 

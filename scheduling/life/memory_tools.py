@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from chat.components import Tool, ToolContext, error, ok, registry
+from chat.components import ToolContext, error, ok, register_tool
 from scheduling.life.error_codes import LifeError, MemoryErrorCode
 from scheduling.life.memory import memory_slot_forget, memory_slot_set, scratch_note_add, scratch_notes_clear
 
@@ -60,57 +60,30 @@ _SCOPE_PARAM = {
     "default": "chat",
 }
 
-registry.register(
-    Tool(
-        name="remember",
-        description=(
-            "Keep a short fact under a key (e.g. birthday, favorite_food, 称呼); it appears in every later "
-            "prompt. Writing an existing key replaces it."
-        ),
-        parameters={
-            "type": "object",
-            "properties": {
-                "key": {"type": "string", "description": "A short name for the fact (one line, ≤ 64 characters)."},
-                "content": {"type": "string", "description": "The fact itself, briefly."},
-                "scope": _SCOPE_PARAM,
-            },
-            "required": ["key", "content"],
-            "additionalProperties": False,
-        },
-        func=remember,
-    )
+register_tool(
+    "remember",
+    "Keep a short fact under a key (e.g. birthday, favorite_food, 称呼); it appears in every later "
+    "prompt. Writing an existing key replaces it.",
+    remember,
+    properties={
+        "key": {"type": "string", "description": "A short name for the fact (one line, ≤ 64 characters)."},
+        "content": {"type": "string", "description": "The fact itself, briefly."},
+        "scope": _SCOPE_PARAM,
+    },
+    required=["key", "content"],
 )
-registry.register(
-    Tool(
-        name="forget",
-        description="Drop a remembered fact by its key.",
-        parameters={
-            "type": "object",
-            "properties": {"key": {"type": "string", "description": "The fact's key."}, "scope": _SCOPE_PARAM},
-            "required": ["key"],
-            "additionalProperties": False,
-        },
-        func=forget,
-    )
+register_tool(
+    "forget",
+    "Drop a remembered fact by its key.",
+    forget,
+    properties={"key": {"type": "string", "description": "The fact's key."}, "scope": _SCOPE_PARAM},
+    required=["key"],
 )
-registry.register(
-    Tool(
-        name="note",
-        description="Add a scratch note for the task at hand in this chat (shown to you until cleared).",
-        parameters={
-            "type": "object",
-            "properties": {"text": {"type": "string", "description": "The note."}},
-            "required": ["text"],
-            "additionalProperties": False,
-        },
-        func=note,
-    )
+register_tool(
+    "note",
+    "Add a scratch note for the task at hand in this chat (shown to you until cleared).",
+    note,
+    properties={"text": {"type": "string", "description": "The note."}},
+    required=["text"],
 )
-registry.register(
-    Tool(
-        name="clear_notes",
-        description="Drop all scratch notes of this chat (the task is done).",
-        parameters={"type": "object", "properties": {}, "additionalProperties": False},
-        func=clear_notes,
-    )
-)
+register_tool("clear_notes", "Drop all scratch notes of this chat (the task is done).", clear_notes)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from chat.components import Tool, ToolContext, error, ok, registry
+from chat.components import ToolContext, error, ok, register_tool
 from scheduling.life.error_codes import LifeError, TimerErrorCode
 from scheduling.life.timers import timer_as_dict, timer_cancel, timer_create, timers_active
 from scheduling.models import Actor
@@ -45,54 +45,33 @@ def cancel_timer(ctx: ToolContext, timer_id: str) -> dict[str, Any]:
     return ok(session_id=ctx.session.session_id, cancelled_timer_id=timer.pk)
 
 
-registry.register(
-    Tool(
-        name="set_timer",
-        description=(
-            "Set a timer for this chat. When it fires you are woken (without this conversation) to decide "
-            "what to do: send a message, update your inner state or nothing. spec: a delay fires once "
-            "(30s, 5min, 2h, 1d, 1h30min, 5分钟, 2小时); every:<delay> repeats (every:1h, 每2小时); "
-            "once:YYYY-MM-DD HH:MM in the bot's time zone; cron:<5 fields> repeats (cron:0 8 * * *). "
-            "A payload starting with say: is sent to this chat exactly as written."
-        ),
-        parameters={
-            "type": "object",
-            "properties": {
-                "spec": {
-                    "type": "string",
-                    "description": "When: 5min, every:1h, once:2026-04-10 09:00, cron:0 8 * * *",
-                },
-                "label": {"type": "string", "description": "What the timer is for, in a few words."},
-                "payload": {
-                    "type": "string",
-                    "description": "Details for your future self; or say:<text> to send <text> as written.",
-                    "default": "",
-                },
-            },
-            "required": ["spec", "label"],
-            "additionalProperties": False,
+register_tool(
+    "set_timer",
+    "Set a timer for this chat. When it fires you are woken (without this conversation) to decide "
+    "what to do: send a message, update your inner state or nothing. spec: a delay fires once "
+    "(30s, 5min, 2h, 1d, 1h30min, 5分钟, 2小时); every:<delay> repeats (every:1h, 每2小时); "
+    "once:YYYY-MM-DD HH:MM in the bot's time zone; cron:<5 fields> repeats (cron:0 8 * * *). "
+    "A payload starting with say: is sent to this chat exactly as written.",
+    set_timer,
+    properties={
+        "spec": {
+            "type": "string",
+            "description": "When: 5min, every:1h, once:2026-04-10 09:00, cron:0 8 * * *",
         },
-        func=set_timer,
-    )
-)
-registry.register(
-    Tool(
-        name="list_timers",
-        description="List this chat's active timers.",
-        parameters={"type": "object", "properties": {}, "additionalProperties": False},
-        func=list_timers,
-    )
-)
-registry.register(
-    Tool(
-        name="cancel_timer",
-        description="Cancel one of this chat's active timers by timer_id.",
-        parameters={
-            "type": "object",
-            "properties": {"timer_id": {"type": "string", "description": "The timer to cancel (tm_...)."}},
-            "required": ["timer_id"],
-            "additionalProperties": False,
+        "label": {"type": "string", "description": "What the timer is for, in a few words."},
+        "payload": {
+            "type": "string",
+            "description": "Details for your future self; or say:<text> to send <text> as written.",
+            "default": "",
         },
-        func=cancel_timer,
-    )
+    },
+    required=["spec", "label"],
+)
+register_tool("list_timers", "List this chat's active timers.", list_timers)
+register_tool(
+    "cancel_timer",
+    "Cancel one of this chat's active timers by timer_id.",
+    cancel_timer,
+    properties={"timer_id": {"type": "string", "description": "The timer to cancel (tm_...)."}},
+    required=["timer_id"],
 )

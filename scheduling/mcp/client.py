@@ -29,15 +29,13 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import httpx2
-from asgiref.sync import sync_to_async
-from channels.db import database_sync_to_async
 from django.db.models import F
 from django.utils import timezone
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from chat.components import CHAT, LIFE, Tool, ToolContext, ToolErrorCode, error, ok, registry
-from maibot.aio import wait_event
+from chat.components import CHAT, LIFE, ToolContext, ToolErrorCode, error, ok, register_tool, registry
+from maibot.aio import db, wait_event
 from maibot.config import BotConfig, McpServerEntry, get_config, mcp_secret_resolve
 from maibot.reload import register_reload_callback
 from scheduling.mcp.models import McpLinkState, McpServerState
@@ -175,16 +173,14 @@ class ServerLink:
                 )
                 continue
             try:
-                registry.register(
-                    Tool(
-                        name=name,
-                        description=f"[{self.entry.name}] {tool.description or tool.name}"[:1024],
-                        parameters=schema,
-                        func=self._tool_func(name),
-                        scopes=frozenset({self.scope}),
-                        # The link's own deadline answers first, with a clearer error.
-                        timeout=self.entry.call_timeout_seconds + 2,
-                    )
+                register_tool(
+                    name,
+                    f"[{self.entry.name}] {tool.description or tool.name}"[:1024],
+                    self._tool_func(name),
+                    parameters=schema,
+                    scopes=frozenset({self.scope}),
+                    # The link's own deadline answers first, with a clearer error.
+                    timeout=self.entry.call_timeout_seconds + 2,
                 )
             except ValueError:
                 logger.warning("MCP server %s: tool name %s is taken; not offered", self.entry.name, name)
@@ -244,7 +240,7 @@ class ServerLink:
                 outcome = ok(result=result.structured_content)
             else:
                 outcome = ok(result=_text(result))
-        await sync_to_async(self._count)(ok=bool(outcome.get("ok")), ms=(time.monotonic() - started) * 1000)
+        await db(self._count)(ok=bool(outcome.get("ok")), ms=(time.monotonic() - started) * 1000)
         return outcome
 
     def _count(self, *, ok: bool, ms: float) -> None:
@@ -260,14 +256,14 @@ class ServerLink:
         now = timezone.now()
         if state == McpLinkState.STARTING:
             # Rows of processes long gone (every restart is a new process).
-            await database_sync_to_async(McpServerState.objects.filter(updated_at__lt=now - STALE).delete)()
+            await db(McpServerState.objects.filter(updated_at__lt=now - STALE).delete, fresh=True)()
         fields: dict[str, Any] = {"state": state, "tools": tools, "transport": self.transport}
         if error:
             fields.update(last_error=error[:2000], last_error_at=now)
         if connected:
             fields["connected_at"] = now
         try:
-            await database_sync_to_async(McpServerState.objects.update_or_create)(
+            await db(McpServerState.objects.update_or_create, fresh=True)(
                 name=self.entry.name, process=_process(), defaults=fields
             )
         except Exception:

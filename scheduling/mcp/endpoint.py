@@ -17,7 +17,6 @@ import logging
 import re
 from typing import Any
 
-from channels.db import database_sync_to_async
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 from mcp import types
@@ -30,6 +29,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 
 from chat.models import ApiToken
+from maibot.aio import db
 from maibot.config import get_config
 from maibot.process import call_before_server_shutdown
 from scheduling.mcp import endpoint_tools
@@ -67,7 +67,7 @@ def _refused(exc: ApiError) -> MCPError:
 async def _counted_token(ctx: ServerRequestContext[Any, Any]) -> ApiToken:
     """The request's token, the request counted against its rate limit (as every tool call is)."""
     try:
-        return await database_sync_to_async(endpoint_tools.request_token)(token_id=_token_id(ctx))
+        return await db(endpoint_tools.request_token, fresh=True)(token_id=_token_id(ctx))
     except ApiError as exc:
         raise _refused(exc) from None
 
@@ -89,7 +89,7 @@ async def _list_tools(ctx: ServerRequestContext[Any, Any], params: types.Paginat
 
 async def _call_tool(ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams):
     token_id = _token_id(ctx)
-    ok, body = await database_sync_to_async(endpoint_tools.tool_call)(
+    ok, body = await db(endpoint_tools.tool_call, fresh=True)(
         token_id=token_id, name=params.name, arguments=params.arguments
     )
     return types.CallToolResult(
@@ -99,7 +99,7 @@ async def _call_tool(ctx: ServerRequestContext[Any, Any], params: types.CallTool
 
 async def _list_resources(ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None):
     token = await _counted_token(ctx)
-    sessions = await database_sync_to_async(endpoint_tools.history_conversations)(token=token)
+    sessions = await db(endpoint_tools.history_conversations, fresh=True)(token=token)
     resources = [
         types.Resource(
             uri=endpoint_tools.CONVERSATIONS_URI,
@@ -139,9 +139,9 @@ async def _read_resource(ctx: ServerRequestContext[Any, Any], params: types.Read
     uri = str(params.uri)
     try:
         if uri == endpoint_tools.CONVERSATIONS_URI:
-            body = await database_sync_to_async(endpoint_tools.conversations_resource)(token=token)
+            body = await db(endpoint_tools.conversations_resource, fresh=True)(token=token)
         elif match := _HISTORY_URI.match(uri):
-            body = await database_sync_to_async(endpoint_tools.history_resource)(
+            body = await db(endpoint_tools.history_resource, fresh=True)(
                 token=token, conversation_id=match["conversation_id"]
             )
         else:
@@ -252,7 +252,7 @@ class McpEndpoint:
             error = ApiError(ApiErrorCode.NOT_AUTHENTICATED, "send Authorization: Bearer <token>")
             return await _unauthorized(send, error)
         try:
-            token = await database_sync_to_async(api_token_authenticate)(raw=raw)
+            token = await db(api_token_authenticate, fresh=True)(raw=raw)
         except ApiError as exc:
             return await _unauthorized(send, exc)
         scope = {

@@ -12,16 +12,13 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
-import time
 
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from maibot import datadir, logdb
 from maibot.config import get_config
-from maibot.management.commands.serve import TICK_SECONDS, Child, daphne_argv, manage_argv, trusted_proxies_env
+from maibot.management.commands.serve import Child, daphne_argv, manage_argv, trusted_proxies_env
 from maibot.management.commands.serve import Command as ServeCommand
 
 logger = logging.getLogger("maibot.serve")
@@ -95,16 +92,12 @@ class Command(ServeCommand):
         if options["prepare"]:
             ensure_postgres_database()
             call_command("bootstrap", setup_page=False)
-        try:
-            datadir.check_not_newer()
-        except datadir.DataDirTooNew as exc:
-            raise CommandError(f"Refusing to start: {exc}") from None
+        self.prepare()
         if settings.DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3" or not settings.REDIS_URL:
             self.stderr.write(
                 "warning: without DATABASE_URL (PostgreSQL) and REDIS_URL this is no scale-out: the processes "
                 "share one SQLite file and the servers poll for outbound messages"
             )
-        logdb.activate("supervisor")
         keepalive = get_config().gateway.keepalive_seconds
         servers = [f"127.0.0.1:{web_port + i}" for i in range(WEB_SERVERS)]
         children = [Child("balancer", haproxy_argv(), env=haproxy_env(f"{host}:{port}", servers))]
@@ -114,39 +107,18 @@ class Command(ServeCommand):
         clusters = options["clusters"]
         for i in range(1, clusters + 1):
             children.append(Child(f"cluster{i}", manage_argv("qcluster")))
-        for child in children:
-            child.start()
         base = f"http://{host}:{port}"
-        self.stdout.write(
-            self.style.SUCCESS(
-                f"maibot cluster is starting: HAProxy, {WEB_SERVERS} servers, {options['clusters']} clusters"
-            )
+        self.start(
+            children,
+            self.style.SUCCESS(f"maibot cluster is starting: HAProxy, {WEB_SERVERS} servers, {clusters} clusters")
             + f"\n  operator console: {base}/admin/"
             + f"\n  API docs:         {base}/api/v1/docs"
             + f"\n  adapters connect: ws://{host}:{port}/ws"
             + f"\n  servers:          {', '.join(servers)} (behind the balancer)"
             + f"\n  database:         {settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[1]}"
             + f" {settings.DATABASES['default']['NAME']}"
-            + f"\n  redis:            {'yes' if settings.REDIS_URL else 'no'}"
-            + "\nPress Ctrl-C to stop."
+            + f"\n  redis:            {'yes' if settings.REDIS_URL else 'no'}",
         )
-        self.stdout.flush()
-        stopping = False
-
-        def stop(signum=None, frame=None) -> None:
-            nonlocal stopping
-            stopping = True
-
-        signal.signal(signal.SIGINT, stop)
-        signal.signal(signal.SIGTERM, stop)
-        try:
-            while not stopping:
-                for child in children:
-                    self._supervise(child)
-                time.sleep(TICK_SECONDS)
-        finally:
-            # The balancer first: no new request reaches a server that is stopping.
-            children[0].stop()
-            self._stop_all(children[1:])
-            logdb.shutdown()
+        # The balancer first: no new request reaches a server that is stopping.
+        self.supervise(children, first=1)
         self.stdout.write("maibot cluster stopped")

@@ -16,7 +16,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -149,11 +151,33 @@ class Child:
                 pass  # the group is gone already
 
 
-def _mtime(path) -> int | None:
+def _mtime(path: Path) -> int | None:
     try:
         return path.stat().st_mtime_ns
     except FileNotFoundError:
         return None
+
+
+class _Watched:
+    """A file whose changes (of its modification time, or its coming and going) are noticed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seen = _mtime(path)
+
+    def changed(self) -> bool:
+        """True once per change since the last look."""
+        now = _mtime(self.path)
+        if now == self.seen:
+            return False
+        self.seen = now
+        return True
+
+
+def _restart(child: Child, reason: str) -> None:
+    logger.info("%s changed: restarting the %s to apply it", reason, child.name)
+    child.stop()
+    child.start()
 
 
 def _describe(returncode: int) -> str:
@@ -185,31 +209,44 @@ class Command(BaseCommand):
         if proxies is None:
             proxies = os.environ.get("MAIBOT_TRUSTED_PROXIES", "")
         web_env = trusted_proxies_env(proxies)
-        try:
-            datadir.check_not_newer()
-        except datadir.DataDirTooNew as exc:
-            raise CommandError(f"Refusing to start: {exc}") from None
-        # The supervisor's own lines (restarts) go to the console's log like the children's.
-        logdb.activate("supervisor")
+        self.prepare()
         daphne = daphne_argv(host, port, keepalive_seconds=get_config().gateway.keepalive_seconds)
         children = [Child("web", daphne, env=web_env), Child("cluster", manage_argv("qcluster"))]
-        for child in children:
-            child.start()
         base = f"http://{host}:{port}"
-        self.stdout.write(
+        self.start(
+            children,
             self.style.SUCCESS("maibot is starting")
             + f"\n  operator console: {base}/admin/"
             + f"\n  chat page:        {base}/chat/"
             + f"\n  API docs:         {base}/api/v1/docs"
             + f"\n  adapters connect: ws://{host}:{port}/ws"
             + f"\n  data dir:         {settings.DATA_DIR}"
-            + f"\n  trusted proxies:  {proxies or 'none (X-Forwarded-For is ignored)'}"
-            + "\nPress Ctrl-C to stop."
+            + f"\n  trusted proxies:  {proxies or 'none (X-Forwarded-For is ignored)'}",
         )
-        self.stdout.flush()  # seen at once also when the output goes to a file
         # The set-up page saves the API key and adapter token there; the cluster reads them at start.
-        secrets_file = settings.DATA_DIR / deployment_env.FILE_NAME
-        secrets_seen = _mtime(secrets_file)
+        secrets = _Watched(settings.DATA_DIR / deployment_env.FILE_NAME)
+        self.supervise(children, tick=lambda: secrets.changed() and _restart(children[1], secrets.path.name))
+        self.stdout.write("maibot stopped")
+
+    def prepare(self) -> None:
+        """Refuse a data dir newer than this code; log to the console's log from here on."""
+        try:
+            datadir.check_not_newer()
+        except datadir.DataDirTooNew as exc:
+            raise CommandError(f"Refusing to start: {exc}") from None
+        # The supervisor's own lines (restarts) go to the console's log like the children's.
+        logdb.activate("supervisor")
+
+    def start(self, children: list[Child], banner: str) -> None:
+        """Start the children and say so (`banner`)."""
+        for child in children:
+            child.start()
+        self.stdout.write(banner + "\nPress Ctrl-C to stop.")
+        self.stdout.flush()  # seen at once also when the output goes to a file
+
+    def supervise(self, children: list[Child], *, tick: Callable[[], None] | None = None, first: int = 0) -> None:
+        """Until SIGINT or SIGTERM: restart any child that died (with backoff), then `tick()`, each
+        TICK_SECONDS. Then stop them all: the first `first` of them one by one, then the rest together."""
         stopping = False
 
         def stop(signum=None, frame=None) -> None:
@@ -222,16 +259,14 @@ class Command(BaseCommand):
             while not stopping:
                 for child in children:
                     self._supervise(child)
-                if (changed := _mtime(secrets_file)) != secrets_seen:
-                    secrets_seen = changed
-                    logger.info("%s changed: restarting the cluster to apply it", secrets_file.name)
-                    children[1].stop()
-                    children[1].start()
+                if tick is not None:
+                    tick()
                 time.sleep(TICK_SECONDS)
         finally:
-            self._stop_all(children)
+            for child in children[:first]:
+                child.stop()
+            self._stop_all(children[first:])
             logdb.shutdown()
-        self.stdout.write("maibot stopped")
 
     def _supervise(self, child: Child) -> None:
         now = time.monotonic()
