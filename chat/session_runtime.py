@@ -62,6 +62,7 @@ REJOIN_SECONDS = 3600.0
 HISTORY_KEEP_SECONDS = 300.0
 
 _blocked = sync_to_async(budget.blocked)
+_UNRESTRAINED = TalkState()  # frozen: one instance serves every fresh runtime
 
 
 def session_group(session_pk: int) -> str:
@@ -134,7 +135,7 @@ class SessionRuntime(AsyncConsumer):
         # What tests wait on to know the runtime has decided about a message before asserting that
         # nothing came of it.
         self.decided_pk = 0
-        self.talk_state = TalkState()
+        self.talk_state = _UNRESTRAINED
         # Made by the first model-planned cycle: offline answers and commands need no history.
         self.history: planner.HistoryCache | None = None
         self.channel_layer: BaseChannelLayer | None = None
