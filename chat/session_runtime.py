@@ -4,7 +4,9 @@ wake entry points (chat.runtime) reach it.
 
 It is a `channels.consumer.AsyncConsumer` called with the scope `{"type": "chat.session",
 "session_pk", "last_seen_pk"}`. It takes a channel of its own, joins the group `session_group(pk)`
-and dispatches what arrives on its channel, one await per message:
+and dispatches what arrives on its channel, one await per message (its own loop rather than Channels'
+`await_many_dispatch`, which keeps two receive tasks and an `asyncio.wait` alive per consumer: objects
+every full garbage collection walks, for every live runtime):
 
 * `session.start`: join the group, then take the wake the registry handed over before it had joined;
 * `session.wake` `{"reason"}`: news ("message": new inbound messages are stored) or a request for a
