@@ -18,9 +18,8 @@ every full garbage collection walks, for every live runtime):
 Invariants:
 * Its state is touched only on the registry's event loop.
 * At most one planner task, and only while there is work: news starts it; it lets the burst settle
-  (`chat.debounce_seconds` of quiet, at most 5x that for a never-ending stream), looks (observe the
-  inbound messages stored since its last look, by primary key; decide; act) and looks again while
-  news keeps coming; then it ends.
+  (chat.planner.decision.debounce), looks (observe the inbound messages stored since its last look,
+  by primary key; decide; act) and looks again while news keeps coming; then it ends.
 * An idle runtime holds no planner task and no session row: its consumer awaits its channel and one
   timer (`loop.call_at`) waits for its next timed event: the look after a silent private turn, letting
   its history cache go after `HISTORY_KEEP_SECONDS` of quiet, the hourly group rejoin, and idle
@@ -48,7 +47,17 @@ from chat.agent import budget
 from chat.commands import planner_commands, run_commands
 from chat.models import ChatSession, Message, PlannerCycle
 from chat.offline import run_offline_cycle
-from chat.planner.decision import NEWS, NO_REPLY_TIMEOUT, Decision, Observed, Step, TalkState, after_cycle, decide
+from chat.planner.decision import (
+    NEWS,
+    NO_REPLY_TIMEOUT,
+    Decision,
+    Observed,
+    Step,
+    TalkState,
+    after_cycle,
+    debounce,
+    decide,
+)
 from chat.planner.observe import Observation, aobserve, receive_points
 from maibot.config import BotConfig, get_config
 
@@ -355,10 +364,11 @@ class SessionRuntime(AsyncConsumer):
             self.decided_pk = self.last_seen_pk
 
     async def _debounce(self) -> None:
-        quiet = get_config().chat.debounce_seconds
-        if quiet <= 0:
+        window = debounce(get_config())
+        if window is None:
             return
-        give_up = self.loop.time() + quiet * 5
+        quiet, longest = window
+        give_up = self.loop.time() + longest
         while True:
             pause = self._quiet = self.loop.create_future()
             timer = self.loop.call_later(quiet, _settle, pause, "quiet")

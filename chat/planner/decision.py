@@ -19,6 +19,8 @@ the step), and `after_cycle()` gives the state after a cycle's action.
 When does the bot speak?
 * A wake for news ("message") with nothing plannable is skipped. Another reason (a plugin's
   "proactive" request, the "no_reply_timeout" look) runs even when nothing new was said.
+* News settles first: a burst ends after `chat.debounce_seconds` of quiet (`debounce()`), a
+  never-ending stream is looked at after 5x that all the same; then one look takes all of it.
 * Private chats: every new message is considered (one look per debounced burst).
 * Group chats: a new message *mentions* the bot when its text contains the nickname or one of
   `bot.alias_names` (case-insensitive), when it has an `@<name:id>` mention whose name is one of
@@ -55,6 +57,8 @@ from maibot.config import BotConfig
 NEWS = "message"
 NO_REPLY_TIMEOUT = "no_reply_timeout"
 SPOKE = ("reply", "send_emoji")
+# A never-ending stream of news is looked at after this many debounce periods all the same.
+MAX_DEBOUNCE_PERIODS = 5
 
 
 class Step(enum.StrEnum):
@@ -99,6 +103,15 @@ class Decision:
     trigger: str = ""
     over_budget: str = ""
     why: str = ""
+
+
+def debounce(config: BotConfig) -> tuple[float, float] | None:
+    """How news settles before a look: (the seconds of quiet that end a burst, the longest wait for
+    them); None: look at once."""
+    quiet = config.chat.debounce_seconds
+    if quiet <= 0:
+        return None
+    return quiet, quiet * MAX_DEBOUNCE_PERIODS
 
 
 def budget_applies(config: BotConfig) -> bool:

@@ -6,7 +6,7 @@ from datetime import datetime
 import pytest
 
 from chat.models import ChatSession, ChatType, Message
-from chat.planner.decision import NEWS, Observed, Step, TalkState, after_cycle, decide
+from chat.planner.decision import NEWS, Observed, Step, TalkState, after_cycle, debounce, decide
 from maibot import config
 
 NOON = datetime(2025, 6, 1, 12, 0)
@@ -39,6 +39,14 @@ def said(*texts: str, **fields) -> tuple[Message, ...]:
 
 def observed(*texts: str, reason: str = NEWS, **facts) -> Observed:
     return Observed(reason=reason, messages=said(*texts), now=facts.pop("now", NOON), **facts)
+
+
+# --- news settles first ---
+
+
+def test_a_burst_settles_after_the_debounce_quiet_and_a_stream_after_five_times_that():
+    assert debounce(bot_config(chat={"debounce_seconds": 1.5})) == (1.5, 7.5)
+    assert debounce(bot_config(chat={"debounce_seconds": 0})) is None  # look at once
 
 
 # --- nothing to plan ----------------------------------------------------------------------------------
