@@ -17,14 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
-from typing import Any
 
 from asgiref.sync import sync_to_async
 
 from chat import talk
 from chat.agent import budget
 from chat.agent.engine import AgentTurn, abandon_cycle
+from chat.commands import CommandRun, typed_text
 from chat.components import command_handle, commands
 from chat.models import ChatSession, CycleKind, Message, PlannerCycle, SourceKind
 from chat.services import message_send
@@ -64,44 +63,6 @@ def _notice(over_budget: str = "") -> str:
     return head + (helps[0] if helps else nothing)
 
 
-class _CommandTurn:
-    """One offline turn as the commands see it (a chat.components.CommandTurn): their tool calls go
-    through the agent-turn engine (run and recorded on the cycle); their answers are collected here."""
-
-    def __init__(self, turn: AgentTurn) -> None:
-        self.turn = turn
-        self.session = turn.session
-        self.message: Message | None = None
-        self.actions: list[str] = []
-        self.replies: list[str] = []
-        self.outcomes: list[str] = []  # what commands that answer by themselves report
-
-    def note(self, outcome: str) -> None:
-        self.outcomes.append(outcome)
-
-    def answer(self, text: str, action: str) -> None:
-        self.replies.append(text)
-        self.actions.append(action)
-
-    def tool(self, name: str, **arguments: Any) -> dict[str, Any]:
-        return self.turn.call(name, arguments, call_id=f"offline_{uuid.uuid4().hex[:16]}")
-
-
-def typed_text(message: Message) -> str:
-    """What the person typed: the text segments only (an image's "[image]" placeholder is not)."""
-
-    def walk(segments) -> str:
-        out = []
-        for seg in segments or []:
-            if seg.get("type") == "text" and isinstance(seg.get("data"), str):
-                out.append(seg["data"])
-            elif seg.get("type") == "seglist" and isinstance(seg.get("data"), list):
-                out.append(walk(seg["data"]))
-        return "".join(out)
-
-    return walk(message.segments).strip()
-
-
 async def run_offline_cycle(
     *, session: ChatSession, new_messages: list[Message], mentioned: bool, over_budget: str = ""
 ) -> PlannerCycle | None:
@@ -121,7 +82,7 @@ async def run_offline_cycle(
         return None  # a group is not told about the budget: the bot stays silent there
     trigger = f"{len(new_messages)} new message(s), " + ("over budget" if over_budget else "offline")
     agent_turn = await _open(kind=CycleKind.CHAT, session=session, trigger=trigger)
-    turn = _CommandTurn(agent_turn)
+    turn = CommandRun(agent_turn, call_prefix="offline")
     handlers = commands()
     handled_any = False
     try:
@@ -147,7 +108,7 @@ async def run_offline_cycle(
 
 
 def _finish_turn(
-    *, session: ChatSession, turn: _CommandTurn, handled_any: bool, over_budget: str, started: float
+    *, session: ChatSession, turn: CommandRun, handled_any: bool, over_budget: str, started: float
 ) -> PlannerCycle:
     """Send the turn's answers (the notice when no command answered) and close its record."""
     agent_turn = turn.turn

@@ -1,33 +1,20 @@
 """The chat planner: one observe → plan → execute cycle of a session, its prompt, and its record.
 
-Modules, one job each: prompts (the registered Prompts, history and cycle-record rendering), rules
-(mentions, the group-chat bar, plain text as a reply), history (HistoryCache; HistoryLine lives in prompts), cycle
-(run_cycle, on the agent-turn engine chat.agent.engine). chat/runtime.py uses what this package exports.
+Modules, one job each: decision (whether to speak now: skip / offline / commands / cycle), observe (the
+news since the last look, through the receive hooks), rules (mentions, the group-chat bar, plain text as a
+reply), prompts (the registered Prompts, history and cycle-record rendering), history (HistoryCache;
+HistoryLine lives in prompts), cycle (run_cycle, on the agent-turn engine chat.agent.engine). The session
+runtime (chat/session_runtime.py) uses them.
 
-A cycle (run by the session's runtime, chat/runtime.py) gets the messages that arrived since the
+A cycle (run by the session's runtime, chat/session_runtime.py) gets the messages that arrived since the
 last one, renders the prompt, calls the model once with the tools (`chat.agent.llm.complete`, purpose
 "planner"), executes the tool calls, and feeds their results back in the same cycle until the model
 ends its turn with `reply` / `no_reply` / `send_emoji` or `chat.max_rounds` calls were made. Every
 cycle is a PlannerCycle row (phase timings, action, reasoning, outcome, replanned, error, the full
 conversation sent); every tool call a ToolCallRecord; every model call an LLMCall linked to it.
 
-When does the bot speak?
-* Private chats: every new message is considered (one cycle per debounced burst).
-* Group chats: a new message *mentions* the bot when its text contains the nickname or one of
-  `bot.alias_names` (case-insensitive), when it has an `@<name:id>` mention whose name is one of
-  those or whose id is the bot's own account on the platform (`bot.platform_accounts`, else the one
-  the adapter named in a receiver_info; see chat.accounts: a QQ mention arrives as
-  `@<QQ nickname:QQ id>`, whatever the bot's nickname in our config), or when it quotes one of the
-  bot's own messages. A mention always starts a cycle.
-  Otherwise the model is asked only once enough unaddressed messages have piled up:
-      backlog >= ceil(1 / chat.talk_frequency) * 2 ** min(silent_streak, 4)
-  where backlog counts unaddressed messages since the bot last planned, and silent_streak counts the
-  consecutive unaddressed cycles that ended in no_reply (reset by a reply or a mention). With
-  talk_frequency 0 the bot speaks only when mentioned. Messages below the bar cost no LLM call;
-  they stay in the history the next cycle sees.
-* After an LLM-planned `no_reply` the runtime looks once more after `chat.no_reply_timeout` seconds
-  without new messages (trigger "no_reply_timeout"); that look never repeats until a new message
-  comes, so a silent chat costs at most one extra call.
+When does the bot speak? The runtime asks chat/planner/decision.py (a pure `decide`), whose docstring
+holds the rules: mentions, the group-chat bar, offline mode and the budget, the look after a silent turn.
 
 Replanning: if new messages arrive while the model is thinking, before any tool has run, the
 answer is discarded unexecuted and the model is asked once more with them (replanned=True); later

@@ -168,19 +168,82 @@ _close = sync_to_async(close_cycle)
 class Stopwatch:
     """Milliseconds per phase: observe, prompt (open the record, read, render), plan (the model calls,
     of which llm_ms is the providers' own HTTP time), execute (tools), record (assembling the record;
-    the one UPDATE that stores it is the only untimed step), total."""
+    the one UPDATE that stores it is the only untimed step), total. `lap(phase)` adds the time since
+    the previous lap (or the start) to `phase`."""
 
     def __init__(self) -> None:
         self.timings: dict[str, float] = {}
-        self._t0 = time.perf_counter()
+        self._t0 = self._mark = time.perf_counter()
 
-    def add(self, phase: str, since: float) -> float:
+    def lap(self, phase: str) -> None:
         now = time.perf_counter()
-        self.timings[phase] = round(self.timings.get(phase, 0.0) + (now - since) * 1000, 3)
-        return now
+        self.timings[phase] = round(self.timings.get(phase, 0.0) + (now - self._mark) * 1000, 3)
+        self._mark = now
 
     def total(self) -> None:
         self.timings["total_ms"] = round((time.perf_counter() - self._t0) * 1000, 3)
+
+
+@dataclass
+class CycleRun:
+    """One running cycle: its inputs, the conversation with the model so far, and what its record will
+    say. The rounds add to it; `record()` turns it into the PlannerCycle's fields. `close_after` runs
+    in the engine's thread while the cycle's coroutine waits for it (never concurrently with a step)."""
+
+    turn: AgentTurn
+    new_messages: list[Message]
+    trigger: str
+    mentioned: bool
+    history_cache: HistoryCache | None
+    has_news: Callable[[], bool]
+    observe_more: Callable[[], Awaitable[list[Message]]]
+    watch: Stopwatch
+    prepared: Prepared | None = None
+    conversation: list[dict[str, Any]] = field(default_factory=list)
+    schemas: list[dict[str, Any]] = field(default_factory=list)
+    fields: dict[str, Any] = field(
+        default_factory=lambda: {"action": "", "reasoning": "", "outcome": "", "error": "", "replanned": False}
+    )
+    reasoning: list[str] = field(default_factory=list)
+    outcome: list[str] = field(default_factory=list)
+    llm_calls: int = 0
+    llm_ms: float = 0.0
+    round_no: int = 0
+    tools_ran: bool = False
+    closed: bool = False  # the last round's trip to the database closed the record too
+    done: RoundOutcome = field(default_factory=RoundOutcome)
+
+    def end(self, action: str, error: str) -> None:
+        self.fields["action"] = action
+        self.fields["error"] = error
+
+    def take(self, done: RoundOutcome) -> None:
+        """A round's reasoning, outcome lines and tool results."""
+        self.reasoning.extend(r for r in done.reasoning if r)
+        self.outcome.extend(done.outcome)
+        self.conversation.extend(done.tool_messages)
+
+    def record(self) -> dict[str, Any]:
+        """The record's fields, the record phase and the total timed last."""
+        self.watch.timings["llm_ms"] = round(self.llm_ms, 3)
+        self.fields["reasoning"] = "\n".join(r for r in self.reasoning if r)[:4000]
+        self.fields["outcome"] = "; ".join(o for o in self.outcome if o)[:4000]
+        self.fields["prompt"] = self.conversation
+        self.watch.lap("record_ms")
+        self.watch.total()
+        self.fields["timings"] = self.watch.timings
+        return self.fields
+
+    def close_after(self, outcomes: list[ToolOutcome]) -> dict[str, Any] | None:
+        """The engine's `close`: when the round ends the cycle, its results and the cycle's record go to
+        the database in one trip (the record's fields, returned here); else None."""
+        self.done = round_outcome(outcomes)
+        if not self.done.ended:
+            return None
+        self.watch.lap("execute_ms")
+        self.take(self.done)
+        self.fields["action"] = self.done.action
+        return self.record()
 
 
 async def _before_request(
@@ -206,142 +269,151 @@ async def run_cycle(
     history_cache: HistoryCache | None = None,
 ) -> CycleResult:
     """One cycle with the model. `has_news()` tells whether messages came in since the last observe;
-    `observe_more()` fetches them (for the one replan)."""
-    cfg = get_config()
+    `observe_more()` fetches them (for the one replan). The cycle is recorded however it ends (a
+    failure as `error`, a cancellation as `cancelled`, then re-raised)."""
+    max_rounds = get_config().chat.max_rounds
     watch = Stopwatch()
     watch.timings["observe_ms"] = round(observe_ms, 3)
-    t = time.perf_counter()
-    cycle_id = uuid.uuid4()
-    try:
-        turn, prepared = await _open(
-            session=session,
-            trigger=trigger,
-            started_at=timezone.now(),
-            new_messages=new_messages,
-            mentioned=mentioned,
-            history_cache=history_cache,
-            cycle_id=cycle_id,
-        )
-    except asyncio.CancelledError:
-        # Stopped while the record was being opened: close it if it was written.
-        await _abandon(cycle_id=cycle_id)
-        raise
-    cycle = turn.cycle
-    fields: dict[str, Any] = {"action": "", "reasoning": "", "outcome": "", "error": "", "replanned": False}
-    reasoning: list[str] = []
-    outcome: list[str] = []
-    llm_calls = 0
-    llm_ms = 0.0
-    conversation: list[dict[str, Any]] = []
-    closed = False
-    done = RoundOutcome()
-
-    def finalize() -> dict[str, Any]:
-        nonlocal t
-        watch.timings["llm_ms"] = round(llm_ms, 3)
-        fields["reasoning"] = "\n".join(r for r in reasoning if r)[:4000]
-        fields["outcome"] = "; ".join(o for o in outcome if o)[:4000]
-        fields["prompt"] = conversation
-        t = watch.add("record_ms", t)
-        watch.total()
-        fields["timings"] = watch.timings
-        return fields
-
-    def close_after(outcomes: list[ToolOutcome]) -> dict[str, Any] | None:
-        # Runs in the thread that records the round while this coroutine waits: when the round ends
-        # the cycle, its results and the cycle's record go to the database in one trip.
-        nonlocal t, done
-        done = round_outcome(outcomes)
-        if not done.ended:
-            return None
-        t = watch.add("execute_ms", t)
-        reasoning.extend(r for r in done.reasoning if r)
-        outcome.extend(done.outcome)
-        conversation.extend(done.tool_messages)
-        fields["action"] = done.action
-        return finalize()
-
+    turn, prepared = await _open_cycle(
+        session=session, trigger=trigger, new_messages=new_messages, mentioned=mentioned, history_cache=history_cache
+    )
+    run = CycleRun(
+        turn=turn,
+        new_messages=new_messages,
+        trigger=trigger,
+        mentioned=mentioned,
+        history_cache=history_cache,
+        has_news=has_news,
+        observe_more=observe_more,
+        watch=watch,
+    )
     try:
         if isinstance(prepared, Exception):
             raise prepared
-        conversation, schemas = await _before_request(session, list(prepared.messages), turn.schemas(prepared.tools))
-        t = watch.add("prompt_ms", t)
-        tools_ran = False
-        round_no = 0
-        while True:
-            if round_no >= cfg.chat.max_rounds:
-                fields["action"] = "max_rounds"
-                fields["error"] = f"the model did not end its turn within {cfg.chat.max_rounds} calls"
-                break
-            result = await llm.complete(
-                purpose="planner", messages=conversation, tools=schemas, session_id=session.pk, cycle_id=cycle.pk
-            )
-            llm_calls += 1
-            llm_ms += result.latency_ms
-            t = watch.add("plan_ms", t)
-            if not tools_ran and not fields["replanned"] and has_news():
-                # Stale: someone spoke while the model was thinking. Ask again, once, with them.
-                more = await observe_more()
-                if more:
-                    new_messages = [*new_messages, *more]
-                    fields["replanned"] = True
-                    stale = ", ".join(c.name for c in result.tool_calls) or result.error or "text"
-                    outcome.append(f"discarded a stale plan ({stale}) for {len(more)} new message(s)")
-                    prepared = await _prepare(
-                        turn=turn,
-                        new_messages=new_messages,
-                        trigger=trigger,
-                        mentioned=mentioned,
-                        history_cache=history_cache,
-                    )
-                    conversation, schemas = await _before_request(
-                        session, list(prepared.messages), turn.schemas(prepared.tools)
-                    )
-                    t = watch.add("prompt_ms", t)
-                    round_no += 1
-                    continue
-            if not result.ok:
-                # A daily cap reached mid-cycle (another process spent the rest): no call was made.
-                fields["action"] = "over_budget" if result.budget_exceeded else "error"
-                fields["error"] = result.error
-                break
-            if result.content and result.tool_calls:
-                reasoning.append(result.content.strip())
-            if not result.tool_calls:
-                action = await _fallback(turn=turn, content=result.content, round_no=round_no)
-                fields["action"] = action
-                if action == "reply":
-                    reasoning.append("answered in plain text; sent as the reply")
-                    outcome.append(f"said: {result.content.strip()}"[:500])
-                else:
-                    outcome.append(f"plain text not sent: {result.content.strip()[:300]}" if result.content else "")
-                t = watch.add("execute_ms", t)
-                break
-            conversation.append(result.assistant_message or {"role": "assistant", "content": result.content})
-            # Plugins' and MCP servers' tools are awaited here: a slow one holds no thread other chats need.
-            await turn.aexecute(result.tool_calls, round_no=round_no, tools=prepared.tools, close=close_after)
-            tools_ran = True
-            if done.ended:
-                closed = True
-                break
-            t = watch.add("execute_ms", t)
-            reasoning.extend(r for r in done.reasoning if r)
-            outcome.extend(done.outcome)
-            conversation.extend(done.tool_messages)
-            round_no += 1
+        await _request(run, prepared)
+        await _rounds(run, max_rounds)
     except asyncio.CancelledError:
-        fields["action"] = fields["action"] or "cancelled"
-        fields["error"] = "the runtime was stopped during the cycle"
+        run.end(run.fields["action"] or "cancelled", "the runtime was stopped during the cycle")
         raise
     except Exception as exc:
-        logger.exception("planner cycle %s failed", cycle.cycle_id)
-        fields["action"] = fields["action"] or "error"
-        fields["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        logger.exception("planner cycle %s failed", turn.cycle.cycle_id)
+        run.end(run.fields["action"] or "error", f"{type(exc).__name__}: {exc}"[:2000])
     finally:
-        if not closed:
-            # A cancelled runtime (shutdown, eviction) still leaves an honest record behind.
-            try:
-                await _close(cycle=cycle, fields=finalize())
-            except Exception:
-                logger.exception("could not record planner cycle %s", cycle.cycle_id)
-    return CycleResult(cycle=cycle, action=fields["action"], mentioned=mentioned, llm_calls=llm_calls)
+        if not run.closed:
+            await _record(run)
+    return CycleResult(cycle=turn.cycle, action=run.fields["action"], mentioned=mentioned, llm_calls=run.llm_calls)
+
+
+async def _open_cycle(**kwargs: Any) -> tuple[AgentTurn, Prepared | Exception]:
+    """Open the record and prepare the prompt (cycle_open); stopped meanwhile, close it if it was written."""
+    cycle_id = uuid.uuid4()
+    try:
+        return await _open(started_at=timezone.now(), cycle_id=cycle_id, **kwargs)
+    except asyncio.CancelledError:
+        await _abandon(cycle_id=cycle_id)
+        raise
+
+
+async def _request(run: CycleRun, prepared: Prepared) -> None:
+    """The request the next round sends: the prepared prompt and tools, through the before_request point."""
+    run.prepared = prepared
+    run.conversation, run.schemas = await _before_request(
+        run.turn.session, list(prepared.messages), run.turn.schemas(prepared.tools)
+    )
+    run.watch.lap("prompt_ms")
+
+
+async def _rounds(run: CycleRun, max_rounds: int) -> None:
+    """Ask the model and run its tools until an ending action, an error, plain text, or max_rounds calls."""
+    while run.round_no < max_rounds:
+        result = await _plan(run)
+        if await _replanned(run, result):
+            continue
+        if await _ended_without_tools(run, result) or await _execute(run, result):
+            return
+        run.round_no += 1
+    run.end("max_rounds", f"the model did not end its turn within {max_rounds} calls")
+
+
+async def _plan(run: CycleRun) -> llm.LLMResult:
+    result = await llm.complete(
+        purpose="planner",
+        messages=run.conversation,
+        tools=run.schemas,
+        session_id=run.turn.session.pk,
+        cycle_id=run.turn.cycle.pk,
+    )
+    run.llm_calls += 1
+    run.llm_ms += result.latency_ms
+    run.watch.lap("plan_ms")
+    return result
+
+
+async def _replanned(run: CycleRun, result: llm.LLMResult) -> bool:
+    """Stale: someone spoke while the model was thinking, before any tool ran. Discard the answer and
+    ask again, once, with them (True when it did)."""
+    if run.tools_ran or run.fields["replanned"] or not run.has_news():
+        return False
+    more = await run.observe_more()
+    if not more:
+        return False
+    run.new_messages = [*run.new_messages, *more]
+    run.fields["replanned"] = True
+    stale = ", ".join(c.name for c in result.tool_calls) or result.error or "text"
+    run.outcome.append(f"discarded a stale plan ({stale}) for {len(more)} new message(s)")
+    prepared = await _prepare(
+        turn=run.turn,
+        new_messages=run.new_messages,
+        trigger=run.trigger,
+        mentioned=run.mentioned,
+        history_cache=run.history_cache,
+    )
+    await _request(run, prepared)
+    run.round_no += 1
+    return True
+
+
+async def _ended_without_tools(run: CycleRun, result: llm.LLMResult) -> bool:
+    """An answer with no tool call ends the cycle: a failed call, or plain text (sent as the reply
+    only when it reads as one, see content_fallback)."""
+    if not result.ok:
+        # A daily cap reached mid-cycle (another process spent the rest): no call was made.
+        run.end("over_budget" if result.budget_exceeded else "error", result.error)
+        return True
+    if result.content and result.tool_calls:
+        run.reasoning.append(result.content.strip())
+    if result.tool_calls:
+        return False
+    action = await _fallback(turn=run.turn, content=result.content, round_no=run.round_no)
+    run.fields["action"] = action
+    if action == "reply":
+        run.reasoning.append("answered in plain text; sent as the reply")
+        run.outcome.append(f"said: {result.content.strip()}"[:500])
+    else:
+        run.outcome.append(f"plain text not sent: {result.content.strip()[:300]}" if result.content else "")
+    run.watch.lap("execute_ms")
+    return True
+
+
+async def _execute(run: CycleRun, result: llm.LLMResult) -> bool:
+    """Run the answer's tool calls (recorded); True when they ended the cycle, whose record then went
+    to the database in the same trip."""
+    run.conversation.append(result.assistant_message or {"role": "assistant", "content": result.content})
+    # Plugins' and MCP servers' tools are awaited here: a slow one holds no thread other chats need.
+    await run.turn.aexecute(result.tool_calls, round_no=run.round_no, tools=run.prepared.tools, close=run.close_after)
+    run.tools_ran = True
+    if run.done.ended:
+        run.closed = True
+        return True
+    run.watch.lap("execute_ms")
+    run.take(run.done)
+    return False
+
+
+async def _record(run: CycleRun) -> None:
+    """Close the record of a cycle no round closed: a cancelled runtime (shutdown, eviction) still
+    leaves an honest record behind."""
+    try:
+        await _close(cycle=run.turn.cycle, fields=run.record())
+    except Exception:
+        logger.exception("could not record planner cycle %s", run.turn.cycle.cycle_id)

@@ -13,7 +13,7 @@ from chat.accounts import bot_account
 from chat.ingest import AdapterFrames, InboundItem, adapter_frames_store
 from chat.models import AdapterPlatform, Direction, Message
 from chat.planner import mentions_bot
-from chat.runtime import observe
+from chat.planner.observe import observe
 from chat.services import message_send
 from chat.wire.inbound import parse_envelope
 from chat.wire.outbound import adapter_envelope

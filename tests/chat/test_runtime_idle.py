@@ -10,6 +10,7 @@ from channels.layers import get_channel_layer
 from channels_redis.core import RedisChannelLayer
 
 from chat import runtime as runtime_module
+from chat import session_runtime
 from chat.models import ChatSession, PlannerCycle
 from maibot import config
 from tests.chat.planner_helpers import fake_llm_fixture, runtimes_fixture, say  # noqa: F401
@@ -81,7 +82,7 @@ async def test_an_idle_runtime_costs_one_task(runtimes, make_session):
 
 async def test_the_rejoin_is_a_timer_and_the_runtime_stays_idle(runtimes, make_session, monkeypatch):
     session = await asyncio.to_thread(make_session)
-    monkeypatch.setattr(runtime_module, "REJOIN_SECONDS", 0.3)
+    monkeypatch.setattr(session_runtime, "REJOIN_SECONDS", 0.3)
     with config.override(chat=IDLE):
         await say(session, "hello")
         await answered(session)
@@ -131,7 +132,7 @@ async def test_a_quiet_runtime_lets_its_history_cache_go_and_reads_the_window_ag
     fake_llm, runtimes, make_session, monkeypatch
 ):
     session = await asyncio.to_thread(make_session, user_nickname="Alice")
-    monkeypatch.setattr(runtime_module, "HISTORY_KEEP_SECONDS", 0.3)
+    monkeypatch.setattr(session_runtime, "HISTORY_KEEP_SECONDS", 0.3)
     fake_llm.default = lambda body: fake_llm.tool_call("reply", {"text": "noted"})
     await say(session, "my cat is called Miso")
     await answered(session)
