@@ -15,13 +15,12 @@ import time
 import uuid
 from typing import Any
 
-from asgiref.sync import sync_to_async
-
 from chat import talk
 from chat.agent.engine import AgentTurn, abandon_cycle
 from chat.components import Command, command_handle, commands
 from chat.models import ChatSession, CycleKind, Message, PlannerCycle, SourceKind
 from chat.services import message_send
+from maibot.aio import db
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +127,6 @@ def _finish_turn(*, session: ChatSession, turn: CommandRun, handled: set[int], s
     )
 
 
-_open = sync_to_async(AgentTurn.open)
-_abandon = sync_to_async(abandon_cycle)
-_finish = sync_to_async(_finish_turn)
+_open = db(AgentTurn.open)
+_abandon = db(abandon_cycle)
+_finish = db(_finish_turn)

@@ -18,8 +18,6 @@ import asyncio
 import logging
 import time
 
-from asgiref.sync import sync_to_async
-
 from chat import talk
 from chat.agent import budget
 from chat.agent.engine import AgentTurn, abandon_cycle
@@ -27,6 +25,7 @@ from chat.commands import CommandRun, typed_text
 from chat.components import command_handle, commands
 from chat.models import ChatSession, CycleKind, Message, PlannerCycle, SourceKind
 from chat.services import message_send
+from maibot.aio import db
 from maibot.config import get_config
 
 logger = logging.getLogger(__name__)
@@ -138,6 +137,6 @@ def _finish_turn(
     return cycle
 
 
-_open = sync_to_async(AgentTurn.open)
-_abandon = sync_to_async(abandon_cycle)
-_finish = sync_to_async(_finish_turn)
+_open = db(AgentTurn.open)
+_abandon = db(abandon_cycle)
+_finish = db(_finish_turn)

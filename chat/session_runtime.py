@@ -36,7 +36,6 @@ from collections.abc import Coroutine
 from dataclasses import replace
 from typing import Any, Protocol
 
-from asgiref.sync import sync_to_async
 from channels.consumer import AsyncConsumer
 from channels.exceptions import StopConsumer
 from channels.layers import BaseChannelLayer, get_channel_layer
@@ -59,6 +58,7 @@ from chat.planner.decision import (
     decide,
 )
 from chat.planner.observe import Observation, aobserve, receive_points
+from maibot.aio import db
 from maibot.config import BotConfig, get_config
 
 logger = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ REJOIN_SECONDS = 3600.0
 # a lively chat keeps it, many quiet ones do not each hold a window of messages and cycle records.
 HISTORY_KEEP_SECONDS = 300.0
 
-_blocked = sync_to_async(budget.blocked)
+_blocked = db(budget.blocked)
 _UNRESTRAINED = TalkState()  # frozen: one instance serves every fresh runtime
 
 
@@ -355,7 +355,7 @@ class SessionRuntime(AsyncConsumer):
             # One broken look (a lost DB connection, a bug) must not silence the session; a short
             # pause keeps a persistent fault from spinning.
             logger.exception("planner runtime for session %s: cycle failed", self.session_pk)
-            await sync_to_async(close_old_connections)()  # a broken connection is replaced
+            await db(close_old_connections)()  # a broken connection is replaced
             await asyncio.sleep(1)
         finally:
             self.busy = False

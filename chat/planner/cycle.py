@@ -11,7 +11,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.utils import timezone
 
 from chat import events
@@ -23,6 +22,7 @@ from chat.models import ChatSession, CycleKind, Message, PlannerCycle
 from chat.planner.history import HistoryCache, history_read, recent_cycles_read
 from chat.planner.prompts import SYSTEM_PROMPT, TURN_PROMPT, chat_description, instruction
 from chat.planner.rules import content_as_reply
+from maibot.aio import db
 from maibot.config import format_instant, get_config
 
 logger = logging.getLogger(__name__)
@@ -158,11 +158,11 @@ def content_fallback(*, turn: AgentTurn, content: str, round_no: int) -> str:
     return "reply" if res.get("ok") else "no_reply"
 
 
-_abandon = sync_to_async(abandon_cycle)
-_prepare = sync_to_async(prepare)
-_open = sync_to_async(cycle_open)
-_fallback = sync_to_async(content_fallback)
-_close = sync_to_async(close_cycle)
+_abandon = db(abandon_cycle)
+_prepare = db(prepare)
+_open = db(cycle_open)
+_fallback = db(content_fallback)
+_close = db(close_cycle)
 
 
 class Stopwatch:

@@ -11,12 +11,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from asgiref.sync import sync_to_async
-
 from chat import events
 from chat.accounts import bot_account
 from chat.models import ChatSession, Direction, Message
 from chat.services import message_hooks_apply
+from maibot.aio import db
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +56,8 @@ def observe(*, session_pk: int, after_pk: int, platform: str = "", load_session:
     )
 
 
-aobserve = sync_to_async(observe)
-_hooks_apply = sync_to_async(message_hooks_apply)
+aobserve = db(observe)
+_hooks_apply = db(message_hooks_apply)
 
 
 async def receive_points(messages: list[Message], session: ChatSession) -> list[Message]:
