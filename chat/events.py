@@ -42,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -54,6 +53,7 @@ from typing import Any
 
 from django.db import connections
 
+from maibot import aio
 from maibot.config import get_config
 
 logger = logging.getLogger(__name__)
@@ -133,33 +133,17 @@ class Failure:
 _handlers: dict[str, EventHandler] = {}
 _lock = threading.Lock()
 recent_failures: deque[Failure] = deque(maxlen=200)
-# emit_background's kwargs are built (rows read) in these threads; the emits themselves run on _loop.
+# emit_background's kwargs are built (rows read) in these threads; the emits themselves run on the
+# process's background loop (maibot.aio).
 _background = ThreadPoolExecutor(max_workers=2, thread_name_prefix="maibot-event-bg")
 _backlog: dict[Hashable, int] = {}  # background calls waiting or running, by chat
 _backlog_total = 0
 _backlog_lock = threading.Lock()
-_loop: asyncio.AbstractEventLoop | None = None
-_loop_pid = 0
-_loop_lock = threading.Lock()
-_tasks: set[concurrent.futures.Future] = set()  # the background work in flight (kept referenced until done)
-
-
-def _events_loop() -> asyncio.AbstractEventLoop:
-    """This process's loop for background handler calls, started on first use (again in a forked child)."""
-    global _loop, _loop_pid
-    with _loop_lock:
-        if _loop is None or _loop_pid != os.getpid():
-            loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="maibot-events", daemon=True).start()
-            _loop, _loop_pid = loop, os.getpid()
-        return _loop
 
 
 def _in_background(coro: Coroutine[Any, Any, Any], chat: Hashable) -> concurrent.futures.Future:
-    """Run `coro` on this module's loop; the backlog slot it took for `chat` is released when it ends."""
-    future = asyncio.run_coroutine_threadsafe(coro, _events_loop())
-    _tasks.add(future)
-    future.add_done_callback(_tasks.discard)
+    """Run `coro` on the background loop; the backlog slot it took for `chat` is released when it ends."""
+    future = aio.submit(coro)
     future.add_done_callback(lambda _done: _release(chat))
     return future
 
@@ -313,7 +297,7 @@ def emit(point: str, **kwargs: Any) -> Emission:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run_coroutine_threadsafe(_emit_and_wait(point, kwargs), _events_loop()).result()
+        return aio.submit(_emit_and_wait(point, kwargs)).result()
     raise RuntimeError("emit() would block this event loop: await aemit() instead")
 
 

@@ -1,13 +1,21 @@
-"""Small asyncio helpers shared by the long-running loops, and the one way async code reaches the
-database (`db`)."""
+"""Small asyncio helpers shared by the long-running loops, the one way async code reaches the
+database (`db`), and the process's one private event loop (`background_loop`, `submit`).
+
+Invariant: code that is not itself running on an event loop (a sync view, a management command, a
+watcher thread) and needs to run a coroutine in the background uses `background_loop()`; no other module
+starts a thread with an event loop of its own. The loop belongs to the process that made it: a forked
+child gets a new one on first use."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import concurrent.futures
+import os
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Executor
 from functools import wraps
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
@@ -52,3 +60,37 @@ async def wait_event(event: asyncio.Event, timeout: float) -> bool:
     except TimeoutError:
         return event.is_set()
     return True
+
+
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_pid = 0
+_loop_lock = threading.Lock()
+_pending: set[concurrent.futures.Future] = set()  # submitted work in flight, referenced until done
+
+
+def background_loop() -> asyncio.AbstractEventLoop:
+    """This process's one private event loop, run by a daemon thread started on first use (again in a
+    forked child). Work on it must not block: blocking calls hop to threads (`db`, `to_thread`)."""
+    global _loop, _loop_pid
+    with _loop_lock:
+        if _loop is None or _loop_pid != os.getpid() or _loop.is_closed():
+            loop = asyncio.new_event_loop()
+            started = threading.Event()
+
+            def run() -> None:
+                asyncio.set_event_loop(loop)
+                loop.call_soon(started.set)
+                loop.run_forever()
+
+            threading.Thread(target=run, name="maibot-background", daemon=True).start()
+            started.wait()
+            _loop, _loop_pid = loop, os.getpid()
+        return _loop
+
+
+def submit(coro: Coroutine[Any, Any, R]) -> concurrent.futures.Future[R]:
+    """Run `coro` on the background loop; the returned future is kept referenced until it is done."""
+    future = asyncio.run_coroutine_threadsafe(coro, background_loop())
+    _pending.add(future)
+    future.add_done_callback(_pending.discard)
+    return future
