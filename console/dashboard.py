@@ -29,8 +29,8 @@ from chat.fate import (
 )
 from chat.models import AdapterConnection, ChatSession, CycleKind, LLMCall, Message, PlannerCycle
 from console import charts
-from maibot.config import get_config
-from maibot.models import LogEntry, ProcessHeartbeat
+from core.config import get_config
+from core.models import LogEntry, ProcessHeartbeat
 from scheduling.models import ScheduledMessage, ScheduledStatus
 
 

@@ -12,7 +12,7 @@ from channels.routing import URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from chat.gateway import GatewayRouter  # noqa: E402
-from maibot.process import start_services_on_first_call, tune_garbage_collector  # noqa: E402
+from core.process import start_services_on_first_call, tune_garbage_collector  # noqa: E402
 from maibot.proxies import ForwardedClientMiddleware  # noqa: E402
 from maibot.routing import websocket_urlpatterns  # noqa: E402
 from plugins.host import start_on_first_call as load_plugins_on_first_call  # noqa: E402

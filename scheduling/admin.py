@@ -17,7 +17,7 @@ from django_q.models import Failure, Success
 
 from chat.admin import fate_badge
 from chat.fate import Fate, sender_fate, sender_fate_expression, sender_fate_q
-from maibot.config import format_instant, get_config
+from core.config import format_instant, get_config
 from scheduling.admin_actions import ServiceActionsMixin, operator
 from scheduling.error_codes import SchedulingError
 from scheduling.models import ScheduledMessage, ScheduledStatus

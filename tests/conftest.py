@@ -29,7 +29,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import connection
 
-from maibot import config as bot_config
+from core import config as bot_config
 from maibot.management.commands.serve import daphne_argv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,7 +91,7 @@ def no_heartbeat_outlives_its_test() -> Iterator[None]:
     """Each in-process test has its own event loop, and a gateway started on it without being closed
     never releases the heartbeat its deliverer holds (the loop closes under it): stop it at the end."""
     yield
-    from maibot.process import heartbeat_release
+    from core.process import heartbeat_release
 
     heartbeat_release(all_users=True)
 

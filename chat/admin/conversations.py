@@ -22,7 +22,7 @@ from chat.fate import (
 )
 from chat.models import AdapterPlatform, ChatSession, DeliveryStatus, Message
 from chat.services import messages_resend
-from maibot.config import format_instant, get_config
+from core.config import format_instant, get_config
 
 CONVERSATION_TAIL = 200
 

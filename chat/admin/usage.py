@@ -14,7 +14,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from chat.admin.base import ReadOnlyAdmin
 from chat.models import ChatSession, LLMCall
-from maibot.config import get_config
+from core.config import get_config
 
 
 def usage_chart_svg(days: list[dict], width: int = 760, height: int = 220) -> SafeString:

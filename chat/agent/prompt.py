@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
 
-from maibot.plans import Plan, Step, run_async, run_sync
+from core.plans import Plan, Step, run_async, run_sync
 
 ConstructFunction = Callable[[Mapping[str, Any]], "str | Awaitable[str]"]
 

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from chat.agent.prompt import prompt_manager
 from chat.models import ChatSession, Direction, PlannerCycle, SourceKind
-from maibot.config import BotConfig
+from core.config import BotConfig
 
 
 class HistoryLine(NamedTuple):

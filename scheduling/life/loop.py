@@ -33,7 +33,7 @@ from chat.components import LIFE
 from chat.components import ToolErrorCode as EngineCode
 from chat.models import ChatSession, CycleKind, PlannerCycle, SourceKind
 from chat.services import message_send
-from maibot.config import format_instant, get_config
+from core.config import format_instant, get_config
 from scheduling.life.memory import inner_state_text, memory_block, summary_block
 from scheduling.life.models import FiringStatus, Timer, TimerFiring, TimerStatus
 from scheduling.mcp.client import life_clients

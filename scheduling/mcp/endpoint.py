@@ -29,9 +29,9 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 
 from chat.models import ApiToken
-from maibot.aio import db
-from maibot.config import get_config
-from maibot.process import call_before_server_shutdown
+from core.aio import db
+from core.config import get_config
+from core.process import call_before_server_shutdown
 from scheduling.mcp import endpoint_tools
 from scheduling.proactive.access import api_token_authenticate
 from scheduling.proactive.errors import ApiError, ApiErrorCode

@@ -19,7 +19,7 @@ from django.db import transaction
 from pydantic import BaseModel, Field, ValidationError
 
 from chat.models import ApiScope, ApiToken, ChatSession, ChatType, Direction, Message
-from maibot.config import format_instant, get_config
+from core.config import format_instant, get_config
 from scheduling.life.error_codes import LifeError
 from scheduling.life.memory import (
     inner_state_get,

@@ -16,7 +16,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from chat.models import ApiRateWindow, ApiScope, ApiToken, IdempotencyRecord, default_api_scopes
-from maibot.config import get_config
+from core.config import get_config
 from scheduling.proactive.errors import ApiError, ApiErrorCode
 
 Code = ApiErrorCode

@@ -23,7 +23,7 @@ from pydantic import ConfigDict, field_validator
 
 from chat.fate import Fate
 from chat.models import ApiToken, ChatType
-from maibot.text import text_problem
+from core.text import text_problem
 from scheduling.proactive.access import api_token_authenticate, idempotent_call, rate_limit_hit, request_fingerprint
 from scheduling.proactive.errors import ApiError, ApiErrorCode
 from scheduling.proactive.routing import (

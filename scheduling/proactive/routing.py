@@ -39,8 +39,8 @@ from chat.fate import NEEDS_ATTENTION, sender_fate, sender_fate_q
 from chat.media import MediaError, decode_base64, media_store, sniff_mime
 from chat.models import ApiScope, ApiToken, ChatSession, ChatType, Media, make_session_id
 from chat.services import session_get_or_create
-from maibot.config import get_config
-from maibot.text import is_blank
+from core.config import get_config
+from core.text import is_blank
 from scheduling.dispatcher import deliver_one
 from scheduling.error_codes import SchedulingError, SchedulingErrorCode
 from scheduling.models import Actor, ScheduledMessage

@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from chat.models import ChatSession, Media, Message
-from maibot import config as bot_config
+from core import config as bot_config
 from scheduling.dispatcher import deliver_due
 from scheduling.models import ScheduledMessage
 from tests.chat.api_support import png_base64, png_bytes

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from chat.models import ApiRateWindow, Message
-from maibot import config as bot_config
+from core import config as bot_config
 from scheduling.proactive import api as api_module
 from scheduling.proactive.access import api_token_create, rate_limit_hit
 from tests.chat.api_support import ApiClient

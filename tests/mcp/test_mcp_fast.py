@@ -7,8 +7,8 @@ import pytest
 from django.urls import reverse
 
 from chat.components import Tool, registry
-from maibot import reload
-from maibot.config import ConfigError, get_config, mcp_secret_resolve, parse_config
+from core import reload
+from core.config import ConfigError, get_config, mcp_secret_resolve, parse_config
 from scheduling.life.models import MemorySlot
 from scheduling.mcp.client import offered_name
 from scheduling.mcp.endpoint_tools import tool_call
@@ -154,7 +154,7 @@ def test_an_operator_writes_the_servers_and_the_form_keeps_them(config_file, ope
 
 @pytest.mark.django_db
 def test_tool_calls_count_against_the_tokens_rate_limit(make_session):
-    from maibot import config
+    from core import config
 
     token, _ = api_token_create(name="busy")
     with config.override(api={"rate_limit_per_minute": 2}):

@@ -13,12 +13,12 @@ from django.db import connections
 from django_q.cluster import Cluster
 from django_q.management.commands.qcluster import Command as DjangoQCommand
 
-from maibot.process import tune_garbage_collector
+from core.process import tune_garbage_collector
 from scheduling.dispatcher import Dispatcher
 
 
 def _store_worker_logs(sender, proc_name: str, **kwargs) -> None:
-    from maibot import logdb
+    from core import logdb
 
     logdb.activate("cluster")
 
@@ -43,7 +43,7 @@ class Command(DjangoQCommand):
         # The cluster forks: no database connection may be shared across the fork.
         connections.close_all()
         # What is loaded now lives as long as the process (and its forked workers share it): out of
-        # the garbage collector's sight (maibot.process.tune_garbage_collector).
+        # the garbage collector's sight (core.process.tune_garbage_collector).
         import scheduling.sources  # noqa: F401 - the timer source registers itself with the dispatcher
 
         tune_garbage_collector()
@@ -54,7 +54,7 @@ class Command(DjangoQCommand):
             return
         # Config watcher, log lines to the console, the heartbeat: started after the fork above so the
         # cluster's children never inherit their threads.
-        from maibot.process import heartbeat_acquire, heartbeat_release, start_process_services, stop_process_services
+        from core.process import heartbeat_acquire, heartbeat_release, start_process_services, stop_process_services
 
         dispatcher = None
         thread = None
@@ -68,7 +68,7 @@ class Command(DjangoQCommand):
         if settings.MAIBOT_CONSOLE_SERVICES:
             # Store log lines for the console from the start (cheap: one writer thread), so the
             # dispatcher's own start-up line reaches the live log page too.
-            from maibot import logdb
+            from core import logdb
 
             logdb.activate("cluster")
         # The heartbeat always runs (whatever MAIBOT_CONSOLE_SERVICES says): when it stops, the other

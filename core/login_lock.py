@@ -39,7 +39,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from maibot.networks import client_block
+from core.networks import client_block
 
 BY_ADDRESS = "ip_address"
 BY_USERNAME = "username"

@@ -23,11 +23,11 @@ QUEUE_LIMIT = 10_000  # records kept in memory while the database is slow; the o
 PRUNE_INTERVAL = 60.0
 
 # Loggers whose records would feed back into this handler (its own SQL) or add noise.
-_IGNORED_PREFIXES = ("django.db.backends", "maibot.logdb")
+_IGNORED_PREFIXES = ("django.db.backends", "core.logdb")
 
 
 class DatabaseLogHandler(logging.Handler):
-    """Buffers INFO+ records and writes them to maibot.models.LogEntry from a background thread."""
+    """Buffers INFO+ records and writes them to core.models.LogEntry from a background thread."""
 
     def __init__(self, level: int | str = logging.INFO) -> None:
         super().__init__(level)
@@ -129,14 +129,14 @@ class DatabaseLogHandler(logging.Handler):
             while self._queue and len(batch) < BATCH_SIZE:
                 batch.append(self._queue.popleft())
             try:
-                from maibot.models import LogEntry
+                from core.models import LogEntry
 
                 LogEntry.objects.bulk_create([LogEntry(**row) for row in batch])
                 written += len(batch)
             except Exception as exc:
                 # No table yet (before migrate), or the database is away: this batch is lost, the
                 # process goes on. Not logged through logging: that would queue yet another record.
-                print(f"maibot.logdb: dropped {len(batch)} log records: {exc}", file=sys.stderr)
+                print(f"core.logdb: dropped {len(batch)} log records: {exc}", file=sys.stderr)
                 _close_broken_connection()
                 return written
         if time.monotonic() - self._last_prune > PRUNE_INTERVAL:
@@ -144,7 +144,7 @@ class DatabaseLogHandler(logging.Handler):
             try:
                 log_entries_prune()
             except Exception as exc:
-                print(f"maibot.logdb: pruning failed: {exc}", file=sys.stderr)
+                print(f"core.logdb: pruning failed: {exc}", file=sys.stderr)
                 _close_broken_connection()
         return written
 
@@ -162,7 +162,7 @@ def _close_broken_connection() -> None:
 
 
 def _min_level() -> int:
-    from maibot.config import get_config
+    from core.config import get_config
 
     try:
         return logging.getLevelName(get_config().console.log_level)
@@ -183,8 +183,8 @@ def shutdown() -> None:
 
 def log_entries_prune(now: datetime | None = None) -> int:
     """Delete log lines beyond the retention (rows and days) the console config sets."""
-    from maibot.config import get_config
-    from maibot.models import LogEntry
+    from core.config import get_config
+    from core.models import LogEntry
 
     cfg = get_config().console
     now = now or datetime.now(UTC)

@@ -33,8 +33,8 @@ from urllib.parse import urlsplit
 
 import tomlkit
 
-from maibot import deployment_env
-from maibot.config import ConfigError, llm_key_variables, mcp_secret_variables
+from core import deployment_env
+from core.config import ConfigError, llm_key_variables, mcp_secret_variables
 
 MIN_SECRET_LENGTH = 8
 PLUGIN_PLACEHOLDER = "<redacted>"
@@ -111,7 +111,7 @@ class Secrets:
     def tag(secret: str) -> str:
         from django.utils.crypto import salted_hmac
 
-        return salted_hmac("maibot.redaction", secret, algorithm="sha256").hexdigest()[:12]
+        return salted_hmac("core.redaction", secret, algorithm="sha256").hexdigest()[:12]
 
     def placeholder(self, secret: str, *, tagged: bool) -> str:
         return f"<redacted:{self.tag(secret)}>" if tagged else PLUGIN_PLACEHOLDER

@@ -38,8 +38,8 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.utils.decorators import sync_and_async_middleware
 
-from maibot.aio import db
-from maibot.networks import client_block
+from core.aio import db
+from core.networks import client_block
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def exclusive() -> Iterator[None]:
 
 
 def client_key(address: str | None) -> str:
-    """Whose wrong codes these are: the address (an IPv6 address by its /64: maibot.networks.client_block);
+    """Whose wrong codes these are: the address (an IPv6 address by its /64: core.networks.client_block);
     a request whose client is unknown shares one key with all such requests."""
     return client_block(address) or "unknown"
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from maibot import __version__
+from core import __version__
 
 STAMP_NAME = "maibot-version.json"
 PRIVATE_DIR_MODE = 0o700

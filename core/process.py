@@ -23,9 +23,9 @@ from django.db.models import DurationField, Value
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from maibot import datadir, logdb
-from maibot.config import get_config
-from maibot.reload import ConfigWatcher
+from core import datadir, logdb
+from core.config import get_config
+from core.reload import ConfigWatcher
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ _instance: tuple[int, str] | None = None
 def dead_claimers():
     """The instances whose heartbeat has run out (the database's clock): a subquery for the UPDATE that
     takes their claims back, so that deciding and taking are one statement."""
-    from maibot.models import ProcessHeartbeat
+    from core.models import ProcessHeartbeat
 
     return ProcessHeartbeat.objects.filter(alive_until__lt=Now()).values("instance")
 
@@ -98,7 +98,7 @@ class Heartbeat:
 
     def beat(self) -> bool:
         """Write the row (False when withheld: a vital part of the process is down)."""
-        from maibot.models import ProcessHeartbeat
+        from core.models import ProcessHeartbeat
 
         if self.alive is not None and not self.alive():
             # A stuck part (e.g. the dispatcher thread died): stop vouching, let /healthz go stale and
@@ -155,7 +155,7 @@ class Heartbeat:
             self._first.set()
             self._stop.wait(self.interval)
         try:
-            from maibot.models import ProcessHeartbeat
+            from core.models import ProcessHeartbeat
 
             ProcessHeartbeat.objects.filter(instance=self.instance).delete()
         except Exception:

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from maibot.aio import db
+from core.aio import db
 
 T = TypeVar("T")
 
@@ -29,7 +29,7 @@ T = TypeVar("T")
 @dataclass(frozen=True, slots=True)
 class Step:
     """One blocking step: `run` from sync code; from async code `arun` awaited, or without one `run`
-    in the caller's DB thread (maibot.aio.db: sync steps are ORM work or code that calls it)."""
+    in the caller's DB thread (core.aio.db: sync steps are ORM work or code that calls it)."""
 
     run: Callable[[], Any]
     arun: Callable[[], Awaitable[Any]] | None = None

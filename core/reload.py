@@ -22,8 +22,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from maibot import config as bot_config
-from maibot.config import BotConfig, ConfigError
+from core import config as bot_config
+from core.config import BotConfig, ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def text_digest(text: str) -> str:
     of a text whose only unknown is a short secret would let the page's reader guess that secret."""
     from django.utils.crypto import salted_hmac
 
-    return salted_hmac("maibot.reload.text_digest", text, algorithm="sha256").hexdigest()
+    return salted_hmac("core.reload.text_digest", text, algorithm="sha256").hexdigest()
 
 
 class ConfigChanged(ConfigError):
@@ -252,7 +252,7 @@ def config_save_text(
 
 
 def _history_record(result: ReloadResult, *, old: BotConfig, new: BotConfig, user: Any) -> None:
-    from maibot.models import ConfigChange
+    from core.models import ConfigChange
 
     def value(cfg: BotConfig, key: str) -> Any:
         section, name = key.split(".")

@@ -3,7 +3,7 @@ adapter tokens. They are read like environment variables, and the real environme
 
 Only these names are read from the file (a line naming anything else is ignored), it is written atomically
 with mode 0600, and its values never appear in a page or a log. `serve` restarts the cluster when it
-changes, so both processes use the new key; the web process applies it at once (maibot.setup).
+changes, so both processes use the new key; the web process applies it at once (core.setup).
 """
 
 from __future__ import annotations

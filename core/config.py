@@ -1017,7 +1017,7 @@ def field_help(field: Any) -> str:
 def render_template() -> str:
     """The commented bot_config.toml template, generated from the model's descriptions."""
     doc = tomlkit.document()
-    doc.add(tomlkit.comment("maibot bot configuration. Generated from maibot/config.py: edit the"))
+    doc.add(tomlkit.comment("maibot bot configuration. Generated from core/config.py: edit the"))
     doc.add(tomlkit.comment("descriptions there, then run `python manage.py write_config_template`."))
     defaults = BotConfig()
     for name, field in BotConfig.model_fields.items():

@@ -29,7 +29,7 @@ class LogEntry(models.Model):
 
 
 class ProcessHeartbeat(models.Model):
-    """The last sign of life of one server or cluster process (maibot.process.Heartbeat writes it).
+    """The last sign of life of one server or cluster process (core.process.Heartbeat writes it).
 
     /healthz reads the cluster's. Claims of work (outbound messages, scheduled messages) name their
     claimer's `instance`: once `alive_until` has passed, the process counts as dead and the other
