@@ -61,8 +61,8 @@ def main() -> None:
         "maibot-bench-api-",
         bot_config="[api]\nrate_limit_per_minute = 1000000\n[scheduling]\nmax_pending_per_session = 10000\n",
     )
+    from api.access import api_token_create
     from scheduling.models import ScheduledMessage
-    from scheduling.proactive.access import api_token_create
 
     _, token = api_token_create(name="bench")
     port = free_port()

@@ -88,6 +88,7 @@ INSTALLED_APPS = [
     "core",
     "chat",
     "scheduling",
+    "api",
     "plugins",
     "console",
     # The project package (label "project"): only its management commands (serve, bootstrap, …).

@@ -7,7 +7,6 @@ from asgiref.sync import sync_to_async
 
 from chat.gateway import close_old_connection, get_gateway
 from core.adapter_tokens import parse_adapter_tokens
-from tests.chat.api_support import api, token_pair  # noqa: F401
 from tests.chat.gateway_helpers import ADAPTER_TOKENS
 
 

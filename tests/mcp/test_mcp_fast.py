@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
+from api.access import api_token_create
+from api.mcp.endpoint_tools import tool_call
 from chat.components import Tool, registry
 from core import reload
 from core.config import ConfigError, get_config, mcp_secret_resolve, parse_config
 from scheduling.life.models import MemorySlot
 from scheduling.mcp.client import offered_name
-from scheduling.mcp.endpoint_tools import tool_call
 from scheduling.mcp.models import McpEndpointCall, McpServerState
 from scheduling.models import ScheduledMessage
-from scheduling.proactive.access import api_token_create
 from tests import test_console_config_editor as editor_tests
 from tests.test_console_config_editor import form_data
 

@@ -11,11 +11,11 @@ import pytest
 from django.utils import timezone
 from mcp.shared.exceptions import MCPError
 
+from api.access import api_token_create
 from chat.models import ApiRateWindow, ApiScope, ApiToken
 from scheduling.life.memory import inner_state_update
 from scheduling.life.models import InnerState
 from scheduling.models import ScheduledMessage
-from scheduling.proactive.access import api_token_create
 from tests.conftest import db
 from tests.mcp.client import call, mcp_session
 

@@ -35,6 +35,13 @@ from urllib.parse import urlsplit
 
 from django.db.models import QuerySet
 
+from api.access import (
+    token_conversations,
+    token_may_reach,
+    token_readable,
+    token_require,
+)
+from api.errors import ApiError, ApiErrorCode
 from chat.fate import NEEDS_ATTENTION, sender_fate, sender_fate_q
 from chat.media import MediaError, decode_base64, media_store, sniff_mime
 from chat.models import ApiScope, ApiToken, ChatSession, ChatType, Media, make_session_id
@@ -44,13 +51,6 @@ from core.text import is_blank
 from scheduling.dispatcher import deliver_one
 from scheduling.error_codes import SchedulingError, SchedulingErrorCode
 from scheduling.models import Actor, ScheduledMessage
-from scheduling.proactive.access import (
-    token_conversations,
-    token_may_reach,
-    token_readable,
-    token_require,
-)
-from scheduling.proactive.errors import ApiError, ApiErrorCode
 from scheduling.services import ActedBy, scheduled_message_cancel, scheduled_message_create
 
 Code = ApiErrorCode

@@ -12,10 +12,10 @@ import pytest
 from django.utils import timezone
 from mcp.shared.exceptions import MCPError
 
+from api.access import api_token_create, api_token_revoke
 from chat.models import ApiScope, ApiToken, ChatSession, Message
 from scheduling.life.models import InnerState, InnerStateRevision, MemorySlot, Timer
 from scheduling.models import ScheduledMessage
-from scheduling.proactive.access import api_token_create, api_token_revoke
 from tests.chat.gateway_helpers import Adapter06
 from tests.conftest import db, shared_adapter_token
 from tests.mcp.client import call, mcp_session

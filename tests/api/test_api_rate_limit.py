@@ -7,11 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from api import http as api_module
+from api.access import api_token_create, rate_limit_hit
 from chat.models import ApiRateWindow, Message
 from core import config as bot_config
-from scheduling.proactive import api as api_module
-from scheduling.proactive.access import api_token_create, rate_limit_hit
-from tests.chat.api_support import ApiClient
+from tests.api.support import ApiClient
 
 pytestmark = pytest.mark.django_db
 

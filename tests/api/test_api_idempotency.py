@@ -8,10 +8,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from api.access import api_token_create
 from chat.models import IdempotencyRecord, Message
 from scheduling.models import ScheduledMessage
-from scheduling.proactive.access import api_token_create
-from tests.chat.api_support import ApiClient
+from tests.api.support import ApiClient
 
 pytestmark = pytest.mark.django_db
 

@@ -1,6 +1,6 @@
 """The bot's own MCP endpoint at /mcp: the official SDK's low-level server over streamable HTTP, behind
-the proactive API's bearer tokens (scheduling.proactive.access); its tools and resources live in
-scheduling.mcp.endpoint_tools.
+the proactive API's bearer tokens (api.access); its tools and resources live in
+api.mcp.endpoint_tools.
 
 Stateless streamable HTTP with JSON answers: every POST carries its own bearer token and is served on
 its own, so several server processes behind a load balancer need no sticky sessions. The SDK's session
@@ -28,13 +28,13 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 
+from api.access import api_token_authenticate
+from api.errors import ApiError, ApiErrorCode
+from api.mcp import endpoint_tools
 from chat.models import ApiToken
 from core.aio import db
 from core.config import get_config
 from core.process import call_before_server_shutdown
-from scheduling.mcp import endpoint_tools
-from scheduling.proactive.access import api_token_authenticate
-from scheduling.proactive.errors import ApiError, ApiErrorCode
 
 logger = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ from django.apps import apps as django_apps
 from django.core.management import call_command
 from django.utils import timezone
 
+from api.access import api_token_create
 from chat.models import ApiToken, ChatSession
 from scheduling.models import ScheduledMessage
-from scheduling.proactive.access import api_token_create
-from tests.chat.api_support import ApiClient
+from tests.api.support import ApiClient
 
 pytestmark = pytest.mark.django_db
 

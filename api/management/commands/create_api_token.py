@@ -3,8 +3,8 @@
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
+from api.access import api_token_create
 from chat.models import ApiScope
-from scheduling.proactive.access import api_token_create
 
 
 class Command(BaseCommand):

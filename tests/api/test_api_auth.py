@@ -14,10 +14,10 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from api.access import api_token_revoke, hash_token
 from chat.models import ApiToken, ChatSession, Message
 from scheduling.models import ScheduledMessage
-from scheduling.proactive.access import api_token_revoke, hash_token
-from tests.chat.api_support import ApiClient
+from tests.api.support import ApiClient
 
 pytestmark = pytest.mark.django_db
 

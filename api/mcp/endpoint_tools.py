@@ -1,5 +1,5 @@
 """What the bot's MCP endpoint offers a token: its tools and resources, each a sync function over the
-same services as the proactive API (scheduling.proactive.routing) and the life loop's memory and timers.
+same services as the proactive API (api.routing) and the life loop's memory and timers.
 
 A call is one transaction: a refusal (ApiError, LifeError) undoes every write it made and comes back
 as {"code", "message", "field"?} with the API's codes (or the memory and timer services' codes). Writing
@@ -18,6 +18,37 @@ from typing import Any, Literal
 from django.db import transaction
 from pydantic import BaseModel, Field, ValidationError
 
+from api.access import (
+    idempotent_call,
+    rate_limit_hit,
+    request_fingerprint,
+    token_conversations,
+    token_is_bounded,
+    token_may_reach,
+    token_require,
+)
+from api.errors import ApiError, ApiErrorCode
+from api.http import (
+    ConversationFilters,
+    ConversationOut,
+    ImageIn,
+    MessageFilters,
+    MessageOut,
+    PageParams,
+    SegmentIn,
+    StrictSchema,
+)
+from api.routing import (
+    Origin,
+    conversation_as_dict,
+    conversations_list,
+    proactive_message_as_dict,
+    proactive_message_cancel,
+    proactive_message_create,
+    proactive_message_get,
+    proactive_messages_as_dicts,
+    proactive_messages_list,
+)
 from chat.models import ApiScope, ApiToken, ChatSession, ChatType, Direction, Message
 from core.config import format_instant, get_config
 from scheduling.life.error_codes import LifeError
@@ -31,37 +62,6 @@ from scheduling.life.memory import (
 from scheduling.life.timers import timer_as_dict, timer_cancel, timer_create, timers_active
 from scheduling.mcp.models import McpEndpointCall
 from scheduling.models import Actor
-from scheduling.proactive.access import (
-    idempotent_call,
-    rate_limit_hit,
-    request_fingerprint,
-    token_conversations,
-    token_is_bounded,
-    token_may_reach,
-    token_require,
-)
-from scheduling.proactive.api import (
-    ConversationFilters,
-    ConversationOut,
-    ImageIn,
-    MessageFilters,
-    MessageOut,
-    PageParams,
-    SegmentIn,
-    StrictSchema,
-)
-from scheduling.proactive.errors import ApiError, ApiErrorCode
-from scheduling.proactive.routing import (
-    Origin,
-    conversation_as_dict,
-    conversations_list,
-    proactive_message_as_dict,
-    proactive_message_cancel,
-    proactive_message_create,
-    proactive_message_get,
-    proactive_messages_as_dicts,
-    proactive_messages_list,
-)
 from scheduling.services import ActedBy
 
 Code = ApiErrorCode

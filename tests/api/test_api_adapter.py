@@ -10,12 +10,12 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from api.access import api_token_create
 from chat.fate import SENDER_FATE
 from chat.models import Message
-from scheduling.proactive.access import api_token_create
-from tests.chat.api_support import png_base64, png_bytes
+from tests.api.support import png_base64, png_bytes
+from tests.api.test_api_live import http
 from tests.chat.gateway_helpers import Adapter06
-from tests.chat.test_api_live import http
 from tests.conftest import db, wait_for_async
 from tests.conftest import wait_for as poll
 

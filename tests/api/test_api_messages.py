@@ -11,7 +11,7 @@ from chat.models import ChatSession, Media, Message
 from core import config as bot_config
 from scheduling.dispatcher import deliver_due
 from scheduling.models import ScheduledMessage
-from tests.chat.api_support import png_base64, png_bytes
+from tests.api.support import png_base64, png_bytes
 
 pytestmark = pytest.mark.django_db
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from scheduling.proactive.access import api_token_create
-from scheduling.proactive.routing import proactive_message_create
+from api.access import api_token_create
+from api.routing import proactive_message_create
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from api.access import api_token_create
 from chat.fate import SENDER_FATE
 from chat.models import ApiRateWindow, Message
 from scheduling.models import ScheduledMessage
-from scheduling.proactive.access import api_token_create
 from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]

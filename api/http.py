@@ -1,9 +1,9 @@
 """The proactive message HTTP API (/api/v1/): request and response shapes, auth, errors. HTTP only;
-routing and the lifecycle live in scheduling.proactive.routing, tokens, rate limit and idempotency in
-scheduling.proactive.access.
+routing and the lifecycle live in api.routing, tokens, rate limit and idempotency in
+api.access.
 
 Errors always have the shape {"code", "message", "field"?, "errors"?} with a code from
-scheduling.proactive.errors.ApiErrorCode. Every bad-input error, from the schema or from the routing rules, is a
+api.errors.ApiErrorCode. Every bad-input error, from the schema or from the routing rules, is a
 400 (one status for "fix your request"); the code says what is wrong and `field` where.
 """
 
@@ -21,12 +21,9 @@ from ninja.security import HttpBearer
 from ninja.throttling import BaseThrottle
 from pydantic import ConfigDict, field_validator
 
-from chat.fate import Fate
-from chat.models import ApiToken, ChatType
-from core.text import text_problem
-from scheduling.proactive.access import api_token_authenticate, idempotent_call, rate_limit_hit, request_fingerprint
-from scheduling.proactive.errors import ApiError, ApiErrorCode
-from scheduling.proactive.routing import (
+from api.access import api_token_authenticate, idempotent_call, rate_limit_hit, request_fingerprint
+from api.errors import ApiError, ApiErrorCode
+from api.routing import (
     Origin,
     conversation_as_dict,
     conversations_list,
@@ -37,6 +34,9 @@ from scheduling.proactive.routing import (
     proactive_messages_as_dicts,
     proactive_messages_list,
 )
+from chat.fate import Fate
+from chat.models import ApiToken, ChatType
+from core.text import text_problem
 
 Code = ApiErrorCode
 # Beyond these, converting to UTC can overflow; nobody schedules a message there.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduling.proactive.access import api_token_create
+from api.access import api_token_create
 from tests.conftest import CHROMIUM_ARGS, require_chromium
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.live]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from scheduling.proactive.access import api_token_create
+from api.access import api_token_create
 
 
 def png_bytes(width: int = 2, height: int = 2) -> bytes:

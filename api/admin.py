@@ -10,8 +10,8 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
+from api.access import api_token_create, api_token_revoke
 from chat.models import ApiScope, ApiToken, default_api_scopes
-from scheduling.proactive.access import api_token_create, api_token_revoke
 
 
 class ListField(forms.CharField):

@@ -15,9 +15,9 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from api.errors import ApiError, ApiErrorCode
 from chat.models import ApiRateWindow, ApiScope, ApiToken, IdempotencyRecord, default_api_scopes
 from core.config import get_config
-from scheduling.proactive.errors import ApiError, ApiErrorCode
 
 Code = ApiErrorCode
 

@@ -6,7 +6,7 @@ PATHS = ("/mcp", "/mcp/")
 
 
 async def endpoint(scope, receive, send) -> None:
-    """ASGI app for /mcp: the bot's MCP endpoint (scheduling.mcp.endpoint), imported on first use."""
-    from scheduling.mcp.endpoint import mcp_endpoint
+    """ASGI app for /mcp: the bot's MCP endpoint (api.mcp.endpoint), imported on first use."""
+    from api.mcp.endpoint import mcp_endpoint
 
     await mcp_endpoint(scope, receive, send)
