@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from datetime import datetime, tzinfo
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -29,3 +30,8 @@ def text_problem(text: str) -> str | None:
 def is_blank(text: str) -> bool:
     """True when `text` shows nothing: only whitespace and zero-width characters."""
     return all(ch.isspace() or unicodedata.category(ch) in _INVISIBLE_CATEGORIES for ch in text)
+
+
+def format_instant(value: datetime, tz: tzinfo) -> str:
+    """An instant as ISO 8601 with the offset of `tz`, to the second (how every time is shown)."""
+    return value.astimezone(tz).isoformat(timespec="seconds")

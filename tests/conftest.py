@@ -134,7 +134,7 @@ def default_bot_config() -> Iterator[bot_config.BotConfig]:
     from chat.accounts import forget_cached_accounts
 
     forget_cached_accounts()
-    old = bot_config._current
+    old = bot_config.loading._current
     bot_config.set_config(bot_config.BotConfig())
     yield bot_config.get_config()
     bot_config.set_config(old) if old is not None else None

@@ -160,6 +160,16 @@ class PromptManager:
             self._system.add(name)
         return prompt
 
+    def add_system_prompt(
+        self,
+        name: str,
+        blocks: Iterable[tuple[str, str]] | Mapping[str, str],
+        *,
+        construct: Mapping[str, ConstructFunction] | None = None,
+    ) -> Prompt:
+        """Register the core's own prompt `name` (it cannot be removed)."""
+        return self.add_prompt(name, Prompt(name, blocks, construct=construct), system=True)
+
     def get_prompt(self, name: str) -> Prompt:
         try:
             return self._prompts[name]

@@ -1,4 +1,4 @@
-"""Regenerate config/bot_config.toml from the descriptions in core/config.py."""
+"""Regenerate config/bot_config.toml from the descriptions in core/config/."""
 
 from django.core.management.base import BaseCommand
 
