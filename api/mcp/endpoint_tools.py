@@ -1,5 +1,5 @@
 """What the bot's MCP endpoint offers a token: its tools and resources, each a sync function over the
-same services as the proactive API (api.routing) and the life loop's memory and timers.
+same services as the proactive API (api.messages, api.targets) and the life loop's memory and timers.
 
 A call is one transaction: a refusal (ApiError, LifeError) undoes every write it made and comes back
 as {"code", "message", "field"?} with the API's codes (or the memory and timer services' codes). Writing
@@ -38,10 +38,8 @@ from api.http import (
     SegmentIn,
     StrictSchema,
 )
-from api.routing import (
+from api.messages import (
     Origin,
-    conversation_as_dict,
-    conversations_list,
     proactive_message_as_dict,
     proactive_message_cancel,
     proactive_message_create,
@@ -49,6 +47,7 @@ from api.routing import (
     proactive_messages_as_dicts,
     proactive_messages_list,
 )
+from api.targets import conversation_as_dict, conversations_list
 from chat.models import ApiScope, ApiToken, ChatSession, ChatType, Direction, Message
 from core.config import format_instant, get_config
 from scheduling.life.error_codes import LifeError
