@@ -58,6 +58,7 @@ from api.messages import (
     proactive_messages_as_dicts,
     proactive_messages_list,
 )
+from api.models import McpEndpointCall
 from api.targets import conversation_as_dict, conversations_list
 from chat.models import ApiScope, ApiToken, ChatSession, ChatType, Direction, Message
 from core.config import format_instant, get_config
@@ -70,7 +71,6 @@ from scheduling.life.memory import (
     memory_slots_for,
 )
 from scheduling.life.timers import timer_as_dict, timer_cancel, timer_create, timers_active
-from scheduling.mcp.models import McpEndpointCall
 from scheduling.models import Actor
 from scheduling.services import ActedBy
 

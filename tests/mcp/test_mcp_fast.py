@@ -8,12 +8,13 @@ from django.urls import reverse
 
 from api.access import api_token_create
 from api.mcp.endpoint_tools import tool_call
+from api.models import McpEndpointCall
 from chat.components import Tool, registry
 from core import reload
 from core.config import ConfigError, get_config, mcp_secret_resolve, parse_config
 from scheduling.life.models import MemorySlot
 from scheduling.mcp.client import offered_name
-from scheduling.mcp.models import McpEndpointCall, McpServerState
+from scheduling.mcp.models import McpServerState
 from scheduling.models import ScheduledMessage
 from tests import test_console_config_editor as editor_tests
 from tests.test_console_config_editor import form_data
@@ -112,12 +113,12 @@ def test_admin_pages_show_servers_and_endpoint_calls(admin_client):
     )
     page = admin_client.get(reverse("admin:scheduling_mcpserverstate_changelist")).content.decode()
     assert "calc" in page and "Down (reconnecting)" in page and "20 ms" in page and "EOF" in page
-    page = admin_client.get(reverse("admin:scheduling_mcpendpointcall_changelist")).content.decode()
+    page = admin_client.get(reverse("admin:api_mcpendpointcall_changelist")).content.decode()
     assert "send_message" in page and "missing_anchor" in page and "agent" in page
     assert admin_client.get(reverse("admin:scheduling_mcpserverstate_add")).status_code == 403
     # The token's page leads to its calls.
     page = admin_client.get(reverse("admin:chat_apitoken_change", args=[token.pk])).content.decode()
-    calls = reverse("admin:scheduling_mcpendpointcall_changelist") + f"?token__id__exact={token.pk}"
+    calls = reverse("admin:api_mcpendpointcall_changelist") + f"?token__id__exact={token.pk}"
     assert calls in page
     assert "missing_anchor" in admin_client.get(calls).content.decode()
 
