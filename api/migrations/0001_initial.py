@@ -5,12 +5,25 @@ import django.db.models.deletion
 from django.db import migrations, models
 
 
+def _content_types_to(app_label, old_label, models_):
+    """Point the moved models' content types (and so their permissions and admin log) at app_label."""
+
+    def move(apps, schema_editor):
+        ContentType = apps.get_model('contenttypes', 'ContentType')
+        for model in models_:
+            if not ContentType.objects.filter(app_label=app_label, model=model).exists():
+                ContentType.objects.filter(app_label=old_label, model=model).update(app_label=app_label)
+
+    return move
+
+
 class Migration(migrations.Migration):
 
     initial = True
 
     dependencies = [
         ('chat', '0011_claimed_by'),
+        ('contenttypes', '0002_remove_content_type_name'),
     ]
 
     operations = [
@@ -47,5 +60,9 @@ class Migration(migrations.Migration):
                 ),
             ],
             database_operations=[],
+        ),
+        migrations.RunPython(
+            _content_types_to('api', 'chat', ('idempotencyrecord', 'apiratewindow')),
+            _content_types_to('chat', 'api', ('idempotencyrecord', 'apiratewindow')),
         ),
     ]
