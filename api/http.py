@@ -127,7 +127,20 @@ class SegmentIn(StrictSchema):
     name: str | None = Field(None, max_length=255, description="For type mention: the name shown (default user_id).")
 
 
-class MessageIn(StrictSchema):
+class AnchorIn(StrictSchema):
+    """The conversation a request names: exactly one anchor (api.targets)."""
+
+    conversation_id: str | None = Field(None, max_length=128, description="Anchor: our conversation id.")
+    channel_type: str | None = Field(
+        None, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$", description="The platform, e.g. qq."
+    )
+    channel_thread_id: str | None = Field(None, max_length=128, description="Anchor (with channel_type): a group id.")
+    channel_user_id: str | None = Field(
+        None, max_length=128, description="Anchor (with channel_type): a person; their private chat."
+    )
+
+
+class MessageIn(AnchorIn):
     model_config = ConfigDict(
         json_schema_extra={
             "examples": [
@@ -145,14 +158,6 @@ class MessageIn(StrictSchema):
                 },
             ]
         },
-    )
-    conversation_id: str | None = Field(None, max_length=128, description="Anchor: our conversation id.")
-    channel_type: str | None = Field(
-        None, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$", description="The platform, e.g. qq."
-    )
-    channel_thread_id: str | None = Field(None, max_length=128, description="Anchor (with channel_type): a group id.")
-    channel_user_id: str | None = Field(
-        None, max_length=128, description="Anchor (with channel_type): a person; their private chat."
     )
     origin: Origin = Field(Origin.API, description="Who asks for this message; recorded on it.")
     type: Literal["text", "rich_text", "image"] = "text"

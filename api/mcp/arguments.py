@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from api.http import (
+    AnchorIn,
     ConversationFilters,
     ImageIn,
     MessageFilters,
@@ -22,15 +23,8 @@ class Strict(StrictSchema):
     """Tool arguments: storable text, bounded instants, no unknown fields (as the API's bodies)."""
 
 
-class Anchor(Strict):
-    conversation_id: str | None = Field(None, max_length=128, description="Anchor: our conversation id.")
-    channel_type: str | None = Field(
-        None, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$", description="The platform, e.g. qq."
-    )
-    channel_thread_id: str | None = Field(None, max_length=128, description="Anchor (with channel_type): a group id.")
-    channel_user_id: str | None = Field(
-        None, max_length=128, description="Anchor (with channel_type): a person; their private chat."
-    )
+class Anchor(AnchorIn, Strict):
+    pass
 
 
 IDEMPOTENCY_KEY = Field(
