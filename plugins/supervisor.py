@@ -149,40 +149,9 @@ class RunnerProcess:
     async def start(self) -> None:
         """Start the runner (inside the sandbox unless the deployment turned it off) and wait for its
         hello; its network (if isolated) is connected before this returns, so before any plugin code."""
-        sandbox.prepare_dirs(self.plugin_id, self.data_dir, self.runtime_dir)
         self._hello = asyncio.get_running_loop().create_future()
-        limits = self.limits
-        command = [
-            sys.executable,
-            "-m",
-            "plugins.runner",
-            str(self.folder),
-            self.plugin_id,
-            "--data-dir",
-            str(self.data_dir),
-            "--runtime-dir",
-            str(self.runtime_dir),
-            "--memory-mb",
-            str(limits.memory_mb),
-            "--max-processes",
-            str(limits.max_processes),
-            "--max-open-files",
-            str(limits.max_open_files),
-            "--max-file-mb",
-            str(limits.max_file_mb),
-        ]
-        env = runner_env()
-        if sandbox.enabled():
-            self.jail = sandbox.runner_jail(
-                plugin_id=self.plugin_id,
-                command=command,
-                folder=self.folder,
-                data_dir=self.data_dir,
-                runtime_dir=self.runtime_dir,
-                network=limits.network,
-                tmp_mb=limits.max_file_mb,
-            )
-            command, env = self.jail.argv, self.jail.env(env)
+        # Its dirs are made (and handed to its uid) and its sandbox built in a thread: not on the loop.
+        command, env = await asyncio.to_thread(self._command)
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *command,
@@ -205,6 +174,43 @@ class RunnerProcess:
         await self._hello  # raises RunnerGone when it died first
         if self.jail is not None:
             await self.jail.connect_network()
+
+    def _command(self) -> tuple[list[str], dict[str, str]]:
+        """The runner's command line and environment (in its jail when sandboxed); its dirs made."""
+        sandbox.prepare_dirs(self.plugin_id, self.data_dir, self.runtime_dir)
+        limits = self.limits
+        command = [
+            sys.executable,
+            "-m",
+            "plugins.runner",
+            str(self.folder),
+            self.plugin_id,
+            "--data-dir",
+            str(self.data_dir),
+            "--runtime-dir",
+            str(self.runtime_dir),
+            "--memory-mb",
+            str(limits.memory_mb),
+            "--max-processes",
+            str(limits.max_processes),
+            "--max-open-files",
+            str(limits.max_open_files),
+            "--max-file-mb",
+            str(limits.max_file_mb),
+        ]
+        env = runner_env()
+        if not sandbox.enabled():
+            return command, env
+        self.jail = sandbox.runner_jail(
+            plugin_id=self.plugin_id,
+            command=command,
+            folder=self.folder,
+            data_dir=self.data_dir,
+            runtime_dir=self.runtime_dir,
+            network=limits.network,
+            tmp_mb=limits.max_file_mb,
+        )
+        return self.jail.argv, self.jail.env(env)
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
