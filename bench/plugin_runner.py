@@ -35,10 +35,13 @@ def main() -> None:
     args = parser.parse_args()
     embedded_default("maibot-bench-plugins-")
 
+    from chat.services import session_get_or_create
     from maibot import config
     from plugins.host import PluginHost
     from tests.plugins.conftest import copy_plugins
 
+    # A chat the capability calls find (message.get_recent answers an unknown one with an error).
+    stream_id = session_get_or_create(platform="qq", chat_type="private", user_id="bench").session_id
     directory = copy_plugins(Path(tempfile.mkdtemp()) / "plugins", "weather", "unruly")
     with config.override(plugins={"restart_backoff_seconds": 0.05}):
         host = PluginHost()
@@ -61,7 +64,7 @@ def main() -> None:
 
             timed(unruly, status, {}, 20)  # warm up
             plain = timed(unruly, status, {}, args.calls)
-            with_caps = timed(weather, forecast, {"city": "Paris", "stream_id": "none"}, args.calls)
+            with_caps = timed(weather, forecast, {"city": "Paris", "stream_id": stream_id}, args.calls)
             reloads = []
             for _ in range(args.reloads):
                 t = time.perf_counter()
