@@ -6,19 +6,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from plugins.limits import cpu_seconds_of_trees, limits_for
-
-if TYPE_CHECKING:
-    from plugins.host import PluginHost
+from plugins.records import PluginRecord
+from plugins.supervisor import RunnerProcess
 
 logger = logging.getLogger("plugins.host")
 
 CPU_CHECK_INTERVAL = 2.0  # seconds between two looks at the runners' CPU time
 
 
-async def watch_cpu(host: PluginHost) -> None:
+class WatchedHost(Protocol):
+    """What the watchdog reads of the plugin host (plugins.host.PluginHost)."""
+
+    records: dict[str, PluginRecord]
+    _stopping: bool
+    _processes: list[RunnerProcess]
+
+
+async def watch_cpu(host: WatchedHost) -> None:
     """Every CPU_CHECK_INTERVAL seconds until the host stops, the CPU time each runner's processes used
     within the last minute; a runner over its plugin's runner_cpu_seconds_per_minute is killed (the calls
     in flight fail saying why) and restarted as after a crash."""

@@ -6,14 +6,12 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from plugins import manifest as mf
 from plugins.host_base import CONFIG_FILE, ReloadOutcome, text_digest
 from plugins.records import PluginState, now_iso
-
-if TYPE_CHECKING:
-    from plugins.host import PluginHost
+from plugins.reloading import PluginReloading
 
 logger = logging.getLogger("plugins.host")
 
@@ -25,7 +23,7 @@ class PluginWatcher:
     digest and skipped; a plugin with `allow_hot_reload = false` is not reloaded (reload it from the
     admin)."""
 
-    def __init__(self, host: PluginHost, directory: Path, *, debounce_ms: int, hot_reload: bool = True) -> None:
+    def __init__(self, host: PluginReloading, directory: Path, *, debounce_ms: int, hot_reload: bool = True) -> None:
         self.host = host
         self.directory = directory.resolve()
         self.debounce_ms = debounce_ms
