@@ -10,6 +10,7 @@ import logging
 import time
 from typing import Any
 
+from plugins import protocol
 from plugins.host_base import PluginCallTimeout, plugin_settings
 from plugins.records import ComponentInfo, PluginRecord
 from plugins.supervisor import RunnerGone, RunnerProcess
@@ -66,7 +67,9 @@ class ComponentCalls:
     async def _invoke(
         self, record: PluginRecord, process: RunnerProcess, component: ComponentInfo, args: dict, timeout: float
     ) -> Any:
-        request = {"type": "invoke", "component": component.name, "handler": component.handler, "args": args}
+        def request(request_id: int) -> protocol.Invoke:
+            return protocol.Invoke(id=request_id, component=component.name, handler=component.handler, args=args)
+
         try:
             return await process.request(request, timeout)
         except TimeoutError as exc:

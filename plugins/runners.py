@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from plugins import bridge, sandbox
+from plugins import bridge, protocol, sandbox
 from plugins.capabilities import make_context
 from plugins.host_base import (
     CONFIG_FILE,
@@ -25,6 +25,7 @@ from plugins.host_base import (
     write_atomic,
 )
 from plugins.limits import limits_for
+from plugins.protocol import LoadResult
 from plugins.records import ComponentInfo, PluginRecord, PluginState, now_iso
 from plugins.supervisor import RunnerProcess
 
@@ -34,7 +35,9 @@ logger = logging.getLogger("plugins.host")
 class RunnerLifecycle:
     """The runner-keeping part of PluginHost (see plugins.host for the state it uses)."""
 
-    async def _start_runner(self, record: PluginRecord, config_text: str | None = None) -> tuple[RunnerProcess, dict]:
+    async def _start_runner(
+        self, record: PluginRecord, config_text: str | None = None
+    ) -> tuple[RunnerProcess, LoadResult]:
         """A new runner for `record` with the plugin loaded in it (or found disabled); raises with the
         reason when it cannot load. Does not touch the record: the caller swaps it in."""
         from django.conf import settings as django_settings
@@ -60,14 +63,16 @@ class RunnerLifecycle:
         self._processes = [p for p in self._processes if not p.discarded] + [process]
         try:
             await asyncio.wait_for(process.start(), settings.load_timeout)
-            message: dict[str, Any] = {"type": "load", "config_text": config_text}
-            reply = await process.request(message, settings.load_timeout)
+            loaded = await process.request(
+                lambda rid: protocol.Load(id=rid, config_text=config_text), settings.load_timeout
+            )
+            reply = protocol.load_result(loaded)  # ProtocolError (the plugin failed) when it is not one
         except BaseException as exc:
             await asyncio.shield(process.discard())
             if isinstance(exc, TimeoutError):
                 raise PluginCallTimeout(f"did not load within {settings.load_timeout:g}s") from None
             raise
-        if reply.get("disabled"):
+        if reply.disabled:
             await process.stop(UNLOAD_TIMEOUT)
         return process, reply
 
@@ -84,21 +89,21 @@ class RunnerLifecycle:
         self._apply(record, process, reply)
         return record.state == PluginState.LOADED
 
-    def _apply(self, record: PluginRecord, process: RunnerProcess, reply: dict) -> None:
+    def _apply(self, record: PluginRecord, process: RunnerProcess, reply: LoadResult) -> None:
         """Swap a freshly loaded runner in: the old one's components out, the new ones in, the old runner
         stopped (on_unload) in the background."""
         old = record.process
         self._unregister(record.plugin_id)
-        record.warnings = sorted(set(record.warnings) | set(reply.get("warnings") or []))
-        record.config = dict(reply.get("config") or {})
-        record.config_digest = text_digest(str(reply.get("config_text") or ""))
+        record.warnings = sorted(set(record.warnings) | set(reply.warnings))
+        record.config = dict(reply.config)
+        record.config_digest = text_digest(reply.config_text)
         config_path = record.folder / CONFIG_FILE
-        if reply.get("default_config") and reply.get("config_text") and not config_path.exists():
-            write_atomic(config_path, str(reply["config_text"]))  # MaiBot writes the defaults on first load
-        record.allow_hot_reload = bool(reply.get("allow_hot_reload", True))
+        if reply.default_config and reply.config_text and not config_path.exists():
+            write_atomic(config_path, reply.config_text)  # MaiBot writes the defaults on first load
+        record.allow_hot_reload = reply.allow_hot_reload
         record.reloaded_at = now_iso()
         record.reload_error = ""
-        if reply.get("disabled"):
+        if reply.disabled:
             record.process = None
             record.components = []
             record.runner_state = "stopped"
@@ -106,35 +111,36 @@ class RunnerLifecycle:
             record.reason = "disabled in its config.toml ([plugin] enabled = false)"
             logger.info("plugin %s is disabled in its config.toml", record.plugin_id)
         else:
-            record.process = process
-            record.runner_state = "running"
-            record.components = [
-                ComponentInfo(
-                    name=c["name"],
-                    type=c["type"],
-                    handler=str(c["metadata"].get("handler_name", "")),
-                    metadata=c["metadata"],
-                )
-                for c in reply.get("components") or []
-            ]
-            record.state = PluginState.LOADED
-            record.reason = ""
-            self._registering = record.plugin_id
-            try:
-                bridge.register_components(self, record, life_only=self.life_only)
-            finally:
-                self._registering = ""
-            for warning in record.warnings:
-                logger.warning("plugin %s: %s", record.plugin_id, warning)
-            logger.info(
-                "plugin %s %s loaded (runner pid %s): %s",
-                record.plugin_id,
-                record.version,
-                process.pid,
-                ", ".join(describe(c) for c in record.components) or "no components",
-            )
+            self._register(record, process, reply.components)
         if old is not None and old is not process:
             asyncio.run_coroutine_threadsafe(old.stop(UNLOAD_TIMEOUT), self.loop)
+
+    def _register(self, record: PluginRecord, process: RunnerProcess, components: list[protocol.Component]) -> None:
+        """The loaded runner becomes the record's, and its components are registered (plugins.bridge)."""
+        record.process = process
+        record.runner_state = "running"
+        record.components = [
+            ComponentInfo(
+                name=c.name, type=c.type, handler=str(c.metadata.get("handler_name", "")), metadata=c.metadata
+            )
+            for c in components
+        ]
+        record.state = PluginState.LOADED
+        record.reason = ""
+        self._registering = record.plugin_id
+        try:
+            bridge.register_components(self, record, life_only=self.life_only)
+        finally:
+            self._registering = ""
+        for warning in record.warnings:
+            logger.warning("plugin %s: %s", record.plugin_id, warning)
+        logger.info(
+            "plugin %s %s loaded (runner pid %s): %s",
+            record.plugin_id,
+            record.version,
+            process.pid,
+            ", ".join(describe(c) for c in record.components) or "no components",
+        )
 
     def _on_runner_exit(self, record: PluginRecord, process: RunnerProcess) -> None:
         """On the host's loop: a runner died without being asked to. Restart it with backoff, or leave
@@ -182,7 +188,9 @@ class RunnerLifecycle:
             return
         await asyncio.to_thread(self._apply_restart, record, crashed, process, reply)
 
-    def _apply_restart(self, record: PluginRecord, crashed: RunnerProcess, process: RunnerProcess, reply: dict) -> None:
+    def _apply_restart(
+        self, record: PluginRecord, crashed: RunnerProcess, process: RunnerProcess, reply: LoadResult
+    ) -> None:
         with self._reload_lock:
             if record.process is not crashed:
                 asyncio.run_coroutine_threadsafe(process.stop(UNLOAD_TIMEOUT), self.loop)
