@@ -106,7 +106,7 @@ class PluginHost(PluginLoading, RunnerLifecycle, PluginReloading, ComponentCalls
             if not self._stopping:
                 self._background(coro_fn())
 
-        handle = self.loop.call_later(delay, fire)
+        handle = asyncio.get_running_loop().call_later(delay, fire)
         self._timers.add(handle)
 
     # --- the host's event loop -----------------------------------------------------------------------
