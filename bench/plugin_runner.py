@@ -51,7 +51,7 @@ def main() -> None:
     embedded_default("maibot-bench-plugins-")
 
     from chat.services import session_get_or_create
-    from maibot import config
+    from core import config
     from plugins.host import PluginHost
     from tests.plugins.conftest import copy_plugins
 

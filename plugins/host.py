@@ -17,7 +17,7 @@ Each runner starts in the plugin sandbox (plugins.sandbox: no data dir, no secre
 processes ending with it) under its plugin's limits (plugins.limits); a plugin the sandbox cannot run is
 refused saying why.
 
-The host's work runs on the process's one background loop (maibot.aio.background_loop: never the ASGI
+The host's work runs on the process's one background loop (core.aio.background_loop: never the ASGI
 server's loop), which talks to the runners and answers their capability calls with plugins.capabilities;
 nothing blocking runs there (file and /proc reads hop to threads). Every refusal and failure is kept with
 its reason (`host.records`) and logged. Components become our mechanisms (plugins.bridge).
@@ -33,7 +33,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from maibot import aio
+from core import aio
 from plugins import events as plugin_events
 from plugins import manifest as mf
 from plugins.calls import ComponentCalls
@@ -296,7 +296,7 @@ def start_on_first_call(app):
         if not started:
             started = True
             threading.Thread(target=start, name="maibot-plugins-load", daemon=True).start()
-            from maibot.process import call_before_server_shutdown
+            from core.process import call_before_server_shutdown
 
             async def unload() -> None:
                 await asyncio.to_thread(stop)

@@ -41,7 +41,7 @@ def text_digest(text: str) -> str:
 
 def plugin_settings():
     """The [plugins] section of the bot config in force."""
-    from maibot.config import get_config
+    from core.config import get_config
 
     return get_config().plugins
 

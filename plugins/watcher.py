@@ -54,7 +54,7 @@ class PluginWatcher:
         return self
 
     def _run(self) -> None:
-        from maibot.reload import watch_files
+        from core.reload import watch_files
 
         watch_files(
             self.directory,

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from maibot import config
+from core import config
 from plugins import ipc, protocol
 from plugins.host import PluginState
 from plugins.supervisor import RunnerGone
