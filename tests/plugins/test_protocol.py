@@ -37,6 +37,10 @@ def test_a_forged_frame_from_a_runner_gets_it_killed_and_restarted_saying_why(tm
         try:
             record = host.records[FORGER]
             tools = {c.name: c for c in record.components}
+            # A declaration that is not one costs that component, never the load.
+            assert record.state == PluginState.LOADED and tools["forge"].registered and tools["ping"].registered
+            assert not tools["bogus"].registered
+            assert tools["bogus"].note == "not registered: AttributeError: 'str' object has no attribute 'get'"
             for n, (frame, why) in enumerate(FORGED, 1):
                 pid = record.runner_pid
                 with pytest.raises(RunnerGone, match="was killed: malformed frame from the runner"):

@@ -1,6 +1,7 @@
 """A test plugin written against the real maibot-plugin-sdk that forges frames: `forge` finds its
 runner's pipe to the host (as plugin code can: it runs in the runner's process) and writes the frame it
-is given there, whole and framed, bypassing the runner. `ping` answers."""
+is given there, whole and framed, bypassing the runner. `ping` answers. It also declares a tool whose
+declaration is not one (its parameters are not objects)."""
 
 import gc
 import struct
@@ -37,6 +38,10 @@ class ForgerPlugin(MaiBotPlugin):
             runner.out.write(struct.pack(">I", len(body)) + body)
             runner.out.flush()
         return {"content": "forged"}
+
+    def get_components(self):
+        bogus = {"name": "bogus", "type": "TOOL", "metadata": {"description": "x", "parameters": ["not", "objects"]}}
+        return [*super().get_components(), bogus]
 
     @Tool("ping", description="Answers")
     async def ping(self, **kwargs):
