@@ -98,7 +98,8 @@ def claim(
     how many rows it took; read them with `held(spec, token)`."""
     token, taken = uuid.uuid4().hex, 0
     skip_locked = connection.features.has_select_for_update_skip_locked
-    with transaction.atomic() if skip_locked and callable(pick) else contextlib.nullcontext():
+    # No savepoint: nested in a caller's transaction the claim is part of it (and costs no statements).
+    with transaction.atomic(savepoint=False) if skip_locked and callable(pick) else contextlib.nullcontext():
         ids = list(pick(_locking if skip_locked else _plain) if callable(pick) else pick)
         if ids:
             taken = spec.model.objects.filter(pk__in=ids, **{spec.status: spec.pending}).update(

@@ -17,6 +17,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from chat.accounts import bot_account_learn
+from chat.delivery_gate import outbox_platform_reconnected
 from chat.media import MediaError, decode_base64, media_store
 from chat.models import (
     AdapterConnection,
@@ -29,7 +30,6 @@ from chat.models import (
     Message,
     SourceKind,
 )
-from chat.outbox import outbox_platform_reconnected
 from chat.services import message_defaults, messages_insert, plain_text, session_get_or_create
 from chat.wire.inbound import MEDIA_SEGMENT_TYPES, InboundMessage
 

@@ -16,8 +16,10 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from chat.delivery_gate import DeliveryGate
 from chat.models import AdapterPlatform, Message
-from chat.outbox import Deliverer, Delivery, Sink, outbox_claim, outbox_sweep
+from chat.outbox import Deliverer, Sink
+from chat.outbox_rows import Delivery, outbox_claim, outbox_sweep
 from chat.services import Outbound, messages_send
 from maibot.config import get_config
 from maibot.models import ProcessHeartbeat
@@ -227,21 +229,29 @@ def test_a_beat_that_comes_too_late_starts_an_epoch_earlier_claims_do_not_surviv
 
 
 @dataclass
+class ProvenConnection:
+    """An adapter connection of a platform that echoes, proven already: the gate lets everything due through."""
+
+    platform: str
+    ready: bool = True
+    opened_at: object = None
+    proven: bool = True
+    probe_id: int | None = None
+
+
+def open_gate(platform: str) -> DeliveryGate:
+    gate = DeliveryGate({platform: ProvenConnection(platform)})
+    gate.echoing.add(platform)
+    return gate
+
+
+@dataclass
 class RecordingSink(Sink):
     """One echoing platform connected here; `after_each` runs after each hand-over."""
 
     platform: str
     handed: list[int] = field(default_factory=list)
     after_each: object = None
-
-    def adapter_platforms(self):
-        return [self.platform]
-
-    def probing_platforms(self):
-        return []
-
-    def echoing_platforms(self):
-        return [self.platform]
 
     def web_users(self):
         return []
@@ -254,9 +264,6 @@ class RecordingSink(Sink):
         if self.after_each is not None:
             await self.after_each(delivery)
         return True
-
-    def confirm_missed(self, overdue) -> None:
-        pass
 
 
 @pytest.mark.django_db(transaction=True)
@@ -287,7 +294,7 @@ async def test_a_server_paused_while_handing_over_hands_over_nothing_it_may_have
         await db(peer)
 
     sink = RecordingSink("qq", after_each=pause_after_the_first)
-    deliverer = Deliverer(sink)
+    deliverer = Deliverer(sink, open_gate("qq"))
     deliverer._loop = asyncio.get_running_loop()
     deliverer.heartbeat = heartbeat
     try:

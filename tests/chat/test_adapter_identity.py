@@ -19,7 +19,7 @@ from django.utils import timezone
 from chat.gateway.auth import adapter_auth_problem
 from chat.ingest import AdapterFrames, adapter_frames_store
 from chat.models import AdapterConnection, ChatSession, DeliveryStatus, Message
-from chat.outbox import outbox_claim, outbox_finish
+from chat.outbox_rows import outbox_claim, outbox_finish
 from chat.services import Outbound, message_send, messages_send
 from maibot.adapter_tokens import AdapterToken, parse_adapter_tokens
 from scheduling.proactive.access import api_token_create
