@@ -18,7 +18,7 @@ The invariants, for every model run on it:
   clears the token and the lease. So a claimer that lost its claim (taken back while it was paused)
   finds its marks matching no row, and of two processes releasing at once one UPDATE wins each row.
 - A lease is the backstop for a live claimer that never finishes: past `lease`, or as soon as its
-  claimer's heartbeat has run out (maibot.process.dead_claimers, the database's clock), a `sending` row
+  claimer's heartbeat has run out (`dead_claimers`, the database's clock), a `sending` row
   is abandoned, and the release puts it back (pending, or out of the machine where a second attempt
   could duplicate). A live claimer's rows are never taken back within their lease.
 - Exactly once: a row is handed on only by the holder of its claim, a claim has one holder at a time
@@ -44,8 +44,10 @@ from typing import Any
 
 from django.db import connection, models, transaction
 from django.db.models import F, Q, QuerySet
+from django.db.models.functions import Now
 
-from maibot.process import dead_claimers, instance_id
+from maibot.models import ProcessHeartbeat
+from maibot.process import instance_id
 
 Locking = Callable[[QuerySet], QuerySet]
 # What a claim takes: a function choosing the candidates' keys (given `Locking`), or the keys.
@@ -154,6 +156,12 @@ def retry_or_fail(rows: QuerySet, *, attempts: str, most: int, retry: dict, fail
     failed = rows.filter(**{f"{attempts}__gte": most}).update(**fail)
     retried = rows.filter(**{f"{attempts}__lt": most}).update(**retry)
     return retried, failed
+
+
+def dead_claimers() -> QuerySet:
+    """The instances whose heartbeat has run out (the database's clock): a subquery for the UPDATE that
+    takes their claims back, so that deciding and taking are one statement."""
+    return ProcessHeartbeat.objects.filter(alive_until__lt=Now()).values("instance")
 
 
 def abandoned(spec: ClaimSpec, now: datetime) -> QuerySet:

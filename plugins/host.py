@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from maibot.retry import backoff
 from plugins import bridge, deps, sandbox
 from plugins import events as plugin_events
 from plugins import manifest as mf
@@ -540,7 +541,7 @@ class PluginHost:
             record.runner_state = "crashed"
             self._background(asyncio.to_thread(self._give_up, record, process, reason))
             return
-        delay = min(settings.restart_backoff_seconds * 2 ** (crashes - 1), settings.restart_backoff_max_seconds)
+        delay = backoff(settings.restart_backoff_seconds, crashes, most=settings.restart_backoff_max_seconds)
         record.runner_state = "restarting"
         record.error(f"{why}; restarting in {delay:g}s (crash {crashes} of at most {settings.max_restarts})")
         logger.error("plugin %s: %s; restarting in %gs", record.plugin_id, why, delay)

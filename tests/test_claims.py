@@ -29,7 +29,7 @@ from chat.outbox_rows import Delivery, outbox_claim, outbox_sweep
 from chat.services import Outbound, messages_send
 from maibot.config import get_config
 from maibot.models import ProcessHeartbeat
-from maibot.process import DEAD_AFTER_BEATS, Heartbeat, dead_claimers, instance_id
+from maibot.process import DEAD_AFTER_BEATS, Heartbeat, instance_id
 from scheduling import dispatcher
 from scheduling.models import ScheduledMessage, ScheduledStatus
 from scheduling.services import SYSTEM, scheduled_message_create
@@ -197,7 +197,7 @@ def test_a_heartbeat_of_the_previous_version_counts_neither_way(db):
             name=name, defaults={"role": "cluster", "started_at": now, "beat_at": now - timedelta(hours=1)}
         )
     assert ProcessHeartbeat.objects.filter(instance__isnull=True).count() == 2
-    assert not dead_claimers().exists()
+    assert not claims.dead_claimers().exists()
 
 
 class Monotonic:
