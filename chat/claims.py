@@ -23,11 +23,11 @@ The invariants, for every model run on it:
   could duplicate). A live claimer's rows are never taken back within their lease.
 - Exactly once: a row is handed on only by the holder of its claim, a claim has one holder at a time
   (the conditional UPDATEs), and a holder hands on only while its heartbeat vouches for the claim
-  (maibot.process.Heartbeat.vouches: it stops vouching before the others may count it dead). Handing on
+  (core.process.Heartbeat.vouches: it stops vouching before the others may count it dead). Handing on
   and marking are one transaction where the next stage is our database (the dispatcher); where it is a
   socket (the outbox) a hand-over whose mark was lost is resolved by the release's choice: failed (at
   most once), or again within the attempt limit where the platform echoes (at least once, bounded).
-- Retry or fail: a failed attempt goes back to pending (due after `maibot.retry.backoff`) while the row
+- Retry or fail: a failed attempt goes back to pending (due after `core.retry.backoff`) while the row
   has attempts left, else out of the machine for good (`retry_or_fail`).
 - Expiry: a pending row older than its expiry leaves the machine as failed, never claimed (`expire`;
   claimers also leave such rows out of their candidates).
@@ -46,8 +46,8 @@ from django.db import connection, models, transaction
 from django.db.models import F, Q, QuerySet
 from django.db.models.functions import Now
 
-from maibot.models import ProcessHeartbeat
-from maibot.process import instance_id
+from core.models import ProcessHeartbeat
+from core.process import instance_id
 
 Locking = Callable[[QuerySet], QuerySet]
 # What a claim takes: a function choosing the candidates' keys (given `Locking`), or the keys.

@@ -15,7 +15,7 @@ For a platform that echoes:
   redelivered, not the backlog. This state is per connection, in memory (on the Connection): the
   process holding the connection claims for it and receives its echoes.
 - Confirm deadlines. A sent row waits for its echo until `confirm_deadline` (`gateway.confirm_seconds`,
-  doubling with each hand-over, maibot.retry.backoff); with none by then it is pending again, or
+  doubling with each hand-over, core.retry.backoff); with none by then it is pending again, or
   `unconfirmed` (`no_echo`) after `gateway.max_delivery_attempts` hand-overs (`outbox_confirm_overdue`).
   A new connection makes the rows awaiting an echo from an earlier one due at once
   (`outbox_platform_reconnected`).
@@ -34,8 +34,8 @@ from django.utils import timezone
 from chat.claims import retry_or_fail
 from chat.delivery_errors import DeliveryError
 from chat.models import AdapterPlatform, DeliveryStatus, Message
-from maibot.config import get_config
-from maibot.retry import backoff
+from core.config import get_config
+from core.retry import backoff
 
 logger = logging.getLogger(__name__)
 

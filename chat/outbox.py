@@ -39,9 +39,9 @@ from chat.models import Message
 from chat.outbox_rows import BATCH_SIZE, WEB_PLATFORM, Delivery, outbox_claim, outbox_finish, outbox_sweep
 from chat.services import outbound_created
 from chat.wake import wake_local
-from maibot.aio import wait_event
-from maibot.config import get_config
-from maibot.process import Heartbeat, heartbeat_acquire, heartbeat_release
+from core.aio import wait_event
+from core.config import get_config
+from core.process import Heartbeat, heartbeat_acquire, heartbeat_release
 
 logger = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ from chat.delivery_errors import DeliveryError
 from chat.delivery_gate import confirm_deadlines, outbox_confirm_overdue, platforms_that_echo
 from chat.models import AdapterConnection, ChatSession, DeliveryStatus, Direction, Message
 from chat.wire.outbound import adapter_envelope, browser_frame
-from maibot.config import get_config
+from core.config import get_config
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def outbox_claim(
 
     `probing`: platforms whose connection may take one row only (the oldest due), the gate after a
     (re)connect; `adapter_platforms` take whatever is due. `claimer`: the instance the claim is made
-    for (this process's, maibot.process.instance_id, unless a test stands in for another).
+    for (this process's, core.process.instance_id, unless a test stands in for another).
     """
     config = get_config().gateway
     now = now or timezone.now()

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from maibot.retry import backoff
+from core.retry import backoff
 from plugins import bridge, deps, sandbox
 from plugins import events as plugin_events
 from plugins import manifest as mf
@@ -75,7 +75,7 @@ def text_digest(text: str) -> str:
 
 
 def _settings():
-    from maibot.config import get_config
+    from core.config import get_config
 
     return get_config().plugins
 
@@ -864,7 +864,7 @@ class PluginWatcher:
         return self
 
     def _run(self) -> None:
-        from maibot.reload import watch_files
+        from core.reload import watch_files
 
         watch_files(
             self.directory,
@@ -1060,7 +1060,7 @@ def start_on_first_call(app):
         if not started:
             started = True
             threading.Thread(target=start, name="maibot-plugins-load", daemon=True).start()
-            from maibot.process import call_before_server_shutdown
+            from core.process import call_before_server_shutdown
 
             async def unload() -> None:
                 await asyncio.to_thread(stop)

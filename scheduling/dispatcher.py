@@ -27,8 +27,8 @@ from django.utils import timezone
 from chat import claims
 from chat.models import ChatSession, SourceKind
 from chat.services import Outbound, messages_prepare, messages_send
-from maibot.config import get_config
-from maibot.retry import backoff, batch_or_each
+from core.config import get_config
+from core.retry import backoff, batch_or_each
 from scheduling.models import Actor, ScheduledMessage, ScheduledStatus
 
 logger = logging.getLogger(__name__)

@@ -1,10 +1,10 @@
-"""maibot.retry: the one backoff, and the one "the batch failed: each alone" fallback."""
+"""core.retry: the one backoff, and the one "the batch failed: each alone" fallback."""
 
 from __future__ import annotations
 
 import logging
 
-from maibot.retry import backoff, batch_or_each
+from core.retry import backoff, batch_or_each
 
 
 def test_backoff_doubles_from_the_first_delay_and_stops_at_its_cap():
