@@ -32,6 +32,7 @@ from chat.models import (
 )
 from chat.services import message_defaults, messages_insert, plain_text, session_get_or_create
 from chat.wire.inbound import MEDIA_SEGMENT_TYPES, InboundMessage
+from core.retry import batch_or_each
 
 logger = logging.getLogger(__name__)
 
@@ -327,15 +328,13 @@ def _receipts_apply(receipts: list[tuple[str, Any]]) -> None:
             if echoed:
                 adapter_platforms_echoed(platforms=echoed)
 
-    try:
-        apply(valid)
-    except Exception:
-        logger.exception("a round of %d echoes failed; applying them one by one", len(valid))
-        for one in valid:
-            try:
-                apply([one])
-            except Exception:
-                logger.exception("message_id_echo from %s not applied", one[0])
+    batch_or_each(
+        valid,
+        apply,
+        failed=lambda one, exc: logger.exception("message_id_echo from %s not applied", one[0]),
+        logger=logger,
+        message="a round of %d echoes failed; applying them one by one",
+    )
 
 
 def adapter_frames_store(*, frames: AdapterFrames) -> IngestResult:
