@@ -255,4 +255,8 @@ def register_components(host: ComponentHost, record: PluginRecord, *, life_only:
         except (re.error, ValueError) as exc:
             component.note = f"not registered: {exc}"
             continue
+        except (TypeError, AttributeError, KeyError) as exc:
+            # A declaration that is not what the SDK declares (a hostile runner's): that component only.
+            component.note = f"not registered: {type(exc).__name__}: {exc}"
+            continue
         component.registered = True

@@ -21,7 +21,7 @@ from chat.agent.llm import ToolCallRequest
 from chat.components import LIFE, registry
 from chat.events import EventHandler, Point
 from chat.models import CycleKind, Direction, Message, PlannerCycle, ToolCallRecord
-from core import config
+from core import aio, config
 from plugins import api_registry
 from plugins import cache as plugin_cache
 from plugins import events as plugin_events
@@ -326,7 +326,7 @@ async def test_a_hook_stalled_in_five_chats_never_delays_another_chats_planner_a
 async def test_one_chat_flooding_slow_observers_leaves_room_for_the_other_chats(monkeypatch):
     monkeypatch.setattr(events, "MAX_BACKLOG", 8)
     monkeypatch.setattr(events, "MAX_BACKLOG_PER_CHAT", 5)
-    loop = events._events_loop()  # where observe handlers run
+    loop = aio.background_loop()  # where observe handlers run
 
     async def make_gate() -> asyncio.Event:
         return asyncio.Event()
