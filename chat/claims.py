@@ -1,7 +1,7 @@
 """The claim machine: how a process takes due rows for itself, finishes them, retries or fails them, and
 gives back the rows of a process that died. Both delivery stages run on it, each with a `ClaimSpec`
 naming its model's fields: scheduled messages (scheduling.dispatcher, into the outbox) and outbound
-messages (chat.outbox, onto the adapters' sockets).
+messages (chat.outbox_rows, handed onto the adapters' sockets by chat.outbox).
 
 The invariants, for every model run on it:
 
@@ -14,7 +14,7 @@ The invariants, for every model run on it:
   UPDATE moved, read back by token.
 - Who writes a claimed row: only its claimer, and only through `finish` (or `finish_each`), whose
   UPDATE is conditional on the row still being `sending` under that claimer's token; and the release of
-  abandoned claims (`abandoned`), whose UPDATE names the dead claimers. Every write that ends a claim
+  abandoned claims (`end` on `abandoned`), whose UPDATE names the dead claimers. Every write that ends a claim
   clears the token and the lease. So a claimer that lost its claim (taken back while it was paused)
   finds its marks matching no row, and of two processes releasing at once one UPDATE wins each row.
 - A lease is the backstop for a live claimer that never finishes: past `lease`, or as soon as its
@@ -30,7 +30,8 @@ The invariants, for every model run on it:
 - Retry or fail: a failed attempt goes back to pending (due after `core.retry.backoff`) while the row
   has attempts left, else out of the machine for good (`retry_or_fail`).
 - Expiry: a pending row older than its expiry leaves the machine as failed, never claimed (`expire`;
-  claimers also leave such rows out of their candidates).
+  the outbox's claim also leaves such rows out of its candidates, the dispatcher expires before it
+  claims).
 """
 
 from __future__ import annotations
