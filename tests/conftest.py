@@ -76,9 +76,9 @@ def _migration_rows_state(conn) -> list[tuple]:
 
 def quick_flush() -> Callable[[Any], None]:
     """TransactionTestCase's teardown, to the same empty tables: every table emptied by DELETE in one
-    transaction. Django's own flush TRUNCATEs every table (on PostgreSQL over a second per test) and then
-    writes the content types and permissions anew (post_migrate); here those rows stay as the migrations
-    wrote them, and should a test have changed them, Django's flush runs instead."""
+    transaction. Django's own flush TRUNCATEs every table (slow on PostgreSQL) and then writes the content
+    types and permissions anew (post_migrate); here those rows stay as the migrations wrote them, and
+    should a test have changed them, Django's flush runs instead."""
     from django.db import connections, transaction
     from django.test import TransactionTestCase
 
