@@ -51,8 +51,8 @@ from chat.wire.inbound import (
     parse_envelope,
 )
 from chat.wire.outbound import api_server_ack, api_server_package
-from maibot.aio import wait_event
-from maibot.config import get_config
+from core.aio import wait_event
+from core.config import get_config
 
 logger = logging.getLogger(__name__)
 
