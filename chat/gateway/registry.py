@@ -1,6 +1,6 @@
 """The gateway of one ASGI process: the registry of live connections (adapters by platform, browser
 pages by user), what a frame from one of them becomes (parsed, checked, queued for the ingest writer),
-the outbox's Sink, and, with Redis, the messages other processes send it (outbox wake-ups, `close`
+the outbox's Sink, and its listener for the other processes (chat.notify: outbox wake-ups, `close`
 for a connection replaced elsewhere).
 
 The delivery gate, for a platform whose adapter echoes: a new connection is unproven, and takes one
@@ -16,17 +16,13 @@ One `Gateway` per event loop, started on the first ASGI call (daphne has no life
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import threading
 import time
-import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Any
 
-from django.conf import settings
 from django.utils import timezone
 
 from chat import outbox
@@ -38,8 +34,8 @@ from chat.ingest import (
     adapter_connection_open,
     adapter_connection_set_accept_format,
 )
+from chat.notify import GatewayListener, get_notifier
 from chat.outbox import WEB_PLATFORM, Deliverer, Delivery, Overdue, db_call
-from chat.wake import WakeEndpoint
 from chat.wire.inbound import (
     CustomMessage,
     EnvelopeError,
@@ -51,7 +47,6 @@ from chat.wire.inbound import (
     parse_envelope,
 )
 from chat.wire.outbound import api_server_ack, api_server_package
-from maibot.aio import wait_event
 from maibot.config import get_config
 
 logger = logging.getLogger(__name__)
@@ -60,10 +55,6 @@ THREAD_PARSE_BYTES = 256 * 1024  # bigger frames are parsed off the event loop
 # API-Server packages remembered by msg_id, so one the client resends (from its cache, after a reconnect,
 # when our ack did not reach it) is not stored twice; maim_message's own server remembers them an hour.
 API_SEEN_MAX = 4096
-# Group membership expires in channels_redis (group_expiry); the gateway joins again well before.
-GROUP_REJOIN_SECONDS = 600
-# How long closing the gateway waits for its channel receive to end.
-CLOSE_SECONDS = 5.0
 
 
 def _dropped_not_json(conn: Connection, text: str, exc: Exception) -> None:
@@ -85,20 +76,20 @@ class Gateway(outbox.Sink):
         self._api_seen: OrderedDict[tuple[str, str], None] = OrderedDict()
         self.started = False
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.channel_name = ""
-        self._channel_ready: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
         self._background: set[asyncio.Task] = set()
-        self._listen_thread: threading.Thread | None = None
-        self._listen_loop: asyncio.AbstractEventLoop | None = None
-        self._listen_task: asyncio.Task | None = None
         self.writer = IngestWriter(decode=self.decode_text)
         # Connection records are written on the writer's thread (one thread, one database connection).
         self._open = db_call(self.writer.executor, adapter_connection_open)
         self._close = db_call(self.writer.executor, adapter_connection_close)
         self._set_accept = db_call(self.writer.executor, adapter_connection_set_accept_format)
         self.deliverer = Deliverer(self)
-        self.wake_endpoint: WakeEndpoint | None = None
+        self.listener: GatewayListener | None = None
+
+    @property
+    def channel_name(self) -> str:
+        """Where other processes reach this gateway (named in its connection records)."""
+        return self.listener.channel_name if self.listener is not None else ""
 
     @property
     def stored_total(self) -> int:
@@ -112,15 +103,8 @@ class Gateway(outbox.Sink):
         self.loop = asyncio.get_running_loop()
         self._tasks.append(asyncio.ensure_future(self.writer.run()))
         self._tasks.append(asyncio.ensure_future(self.deliverer.run()))
-        if settings.REDIS_URL:
-            self._channel_ready = asyncio.Event()
-            self._start_listener()
-            how = "woken via Redis"
-        else:
-            # Without Redis, other local processes that write the outbox wake this one through a socket.
-            self.wake_endpoint = WakeEndpoint(self.deliverer.wake)
-            how = "woken locally" if self.wake_endpoint.open(self.loop) else "polled"
-        outbox.set_deliverer(self.deliverer)
+        self.listener = get_notifier().listen(self)
+        how = self.listener.open()
         logger.info("gateway started (outbox %s)", how)
 
     async def aclose(self) -> None:
@@ -129,107 +113,15 @@ class Gateway(outbox.Sink):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        await self._stop_listener()
-        outbox.set_deliverer(None)
-        if self.wake_endpoint is not None:
-            self.wake_endpoint.close()
-            self.wake_endpoint = None
+        if self.listener is not None:
+            await self.listener.close()
+            self.listener = None
         for executor in (self.writer.executor, self.deliverer.executor):
             await asyncio.wrap_future(executor.submit(close_old_connection))
             executor.shutdown(wait=False)
 
-    # --- with Redis: the gateway's own channel, read on a thread of its own
-    #
-    # The receive runs on its own event loop, never the server's: a cancellation that arrives while the
-    # Redis client (redis-py 8.1 under channels_redis 4.3) waits in its blocking pop is taken in only when
-    # that pop returns (channels_redis blocks up to 5 s), and one was seen to be swallowed and waited on
-    # for ever, hanging whatever awaited the task. So closing does not cancel first: it sends the receive
-    # a `gateway.stop` on its own channel, which ends it at once (leaving the outbox group, so the other
-    # processes stop sending wake-ups to a channel nobody reads); only if that cannot be sent, or the
-    # receive does not end within CLOSE_SECONDS, is it cancelled on its loop, and a receive that never
-    # ends keeps only its own thread.
-
-    def _start_listener(self) -> None:
-        # A channel of its own, not one of channels_redis' process-specific ("!") channels: those share
-        # one receive loop and buffer per process with the session runtimes' channels, and outbox
-        # wake-ups sent to the gateway were lost there while runtimes received too (the chat page test
-        # on PostgreSQL + Redis). A plain channel is read with its own blocking pop.
-        self.channel_name = f"gateway.{uuid.uuid4().hex}"
-        started = threading.Event()
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._listen_loop = loop
-            self._listen_task = loop.create_task(self._listen())
-            started.set()
-            # Cancelled at close (anything else the loop logged itself).
-            with contextlib.suppress(BaseException):
-                loop.run_until_complete(self._listen_task)
-            # channels_redis leaves a task clearing the receive's backup queue: it ends before the loop
-            # does (closing the loop closes its Redis connections).
-            with contextlib.suppress(BaseException):
-                if pending := asyncio.all_tasks(loop):
-                    loop.run_until_complete(asyncio.wait(pending, timeout=CLOSE_SECONDS))
-            loop.close()
-
-        self._listen_thread = threading.Thread(target=run, name="gateway-listen", daemon=True)
-        self._listen_thread.start()
-        started.wait()
-
-    async def _stop_listener(self) -> None:
-        thread, loop, task = self._listen_thread, self._listen_loop, self._listen_task
-        self._listen_thread = self._listen_loop = self._listen_task = None
-        if thread is None or loop is None or task is None:
-            return
-        from channels.layers import get_channel_layer
-
-        try:
-            async with asyncio.timeout(CLOSE_SECONDS):
-                await get_channel_layer().send(self.channel_name, {"type": "gateway.stop"})
-            await asyncio.to_thread(thread.join, CLOSE_SECONDS)
-        except Exception:
-            logger.warning("could not ask the gateway's channel receive to stop; cancelling it", exc_info=True)
-        if not thread.is_alive():
-            return
-        with contextlib.suppress(RuntimeError):  # its loop has ended already
-            loop.call_soon_threadsafe(task.cancel)
-        await asyncio.to_thread(thread.join, CLOSE_SECONDS)
-        if thread.is_alive():
-            logger.warning("the gateway's channel receive did not end within %gs of its cancellation", CLOSE_SECONDS)
-
-    def _in_gateway_loop(self, callback: Callable[..., Any], *args: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # the gateway's loop has ended (a test's)
-            self.loop.call_soon_threadsafe(callback, *args)
-
-    async def _listen(self) -> None:
-        """Outbox wake-ups from other processes, and `close` for replaced connections."""
-        from channels.layers import get_channel_layer
-
-        layer = get_channel_layer()
-        last_join = 0.0
-        while True:
-            try:
-                if time.monotonic() - last_join > GROUP_REJOIN_SECONDS:
-                    await layer.group_add(outbox.OUTBOX_GROUP, self.channel_name)
-                    last_join = time.monotonic()
-                    self._in_gateway_loop(self._channel_ready.set)
-                message = await layer.receive(self.channel_name)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                logger.exception("channel layer receive failed; retrying")
-                await asyncio.sleep(1)
-                continue
-            if message.get("type") == "outbox.wake":
-                self.deliverer.wake()  # thread-safe
-            elif message.get("type") == "gateway.close":
-                self._in_gateway_loop(self._close_replaced, message.get("record_id"))
-            elif message.get("type") == "gateway.stop":
-                with contextlib.suppress(Exception):  # the membership expires anyway (group_expiry)
-                    await layer.group_discard(outbox.OUTBOX_GROUP, self.channel_name)
-                return
-
-    def _close_replaced(self, record_id: Any) -> None:
+    def close_replaced(self, record_id: Any) -> None:
+        """Close the connection of this record: a newer one in another process replaced it."""
         for conn in list(self.adapters.values()):
             if conn.record_id == record_id:
                 logger.info("closing %r: replaced by a connection in another process", conn)
@@ -239,10 +131,10 @@ class Gateway(outbox.Sink):
 
     # --- adapters
     async def adapter_connected(self, conn: Connection) -> None:
-        if self._channel_ready is not None and not self._channel_ready.is_set():
+        if self.listener is not None:
             # The record must name this process's channel, or a later replacement elsewhere cannot
             # reach this socket; the first connection can arrive before the channel exists.
-            if not await wait_event(self._channel_ready, 5):
+            if not await self.listener.ready(5):
                 logger.warning(
                     "%r connected before this process joined the outbox group (Redis slow or unreachable):"
                     " wake-ups from other processes reach it only once it has; until then the poll delivers",
@@ -271,12 +163,8 @@ class Gateway(outbox.Sink):
             self.echoing.add(conn.platform)
         else:
             self.echoing.discard(conn.platform)
-        if opened.elsewhere and settings.REDIS_URL:
-            from channels.layers import get_channel_layer
-
-            layer = get_channel_layer()
-            for other_id, channel in opened.elsewhere:
-                await layer.send(channel, {"type": "gateway.close", "record_id": other_id})
+        if opened.elsewhere:
+            await get_notifier().close_replaced_elsewhere(opened.elsewhere)
         conn.ready = True
         if conn.platform in self.echoing and not conn.proven:
             logger.info("adapter %r connected: one message at a time until it echoes a delivery", conn)

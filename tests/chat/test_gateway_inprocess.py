@@ -313,7 +313,7 @@ class RecordingLayer:
         RecordingLayer.done.set()
 
 
-def test_a_send_from_sync_code_publishes_the_wake_on_a_loop_of_its_own(settings, make_session):
+def test_a_send_from_sync_code_publishes_the_wake_on_the_background_loop(settings, make_session):
     # As in a qcluster worker: no event loop in the calling thread, and none of a gateway in the process.
     settings.REDIS_URL = "redis://wake-test.invalid"
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": f"{__name__}.RecordingLayer"}}
@@ -322,4 +322,4 @@ def test_a_send_from_sync_code_publishes_the_wake_on_a_loop_of_its_own(settings,
     session = make_session()
     message_send(session=session, source_kind="proactive", text="wake the servers")  # commits: the hook runs
     assert RecordingLayer.done.wait(10)
-    assert RecordingLayer.published == [("outbox-wake", "maibot.outbox", {"type": "outbox.wake"})]
+    assert RecordingLayer.published == [("maibot-background", "maibot.outbox", {"type": "outbox.wake"})]
