@@ -162,11 +162,11 @@ async def test_frames_waiting_for_the_writer_are_kept_as_text_and_decoded_in_ord
             raise RuntimeError("a bug in decoding")
         return real_parse(data, **kwargs)
 
-    monkeypatch.setattr("chat.gateway.registry.parse_envelope", parse)
+    monkeypatch.setattr("chat.gateway.frames.parse_envelope", parse)
     try:
         await comm.send_json_to(envelope(text="first 第一"))
 
-        conn = get_gateway().adapters["qq"]
+        conn = get_gateway().connections.adapters["qq"]
 
         async def taken() -> bool:
             return conn.backlog == 1 and not writer._queue
