@@ -232,7 +232,7 @@ def main() -> None:
         setup = "SQLite (the embedded default)"
     from django.db import connection
 
-    from maibot.config import BotConfig
+    from core.config import BotConfig
     from maibot.management.commands.serve import daphne_argv
 
     port = free_port()

@@ -180,7 +180,7 @@ def main() -> None:
     args = parser.parse_args()
 
     data_dir, env = embedded_default("maibot-bench-", MAIBOT_ADAPTER_TOKENS="bench", PYTHONUNBUFFERED="1")
-    from maibot.config import BotConfig
+    from core.config import BotConfig
     from maibot.management.commands.serve import daphne_argv
 
     port = free_port()

@@ -70,7 +70,7 @@ def main() -> None:
     from chat.models import Direction, LLMCall, Message, PlannerCycle, SourceKind
     from chat.runtime import registry
     from chat.services import inbound_stored, message_send, session_get_or_create
-    from maibot import config
+    from core import config
 
     if args.without_context_blocks:
         context._blocks.clear()

@@ -35,7 +35,7 @@ def main() -> None:
     args = parser.parse_args()
     embedded_default("maibot-bench-plugins-")
 
-    from maibot import config
+    from core import config
     from plugins.host import PluginHost
     from tests.plugins.conftest import copy_plugins
 

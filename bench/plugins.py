@@ -129,7 +129,7 @@ def main() -> None:
     from chat.models import CycleKind, Direction, Message, PlannerCycle, SourceKind
     from chat.runtime import registry
     from chat.services import inbound_stored, session_get_or_create
-    from maibot import config
+    from core import config
     from plugins.host import PluginHost
 
     llm_proc = subprocess.Popen([sys.executable, "-c", FAKE_LLM_SERVER], cwd=ROOT, stdout=subprocess.PIPE, text=True)

@@ -308,10 +308,10 @@ async def settled(count, quiet: float = 1.0, timeout: float = 120.0) -> None:
 
 
 async def measure(base: str, args) -> dict:
+    from api.access import api_token_create
     from chat.models import Message
     from chat.services import session_get_or_create
     from scheduling.models import Actor, ScheduledMessage
-    from scheduling.proactive.access import api_token_create
 
     logging.getLogger("maim_message").setLevel(logging.WARNING)
     _, token = await db(api_token_create, name="bench")
@@ -421,10 +421,10 @@ async def soak(stack: Stack, base: str, seconds: float, round_seconds: float) ->
     every scheduled message must have arrived exactly once and every inbound one be stored. Reports the
     scheduled messages' lateness at the adapters by fifths of the run, and each process's memory after
     the first round and at the end."""
+    from api.access import api_token_create
     from chat.models import Message
     from chat.services import session_get_or_create
     from scheduling.models import Actor, ScheduledMessage
-    from scheduling.proactive.access import api_token_create
 
     logging.getLogger("maim_message").setLevel(logging.WARNING)
     _, token = await db(api_token_create, name="soak")

@@ -261,7 +261,7 @@ def main() -> None:
         MAIBOT_ADAPTER_TOKENS=TOKEN,
         PYTHONUNBUFFERED="1",
     )
-    from maibot.config import BotConfig
+    from core.config import BotConfig
     from maibot.management.commands.serve import daphne_argv
 
     cookie = console_cookie()

@@ -13,7 +13,7 @@ import threading
 import time
 
 from chat.models import AdapterPlatform
-from maibot.config import get_config
+from core.config import get_config
 
 logger = logging.getLogger(__name__)
 

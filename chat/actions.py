@@ -12,8 +12,8 @@ from chat.components import ToolContext, error, ok, register_tool
 from chat.components import ToolErrorCode as Code
 from chat.models import Media, MediaKind, Message, SourceKind
 from chat.services import message_send
-from maibot.config import get_config
-from maibot.text import is_blank, text_problem
+from core.config import get_config
+from core.text import is_blank, text_problem
 
 
 def _outbound_extra(ctx: ToolContext) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from chat.agent.engine import AgentTurn, abandon_cycle
 from chat.components import Command, command_handle, commands
 from chat.models import ChatSession, CycleKind, Message, PlannerCycle, SourceKind
 from chat.services import message_send
-from maibot.aio import db
+from core.aio import db
 
 logger = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from typing import Any, Protocol
 from asgiref.sync import iscoroutinefunction
 
 from chat.models import ChatSession, Message
-from maibot.aio import db
-from maibot.config import get_config
+from core.aio import db
+from core.config import get_config
 
 
 class ToolErrorCode(StrEnum):
@@ -190,7 +190,7 @@ def register_context_block(name: str, provider: ContextProvider, *, order: int =
 
 def context_blocks(session: ChatSession | None) -> list[tuple[str, str]]:
     """(name, text) of every registered block with something to say, in order. Sync: async code calls
-    it through maibot.aio.db."""
+    it through core.aio.db."""
     out = []
     for block in sorted(_blocks.values(), key=lambda b: (b.order, b.name)):
         text = block.provider(session)
@@ -252,7 +252,7 @@ def commands() -> list[Command]:
 
 async def command_handle(command: Command, turn: CommandTurn, text: str) -> bool:
     """Ask one command from async code: an async handler is awaited here (no thread waits for a
-    plugin's answer), a sync one runs in the caller's DB thread (maibot.aio.db), where its tool calls
+    plugin's answer), a sync one runs in the caller's DB thread (core.aio.db), where its tool calls
     and queries belong."""
     if iscoroutinefunction(command.handle):
         return await command.handle(turn, text)

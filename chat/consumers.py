@@ -11,9 +11,9 @@ from chat.gateway import BrowserConnection, get_gateway
 from chat.ingest import InboundItem
 from chat.outbox import WEB_PLATFORM
 from chat.wire.inbound import InboundMessage, MessageInfo, UserInfo
-from maibot.config import get_config
-from maibot.text import is_blank, text_problem
-from maibot.websocket import JsonFrameConsumer
+from core.config import get_config
+from core.text import is_blank, text_problem
+from core.websocket import JsonFrameConsumer
 
 logger = logging.getLogger(__name__)
 

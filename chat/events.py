@@ -18,7 +18,7 @@ A handler is a coroutine function (kwargs, timeout) -> result. No thread waits f
 handlers are awaited on the emitter's event loop, observe handlers and background emits run on this
 module's own event loop (one thread, however many calls wait), so a slow handler costs the chat that
 emitted it its time and nothing else. A handler must honour `timeout` (a plugin's call is cut there
-and cancelled in its runner) and must not block its loop (ORM work goes through maibot.aio.db); the
+and cancelled in its runner) and must not block its loop (ORM work goes through core.aio.db); the
 chain stops waiting for it `GRACE` seconds after its timeout in any case. Its timeout is its own
 (`EventHandler.timeout`) but never more than the config's `chat.tool_timeout`, which is also the
 default. What one chat may have running in the background (observe calls, after-send emits) is
@@ -53,8 +53,8 @@ from typing import Any
 
 from django.db import connections
 
-from maibot import aio
-from maibot.config import get_config
+from core import aio
+from core.config import get_config
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ _handlers: dict[str, EventHandler] = {}
 _lock = threading.Lock()
 recent_failures: deque[Failure] = deque(maxlen=200)
 # emit_background's kwargs are built (rows read) in these threads; the emits themselves run on the
-# process's background loop (maibot.aio).
+# process's background loop (core.aio).
 _background = ThreadPoolExecutor(max_workers=2, thread_name_prefix="maibot-event-bg")
 _backlog: dict[Hashable, int] = {}  # background calls waiting or running, by chat
 _backlog_total = 0

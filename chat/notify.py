@@ -40,7 +40,7 @@ from django.dispatch import receiver
 from chat.services import outbound_created
 from chat.session_runtime import WAKE, session_group
 from chat.wake import WakeEndpoint, wake_local
-from maibot.aio import submit, wait_event
+from core.aio import submit, wait_event
 
 logger = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from chat.commands import CommandRun, typed_text
 from chat.components import command_handle, commands
 from chat.models import ChatSession, CycleKind, Message, PlannerCycle, SourceKind
 from chat.services import message_send
-from maibot.aio import db
-from maibot.config import get_config
+from core.aio import db
+from core.config import get_config
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ adapter's `message_id_echo` names it (chat.ingest). Rows waiting for an offline 
 `gateway.offline_expiry_seconds` fail with `adapter_offline`.
 
 A claim ends with its claimer: every server's sweep takes back the `sending` rows of a process whose
-heartbeat has run out (maibot.process.Heartbeat: seconds after it died), in the one UPDATE that decides,
+heartbeat has run out (core.process.Heartbeat: seconds after it died), in the one UPDATE that decides,
 so two servers never both take a row; the lease is only the backstop for a live claimer that never
 finishes. A claimer hands a claimed row to a socket only while its heartbeat vouches for the claim (a
 server paused past its heartbeat, then resumed, hands over nothing it may have lost meanwhile), and
@@ -54,9 +54,9 @@ from chat.delivery_errors import DeliveryError
 from chat.models import AdapterConnection, AdapterPlatform, ChatSession, DeliveryStatus, Direction, Message
 from chat.notify import get_notifier
 from chat.wire.outbound import adapter_envelope, browser_frame
-from maibot.aio import wait_event
-from maibot.config import get_config
-from maibot.process import Heartbeat, dead_claimers, heartbeat_acquire, heartbeat_release, instance_id
+from core.aio import wait_event
+from core.config import get_config
+from core.process import Heartbeat, dead_claimers, heartbeat_acquire, heartbeat_release, instance_id
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def outbox_claim(
 
     `probing`: platforms whose connection may take one row only (the oldest due), the gate after a
     (re)connect; `adapter_platforms` take whatever is due. `claimer`: the instance the claim is made
-    for (this process's, maibot.process.instance_id, unless a test stands in for another).
+    for (this process's, core.process.instance_id, unless a test stands in for another).
     """
     config = get_config().gateway
     if lease_seconds is None:

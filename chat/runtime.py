@@ -29,7 +29,7 @@ from chat.notify import get_notifier
 from chat.runtime_registry import RuntimeRegistry
 from chat.services import inbound_stored
 from chat.session_runtime import session_group
-from maibot.aio import submit
+from core.aio import submit
 
 __all__ = ["registry", "session_group", "wake_session", "wake_session_from_sync_process", "wake_session_soon"]
 

@@ -35,8 +35,8 @@ from django.db import connections
 
 from chat.planner.decision import NEWS
 from chat.session_runtime import STOP, SessionRuntime
-from maibot.config import get_config
-from maibot.process import call_before_server_shutdown
+from core.config import get_config
+from core.process import call_before_server_shutdown
 
 logger = logging.getLogger(__name__)
 

@@ -58,8 +58,8 @@ from chat.planner.decision import (
     decide,
 )
 from chat.planner.observe import Observation, aobserve, receive_points
-from maibot.aio import db
-from maibot.config import BotConfig, get_config
+from core.aio import db
+from core.config import BotConfig, get_config
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from datetime import datetime
 from django.utils import timezone
 
 from chat.models import ChatSession, Message
-from maibot.config import BotConfig, TalkRule, get_config
+from core.config import BotConfig, TalkRule, get_config
 
 clock: Callable[[], datetime] = timezone.now
 

@@ -1,5 +1,5 @@
 """The config's history in the admin: who changed which keys, and the model provider's old and new values;
-the login (its form checks one password at a time per client and username: maibot.login_lock) and its
+the login (its form checks one password at a time per client and username: core.login_lock) and its
 failed attempts (django-axes' page, its one action held to a permission)."""
 
 from axes.admin import AccessAttemptAdmin
@@ -7,8 +7,8 @@ from axes.models import AccessAttempt
 from django.contrib import admin
 
 from chat.admin import ReadOnlyAdmin
-from maibot.login_lock import SerializedLoginForm
-from maibot.models import ConfigChange
+from core.login_lock import SerializedLoginForm
+from core.models import ConfigChange
 
 admin.site.login_form = SerializedLoginForm
 

@@ -1,6 +1,6 @@
 """The console's config editor: a Django form generated from the pydantic config model, and the edit of
 the TOML file that keeps its comments and layout (values are changed in the parsed tomlkit document,
-never re-rendered). Both show the config with its secrets redacted (maibot.redaction) and give a
+never re-rendered). Both show the config with its secrets redacted (core.redaction) and give a
 placeholder saved where it was its secret back."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from django import forms
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
-from maibot.config import (
+from core.config import (
     RETIRED_KEYS,
     BotConfig,
     ConfigError,
@@ -28,7 +28,7 @@ from maibot.config import (
     requires_restart,
     retired_keys,
 )
-from maibot.redaction import Secrets, redact_data, restore_data
+from core.redaction import Secrets, redact_data, restore_data
 
 SEP = "__"  # form field name: <section>__<key>
 LONG_TEXT = 30  # str defaults longer than this (the persona) get a textarea

@@ -13,10 +13,10 @@ import logging
 
 from django.utils import timezone
 
-from maibot.aio import db
-from maibot.config import get_config
-from maibot.models import LogEntry
-from maibot.websocket import JsonFrameConsumer
+from core.aio import db
+from core.config import get_config
+from core.models import LogEntry
+from core.websocket import JsonFrameConsumer
 
 POLL_SECONDS = 0.3
 BACKLOG = 200

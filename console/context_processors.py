@@ -3,8 +3,8 @@
 
 from django.http import HttpRequest
 
-from maibot import reload
-from maibot.config import format_instant, get_config
+from core import reload
+from core.config import format_instant, get_config
 
 
 def config_reload(request: HttpRequest) -> dict:

@@ -29,8 +29,8 @@ from chat.fate import (
 )
 from chat.models import AdapterConnection, ChatSession, CycleKind, LLMCall, Message, PlannerCycle
 from console import charts
-from maibot.config import get_config
-from maibot.models import LogEntry, ProcessHeartbeat
+from core.config import get_config
+from core.models import LogEntry, ProcessHeartbeat
 from scheduling.models import ScheduledMessage, ScheduledStatus
 
 
@@ -166,6 +166,17 @@ def lateness_charts(stats: dict[str, Any], now: datetime | None = None) -> list:
     ]
 
 
+def _totals() -> dict[str, Any]:
+    """The LLM-call aggregates every usage table shows: tokens (prompt, completion, cached), cost, calls."""
+    return {
+        "prompt": Sum("prompt_tokens"),
+        "completion": Sum("completion_tokens"),
+        "cached": Sum("cached_tokens"),
+        "cost": Sum("cost"),
+        "calls": Count("id"),
+    }
+
+
 def _llm_per_day(by: str, empty: str, days: int, now: datetime | None) -> dict[str, Any]:
     """Tokens and cost per day (bot time zone) and `by` (a ledger field; `empty` labels its blank value)
     over the last `days` days: the chart series and the table rows."""
@@ -178,14 +189,7 @@ def _llm_per_day(by: str, empty: str, days: int, now: datetime | None) -> dict[s
         .annotate(day=TruncDate("created_at", tzinfo=tz))
         .filter(day__gte=first)
         .values("day", by)
-        .annotate(
-            prompt=Sum("prompt_tokens"),
-            completion=Sum("completion_tokens"),
-            cached=Sum("cached_tokens"),
-            cost=Sum("cost"),
-            calls=Count("id"),
-            errors=Count("id", filter=~Q(error="")),
-        )
+        .annotate(**_totals(), errors=Count("id", filter=~Q(error="")))
         .order_by("day", by)
     )
     tokens: dict[str, dict[date, int]] = defaultdict(lambda: defaultdict(int))
@@ -230,13 +234,7 @@ def _top_sessions(day: date, tz, limit: int = 10) -> list[dict[str, Any]]:
     rows = list(
         LLMCall.objects.filter(created_at__gte=start, created_at__lt=start + timedelta(days=1), session__isnull=False)
         .values("session")
-        .annotate(
-            prompt=Sum("prompt_tokens"),
-            completion=Sum("completion_tokens"),
-            cached=Sum("cached_tokens"),
-            cost=Sum("cost"),
-            calls=Count("id"),
-        )
+        .annotate(**_totals())
         .annotate(tokens=F("prompt") + F("completion"))
         .order_by("-tokens", "session")[:limit]
     )

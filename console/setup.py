@@ -1,6 +1,6 @@
 """The first-run set-up page of the single file: operator account, model (with a test call), bot nickname and
 persona, adapter token. After it, the normal admin. When the page is open and what it asks for (always the
-one-time code, attempts limited): maibot.setup.
+one-time code, attempts limited): core.setup.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from django.views.decorators.http import require_POST
 
 from chat.agent import llm
 from console.config_editor import read_config_file, toml_with_values
-from maibot import deployment_env, reload, setup
-from maibot.adapter_tokens import DEFAULT_PLATFORM, parse_adapter_tokens
-from maibot.config import BotConfig, LLMModel, get_config
+from core import deployment_env, reload, setup
+from core.adapter_tokens import DEFAULT_PLATFORM, parse_adapter_tokens
+from core.config import BotConfig, LLMModel, get_config
 
 WRONG_CODE = "This is not the code printed in the console."
 

@@ -1,6 +1,6 @@
 """The operator console's pages inside the admin (dashboard, config editor, raw TOML, live logs) and the
 public /healthz endpoint. Views translate HTTP to the selectors in console.dashboard and the write path
-in maibot.reload; they hold no logic of their own."""
+in core.reload; they hold no logic of their own."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from django.views.decorators.http import require_GET
 from chat.agent import llm
 from console import dashboard
 from console.config_editor import ConfigForm, file_notices, file_secrets, read_config_file, toml_with_values
-from maibot import redaction, reload
-from maibot.config import LLM_TASKS, ConfigError, config_path, get_config
+from core import redaction, reload
+from core.config import LLM_TASKS, ConfigError, config_path, get_config
 
 VIEW_CONSOLE = "maibot.view_console"
 CHANGE_CONFIG = "maibot.change_config"
@@ -104,7 +104,7 @@ def config_form_view(request: HttpRequest) -> HttpResponse:
 
 def config_raw_view(request: HttpRequest) -> HttpResponse:
     """The file's text with its secrets redacted; a save gives each placeholder left where it was its
-    secret back (maibot.redaction)."""
+    secret back (core.redaction)."""
     _require(request, CHANGE_CONFIG)
     text, _, file_error = read_config_file()
     secrets = file_secrets(text)

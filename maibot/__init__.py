@@ -1,5 +1,6 @@
-"""maibot: a MaiBot-style chat-bot core as one deployable Django project."""
+"""maibot: a MaiBot-style chat-bot core as one deployable Django project.
 
-# The build's version: `maibot --version`, the package metadata, and the stamp in the data dir that keeps
-# an older build from starting on data a newer one has written (maibot.datadir).
-__version__ = "0.1.0"
+This package is the project (the top layer): settings, URLs, the ASGI application and its websocket
+routes, the command line and the management commands. The layers it wires together live in the apps
+core, chat, scheduling, api, plugins and console.
+"""

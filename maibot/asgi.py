@@ -11,14 +11,14 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from api.mcp.mount import PATHS as MCP_PATHS  # noqa: E402
+from api.mcp.mount import endpoint as mcp_endpoint  # noqa: E402
 from chat.gateway import GatewayRouter  # noqa: E402
-from maibot.process import start_services_on_first_call, tune_garbage_collector  # noqa: E402
+from core.process import start_services_on_first_call, tune_garbage_collector  # noqa: E402
 from maibot.proxies import ForwardedClientMiddleware  # noqa: E402
 from maibot.routing import websocket_urlpatterns  # noqa: E402
 from plugins.host import start_on_first_call as load_plugins_on_first_call  # noqa: E402
 from scheduling.mcp.client import start_mcp_clients_on_first_call  # noqa: E402
-from scheduling.mcp.mount import PATHS as MCP_PATHS  # noqa: E402
-from scheduling.mcp.mount import endpoint as mcp_endpoint  # noqa: E402
 
 # /ws (adapters, both maim_message wire versions, including Socket.IO's HTTP long-polling) is served
 # by the gateway, /mcp by the MCP endpoint; every other HTTP request goes to Django and every other

@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from maibot import __version__
+from core import __version__
 
 DEFAULT_DATA_DIR = "maibot-data"
 USAGE = __doc__.split("\n\n")[1]

@@ -22,7 +22,7 @@ from typing import Any
 
 from django.conf import settings
 
-from maibot.networks import Network, address_in
+from core.networks import Network, address_in
 
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]

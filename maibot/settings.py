@@ -2,7 +2,7 @@
 
 Embedded default (nothing else installed): SQLite in the data dir, django-q2 ORM broker, in-memory
 channel layer. Scale-out: set DATABASE_URL (PostgreSQL) and REDIS_URL (channels_redis + Redis broker).
-The bot's own behaviour (persona, limits, model) lives in bot_config.toml, read through maibot.config.
+The bot's own behaviour (persona, limits, model) lives in bot_config.toml, read through core.config.
 """
 
 import os
@@ -13,9 +13,9 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from maibot import datadir, deployment_env
-from maibot.adapter_tokens import parse_adapter_tokens
-from maibot.networks import parse_networks
+from core import datadir, deployment_env
+from core.adapter_tokens import parse_adapter_tokens
+from core.networks import parse_networks
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -23,7 +23,7 @@ DATA_DIR = Path(os.environ.get("MAIBOT_DATA_DIR") or BASE_DIR / "data").resolve(
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Parallel test workers (`make test-fast`) each keep their config file, media and databases apart.
     DATA_DIR = DATA_DIR / os.environ["PYTEST_XDIST_WORKER"]
-# The data dir is the server user's alone (maibot.datadir): the folder and the files directly in it
+# The data dir is the server user's alone (core.datadir): the folder and the files directly in it
 # are made 0700/0600 now, before the database's first connection (SQLite gives its -wal/-shm the
 # database file's mode, and a new database file is created 0600 below). Files written later are
 # written private explicitly; the bootstrap and each server and cluster start see to everything deeper.
@@ -80,15 +80,19 @@ INSTALLED_APPS = [
     "channels",
     # django-ninja's API docs page then loads Swagger UI from its own static files, not a CDN.
     "ninja",
-    # The admin login's limit on wrong passwords (maibot.login_lock); before console, whose admin
+    # The admin login's limit on wrong passwords (core.login_lock); before console, whose admin
     # re-registers its attempts' page.
     "axes",
     # scheduling before django_q: its `qcluster` command wraps django-q2's to run the dispatcher.
-    "maibot",
+    # The bottom layer (label "maibot": its tables and permissions keep the project's old app label).
+    "core",
     "chat",
     "scheduling",
+    "api",
     "plugins",
     "console",
+    # The project package (label "project"): only its management commands (serve, bootstrap, …).
+    "maibot",
     "django_q",
 ]
 
@@ -100,9 +104,9 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    # On the single file's first run (no operator yet), pages lead to the browser set-up (maibot.setup).
-    "maibot.setup.setup_middleware",
-    # Last: turns a login refused by the failed-password limit into its page (maibot.login_lock).
+    # On the single file's first run (no operator yet), pages lead to the browser set-up (core.setup).
+    "core.setup.setup_middleware",
+    # Last: turns a login refused by the failed-password limit into its page (core.login_lock).
     "axes.middleware.AxesMiddleware",
 ]
 
@@ -209,7 +213,7 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
 
-# --- the login's limit on wrong passwords (django-axes, configured in maibot.login_lock) -----------------
+# --- the login's limit on wrong passwords (django-axes, configured in core.login_lock) -----------------
 
 
 def _positive(name: str, default: float, kind: type[int] | type[float]) -> float:
@@ -230,9 +234,9 @@ AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contri
 AXES_FAILURE_LIMIT = int(_positive("MAIBOT_LOGIN_FAILURE_LIMIT", 5, int))
 AXES_COOLOFF_TIME = timedelta(minutes=_positive("MAIBOT_LOGIN_LOCKOUT_MINUTES", 15, float))
 # The client is the address maibot.proxies decided; axes never reads forwarding headers itself.
-AXES_CLIENT_IP_CALLABLE = "maibot.login_lock.client_address"
-AXES_LOCKOUT_PARAMETERS = "maibot.login_lock.lockout_parameters"
-AXES_LOCKOUT_CALLABLE = "maibot.login_lock.lockout_response"
+AXES_CLIENT_IP_CALLABLE = "core.login_lock.client_address"
+AXES_LOCKOUT_PARAMETERS = "core.login_lock.lockout_parameters"
+AXES_LOCKOUT_CALLABLE = "core.login_lock.lockout_response"
 # Attempts while locked are refused without being counted; a success does not clear the count.
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_RESET_ON_SUCCESS = False
@@ -242,7 +246,7 @@ AXES_VERBOSE = False
 
 # --- adapters -------------------------------------------------------------------------------------
 # Comma-separated `platform:token` entries (a bare token is qq's): the token an adapter sends (the raw
-# `Authorization` / `x-apikey` header) admits it as that platform only (maibot.adapter_tokens).
+# `Authorization` / `x-apikey` header) admits it as that platform only (core.adapter_tokens).
 MAIBOT_ADAPTER_TOKENS = parse_adapter_tokens(os.environ.get("MAIBOT_ADAPTER_TOKENS", ""), name="MAIBOT_ADAPTER_TOKENS")
 # Comma-separated CIDRs whose adapters are admitted without a token (legacy adapters that cannot send
 # one); a bad entry stops start-up naming it (chat.gateway.auth).
@@ -283,7 +287,7 @@ MAIBOT_PLUGIN_HOST_NETWORK = frozenset(
     p.strip() for p in os.environ.get("MAIBOT_PLUGIN_HOST_NETWORK", "").split(",") if p.strip()
 )
 
-# The server and the cluster run the config watcher, the log writer and the heartbeat (maibot.process).
+# The server and the cluster run the config watcher, the log writer and the heartbeat (core.process).
 MAIBOT_CONSOLE_SERVICES = os.environ.get("MAIBOT_CONSOLE_SERVICES", "1") != "0"
 
 # --- logging --------------------------------------------------------------------------------------
@@ -299,8 +303,8 @@ LOGGING = {
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "line"},
         # Copies INFO+ records to the live log page; inactive until the server or the cluster starts
-        # it (maibot.process), so migrate and tests never write logs to the database.
-        "console_db": {"class": "maibot.logdb.DatabaseLogHandler", "level": "INFO"},
+        # it (core.process), so migrate and tests never write logs to the database.
+        "console_db": {"class": "core.logdb.DatabaseLogHandler", "level": "INFO"},
     },
     "root": {"handlers": ["console", "console_db"], "level": LOG_LEVEL},
     "loggers": {

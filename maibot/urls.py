@@ -3,10 +3,10 @@
 from django.contrib import admin
 from django.urls import path
 
+from api.http import api as proactive_api
 from chat.views import chat_page
 from console import setup, views
 from plugins.views import plugin_action_view, plugin_config_view, plugins_view
-from scheduling.proactive.api import api as proactive_api
 
 urlpatterns = [
     # The console's own admin pages: admin_view() gives them the admin's login, staff check and CSRF.

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from chat import components as registry
 from chat.components import CHAT, LIFE, Command, Tool, ToolContext
 from chat.components import ToolErrorCode as Code
-from maibot.config import get_config
+from core.config import get_config
 from plugins import api_registry
 from plugins import cache as plugin_cache
 from plugins import events as plugin_events

@@ -159,7 +159,7 @@ def install(requirements: list[str]) -> InstallOutcome:
 
 
 def _install_timeout() -> float:
-    from maibot.config import get_config
+    from core.config import get_config
 
     return get_config().plugins.install_timeout
 

@@ -74,7 +74,7 @@ def text_digest(text: str) -> str:
 
 
 def _settings():
-    from maibot.config import get_config
+    from core.config import get_config
 
     return get_config().plugins
 
@@ -863,7 +863,7 @@ class PluginWatcher:
         return self
 
     def _run(self) -> None:
-        from maibot.reload import watch_files
+        from core.reload import watch_files
 
         watch_files(
             self.directory,
@@ -1059,7 +1059,7 @@ def start_on_first_call(app):
         if not started:
             started = True
             threading.Thread(target=start, name="maibot-plugins-load", daemon=True).start()
-            from maibot.process import call_before_server_shutdown
+            from core.process import call_before_server_shutdown
 
             async def unload() -> None:
                 await asyncio.to_thread(stop)

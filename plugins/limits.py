@@ -48,7 +48,7 @@ def limits_for(plugin_id: str) -> PluginLimits:
     """The limits of one plugin: its [[plugins.limits]] entry over the [plugins] values."""
     from django.conf import settings
 
-    from maibot.config import get_config
+    from core.config import get_config
 
     section = get_config().plugins
     entry = next((e for e in section.limits if e.plugin == plugin_id), None)

@@ -17,7 +17,7 @@ from django_q.models import Failure, Success
 
 from chat.admin import fate_badge
 from chat.fate import Fate, sender_fate, sender_fate_expression, sender_fate_q
-from maibot.config import format_instant, get_config
+from core.config import format_instant, get_config
 from scheduling.admin_actions import ServiceActionsMixin, operator
 from scheduling.error_codes import SchedulingError
 from scheduling.models import ScheduledMessage, ScheduledStatus
@@ -291,8 +291,7 @@ for _model, _base in ((Success, q_admin.TaskAdmin), (Failure, q_admin.FailAdmin)
     admin.site.register(_model, type(_base.__name__, (_base,), {"actions": [resubmit_task]}))
 
 
-# The life loop's admin (timers, inner state, memory, turns) and the API tokens' admin live with their
+# The life loop's admin (timers, inner state, memory, turns) and the MCP servers' admin live with their
 # sub-packages; Django's autodiscovery imports only this module.
 from scheduling.life import admin as _life_admin  # noqa: E402, F401
 from scheduling.mcp import admin as _mcp_admin  # noqa: E402, F401
-from scheduling.proactive import admin as _proactive_admin  # noqa: E402, F401

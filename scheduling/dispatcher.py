@@ -6,7 +6,7 @@ It sleeps until the next due instant (re-checking every `poll_interval` for new 
 with a conditional UPDATE (… WHERE status='pending'), and finishes each claimed batch in one
 transaction that is valid only while its claim holds. Several clusters may run it at once: every row
 is sent exactly once. A row whose claimer died is taken back as soon as that process's heartbeat has
-run out (maibot.process.Heartbeat, seconds after its death), or, as a backstop, when its lease runs out
+run out (core.process.Heartbeat, seconds after its death), or, as a backstop, when its lease runs out
 (a live claimer that never finished); a claimer that was only slow finds its finish matching no row.
 
 Every instant the dispatcher reads (claim, lease, expiry, backoff, the sent time) comes from a `clock`
@@ -29,8 +29,8 @@ from django.utils import timezone
 
 from chat.models import ChatSession, SourceKind
 from chat.services import Outbound, messages_prepare, messages_send
-from maibot.config import get_config
-from maibot.process import dead_claimers, instance_id
+from core.config import get_config
+from core.process import dead_claimers, instance_id
 from scheduling.models import Actor, ScheduledMessage, ScheduledStatus
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from typing import Any
 from django.utils import timezone
 
 from chat.components import Command, CommandTurn, register_command
-from maibot.config import get_config
+from core.config import get_config
 from scheduling.timespec import TimeSpecError, split_spoken_time
 
 TEXTS = {

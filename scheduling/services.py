@@ -13,8 +13,8 @@ from django.utils import timezone
 from chat.fate import RESENDABLE, sender_fate
 from chat.models import ApiToken, ChatSession
 from chat.services import messages_resend
-from maibot.config import format_instant, get_config
-from maibot.text import is_blank, text_problem
+from core.config import format_instant, get_config
+from core.text import is_blank, text_problem
 from scheduling.error_codes import SchedulingError, SchedulingErrorCode
 from scheduling.models import Actor, ScheduledMessage, ScheduledStatus
 from scheduling.timespec import TimeSpecError, parse_instant

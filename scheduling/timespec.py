@@ -11,7 +11,7 @@ from enum import StrEnum
 
 from croniter import CroniterError, croniter
 
-from maibot.config import format_instant
+from core.config import format_instant
 
 
 class TimeSpecError(ValueError):

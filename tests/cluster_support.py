@@ -106,7 +106,7 @@ class Deployment:
         return proc
 
     def _spawn(self, i: int) -> Proc:
-        from maibot import config as bot_config
+        from core import config as bot_config
 
         self._runs += 1
         data = self.root / f"data-web{i + 1}"
@@ -260,7 +260,7 @@ def kill_while_claimed(platform: str, pid: int, timeout: float = 30) -> tuple[st
 
 def heartbeat_name(instance: str) -> str | None:
     """host:pid of the process whose heartbeat row is `instance`."""
-    from maibot.models import ProcessHeartbeat
+    from core.models import ProcessHeartbeat
 
     return ProcessHeartbeat.objects.filter(instance=instance).values_list("name", flat=True).first()
 

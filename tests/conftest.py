@@ -29,7 +29,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import connection
 
-from maibot import config as bot_config
+from core import config as bot_config
 from maibot.management.commands.serve import daphne_argv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,7 +91,7 @@ def no_heartbeat_outlives_its_test() -> Iterator[None]:
     """Each in-process test has its own event loop, and a gateway started on it without being closed
     never releases the heartbeat its deliverer holds (the loop closes under it): stop it at the end."""
     yield
-    from maibot.process import heartbeat_release
+    from core.process import heartbeat_release
 
     heartbeat_release(all_users=True)
 
@@ -134,7 +134,7 @@ def default_bot_config() -> Iterator[bot_config.BotConfig]:
     from chat.accounts import forget_cached_accounts
 
     forget_cached_accounts()
-    old = bot_config._current
+    old = bot_config.loading._current
     bot_config.set_config(bot_config.BotConfig())
     yield bot_config.get_config()
     bot_config.set_config(old) if old is not None else None

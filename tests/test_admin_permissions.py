@@ -19,12 +19,12 @@ from django.urls import reverse
 from django.utils import timezone
 from django_q.models import Failure, Success, Task
 
+from api.access import api_token_create
 from chat.models import ApiToken, DeliveryStatus, Message, SourceKind
 from chat.services import message_send
 from scheduling.life.models import Timer
 from scheduling.life.timers import timer_create
 from scheduling.models import ScheduledMessage
-from scheduling.proactive.access import api_token_create
 from scheduling.services import SYSTEM, scheduled_message_create
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""maibot.aio.wait_event: a cancellation never gets lost, even when the event is set at that moment."""
+"""core.aio.wait_event: a cancellation never gets lost, even when the event is set at that moment."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from maibot.aio import wait_event
+from core.aio import wait_event
 
 
 async def test_wait_event_answers_set_or_timed_out():

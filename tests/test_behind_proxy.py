@@ -21,7 +21,7 @@ import requests
 from django.contrib.auth import get_user_model
 
 from chat.models import Message
-from maibot import setup
+from core import setup
 from tests.chat.gateway_helpers import Adapter06, Adapter07, RawSocket, envelope
 from tests.cluster_support import listening, require
 from tests.conftest import Proc, free_port, subprocess_env, wait_for, wait_for_async

@@ -19,9 +19,9 @@ from django.utils import timezone
 from chat.models import AdapterPlatform, Message
 from chat.outbox import Deliverer, Delivery, Sink, outbox_claim, outbox_sweep
 from chat.services import Outbound, messages_send
-from maibot.config import get_config
-from maibot.models import ProcessHeartbeat
-from maibot.process import DEAD_AFTER_BEATS, Heartbeat, dead_claimers, instance_id
+from core.config import get_config
+from core.models import ProcessHeartbeat
+from core.process import DEAD_AFTER_BEATS, Heartbeat, dead_claimers, instance_id
 from scheduling import dispatcher
 from scheduling.models import ScheduledMessage, ScheduledStatus
 from scheduling.services import SYSTEM, scheduled_message_create

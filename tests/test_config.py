@@ -6,7 +6,7 @@ import sys
 import pytest
 from pydantic import BaseModel
 
-from maibot.config import BotConfig, ConfigError, load_config, parse_config
+from core.config import BotConfig, ConfigError, load_config, parse_config
 from tests.conftest import ROOT
 
 

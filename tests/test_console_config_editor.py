@@ -9,9 +9,9 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
-from maibot import reload
-from maibot.config import TEMPLATE_PATH, get_config, render_template
-from maibot.models import ConfigChange
+from core import reload
+from core.config import TEMPLATE_PATH, get_config, render_template
+from core.models import ConfigChange
 from tests.conftest import wait_for
 
 NOTE = "# 运营备注 operator note: keep the persona short\n"

@@ -13,8 +13,8 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
-from maibot import config, deployment_env, reload
-from maibot.redaction import PLACEHOLDER
+from core import config, deployment_env, reload
+from core.redaction import PLACEHOLDER
 from tests.test_console_config_editor import form_data_from
 
 OPENAI_KEY = "sk-live-openai-0123456789"

@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from chat.models import AdapterConnection, LLMCall
 from console.dashboard import percentile, timer_model
-from maibot import config as bot_config
-from maibot.models import LogEntry, ProcessHeartbeat
+from core import config as bot_config
+from core.models import LogEntry, ProcessHeartbeat
 from scheduling.dispatcher import deliver_due
 from scheduling.models import ScheduledMessage, ScheduledStatus
 from scheduling.services import SYSTEM, scheduled_message_create

@@ -16,7 +16,7 @@ from django.test import Client
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from maibot.config import get_config
+from core.config import get_config
 from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
@@ -66,7 +66,7 @@ def test_a_line_logged_in_the_cluster_reaches_the_live_log_websocket(start_serve
         path = tmp_path / "data-q1" / "bot_config.toml"
         path.write_text(path.read_text(encoding="utf-8").replace('nickname = "麦麦"', 'nickname = "集群 cluster"'))
         line = receive_until(ws, lambda line: "changed: bot.nickname" in line["message"])
-        assert line["process"] == "cluster" and line["logger"] == "maibot.reload"
+        assert line["process"] == "cluster" and line["logger"] == "core.reload"
         assert "reloaded" in cluster.output()
 
         # Level filter: only warnings and above from now on; an invalid edit logs an ERROR.
@@ -110,7 +110,7 @@ def test_the_server_serves_the_admin_and_console_assets_itself(shared_server):
 
 
 def test_the_server_follows_edits_of_its_own_config_file(start_server, tmp_path):
-    from maibot.models import LogEntry, ProcessHeartbeat
+    from core.models import LogEntry, ProcessHeartbeat
 
     _, base = start_server()
     healthz(base)  # the first request starts the server's console services
@@ -133,7 +133,7 @@ def test_a_line_logged_in_a_cluster_worker_task_is_stored(start_qcluster, monkey
     from django_q.conf import Conf
     from django_q.tasks import async_task
 
-    from maibot.models import LogEntry
+    from core.models import LogEntry
 
     cluster = start_qcluster("q1")
     # To the test cluster's own queue, signed with its name as the salt (start_qcluster: test-<pid>).

@@ -11,7 +11,7 @@ from django.test import Client
 
 from chat.agent import budget
 from chat.models import LLMCall, LLMSpend
-from maibot import config
+from core import config
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ from functools import partial
 import pytest
 from django.db import connection
 
-from maibot import config as bot_config
-from maibot.logdb import DatabaseLogHandler, log_entries_prune
-from maibot.models import LogEntry
+from core import config as bot_config
+from core.logdb import DatabaseLogHandler, log_entries_prune
+from core.models import LogEntry
 from tests.conftest import ROOT, subprocess_env
 from tests.conftest import wait_for as shared_wait_for
 
@@ -132,4 +132,4 @@ def test_migrate_on_an_empty_database_is_unharmed_by_the_handler(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "Applying maibot.0001" in result.stdout
-    assert "maibot.logdb" not in result.stderr
+    assert "core.logdb" not in result.stderr

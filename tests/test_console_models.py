@@ -12,7 +12,7 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from chat.models import LLMCall
-from maibot import config
+from core import config
 from tests.fake_llm import FakeLLM
 from tests.internal_service import SECRET, BannerService, InternalService
 
@@ -84,8 +84,8 @@ def test_each_model_is_tested_with_one_tool_and_the_outcome_shown(provider):
 
 @pytest.fixture
 def config_file(settings, tmp_path):
-    from maibot import reload
-    from maibot.config import render_template
+    from core import reload
+    from core.config import render_template
 
     settings.DATA_DIR = tmp_path
     path = tmp_path / "bot_config.toml"
@@ -124,7 +124,7 @@ def staff_who_may_point_and_test_models() -> Client:
     ids=["html-403", "text-200", "json-200", "choices-object", "json-error-message", "chat-answer", "not-http"],
 )
 def test_a_model_pointed_at_an_internal_service_shows_how_it_went_never_what_it_answered(config_file, service, outcome):
-    from maibot import reload
+    from core import reload
 
     attacker = staff_who_may_point_and_test_models()
     internal = service()
@@ -168,8 +168,8 @@ def test_with_no_model_the_page_says_offline(db):
 
 
 def test_adding_a_model_or_moving_its_provider_needs_the_provider_permission(config_file):
-    from maibot import reload
-    from maibot.models import ConfigChange
+    from core import reload
+    from core.models import ConfigChange
 
     before = config_file.read_text(encoding="utf-8")
     model = '\n[[llm.models]]\nname = "cheap"\nmodel = "mini"\nbase_url = "https://llm.example/v1"\n'

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from maibot.models import ProcessHeartbeat
-from maibot.process import Heartbeat
+from core.models import ProcessHeartbeat
+from core.process import Heartbeat
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db

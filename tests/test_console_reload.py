@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from maibot import reload
-from maibot.config import get_config, render_template
+from core import reload
+from core.config import get_config, render_template
 from tests.conftest import wait_for as shared_wait_for
 
 

@@ -22,7 +22,7 @@ import pytest
 from django.core.files.base import ContentFile
 from django.core.files.storage import FileSystemStorage
 
-from maibot import datadir
+from core import datadir
 from tests.conftest import Proc, free_port, wait_for
 
 OLD_CONFIG = """[bot]
@@ -180,7 +180,7 @@ def test_saved_media_are_private_whatever_the_umask(settings, tmp_path):
 
 
 def test_a_config_saved_over_an_old_world_readable_file_is_private(settings, tmp_path, db):
-    from maibot import config, reload
+    from core import config, reload
 
     settings.DATA_DIR = tmp_path
     path = tmp_path / "bot_config.toml"

@@ -30,7 +30,7 @@ from chat.services import message_send, messages_resend
 from scheduling.dispatcher import deliver_due
 from scheduling.models import ScheduledMessage, ScheduledStatus
 from scheduling.services import SYSTEM, scheduled_message_create
-from tests.chat.api_support import api, png_base64, token_pair  # noqa: F401
+from tests.api.support import api, png_base64, token_pair  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

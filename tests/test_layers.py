@@ -1,11 +1,11 @@
 """The apps' layers import in one direction only, and no module imports itself back through others.
 
-Layers, bottom to top: maibot (settings, bot config, reload, process services) → chat (sessions,
-messages, gateway, send service, agent-turn engine, component registry) → scheduling (scheduled
-messages, the life loop, the proactive API) → plugins (the plugin host) → console. A module may
-import its own layer and the ones below. The composition root (maibot.urls, maibot.asgi,
-maibot.routing) wires every app together and is exempt, as are migrations. Function-level imports
-count: a deferred import is still a dependency.
+Layers, bottom to top: core (bot config, reload, process services, logs, the background loop) → chat
+(sessions, messages, gateway, send service, agent-turn engine, component registry) → scheduling
+(scheduled messages, the life loop) → api (the proactive HTTP API and the MCP endpoint) → plugins (the
+plugin host) → console → maibot (the project: settings, URLs, ASGI, websocket routes, commands). A
+module may import its own layer and the ones below; nothing is exempt but migrations. Function-level
+imports count: a deferred import is still a dependency.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ["maibot", "chat", "scheduling", "plugins", "console"]
-COMPOSITION_ROOT = {"maibot.urls", "maibot.asgi", "maibot.routing", "maibot.settings"}
+LAYERS = ["core", "chat", "scheduling", "api", "plugins", "console", "maibot"]
 
 
 def _modules() -> dict[str, Path]:
@@ -69,15 +68,13 @@ def test_apps_import_only_their_own_layer_and_the_ones_below():
     upward = [
         f"{module} imports {target}"
         for module, targets in _graph().items()
-        if module not in COMPOSITION_ROOT
         for target in targets
         if _layer(target) > _layer(module)
     ]
     assert upward == []
 
 
-def test_no_module_imports_itself_back_through_others():
-    graph = {m: {t for t in ts if t not in COMPOSITION_ROOT} for m, ts in _graph().items()}
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     # Tarjan's strongly connected components: any component of two or more modules is a cycle.
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -111,7 +108,11 @@ def test_no_module_imports_itself_back_through_others():
     for v in sorted(graph):
         if v not in index:
             visit(v)
-    assert cycles == []
+    return cycles
+
+
+def test_no_module_imports_itself_back_through_others():
+    assert _cycles(_graph()) == []
 
 
 def test_the_checker_sees_an_upward_import(tmp_path):
@@ -119,3 +120,16 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     path = tmp_path / "probe.py"
     path.write_text("def f():\n    from scheduling.models import ScheduledMessage\n")
     assert _imports(path, "chat.probe", set(_modules())) == {"scheduling.models"}
+
+
+def test_the_checker_sees_the_project_package_as_the_top_layer(tmp_path):
+    # core importing the project package (settings, urls, commands) runs up every layer.
+    path = tmp_path / "probe.py"
+    path.write_text("from maibot import urls\n")
+    assert _imports(path, "core.probe", set(_modules())) == {"maibot", "maibot.urls"}
+    assert _layer("maibot.urls") > _layer("console.views") > _layer("core.config")
+
+
+def test_the_checker_sees_a_cycle():
+    graph = {"core.a": {"core.b"}, "core.b": {"core.c"}, "core.c": {"core.a"}, "core.d": {"core.a"}}
+    assert _cycles(graph) == [["core.a", "core.b", "core.c"]]

@@ -1,4 +1,4 @@
-"""The admin login's limit on wrong passwords (maibot.login_lock, django-axes), attacked as a password
+"""The admin login's limit on wrong passwords (core.login_lock, django-axes), attacked as a password
 guesser would: in-process for each rule, then against a real server behind a real reverse proxy (HAProxy,
 trusted as MAIBOT_TRUSTED_PROXIES) with forged X-Forwarded-For headers, on both of axes' paths (the
 test client runs the middleware synchronously, daphne asynchronously)."""

@@ -9,8 +9,8 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandError
 
+from core.networks import parse_networks
 from maibot.management.commands.serve import trusted_proxies_env
-from maibot.networks import parse_networks
 from maibot.proxies import ForwardedClientMiddleware, forwarded_client
 
 PROXY = parse_networks("127.0.0.1, 10.0.0.0/8, fd00::/8", name="test")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from maibot import __version__
+from core import __version__
 from tests.conftest import CHROMIUM_ARGS, ROOT, free_port, require_chromium, wait_for
 from tests.fake_llm import FakeLLM
 

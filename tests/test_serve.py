@@ -18,7 +18,7 @@ import pytest
 
 from chat.models import AdapterConnection, Message
 from chat.services import message_send
-from maibot.models import LogEntry
+from core.models import LogEntry
 from scheduling.models import Actor, ScheduledMessage
 from tests.chat.napcat_standin import NapCatStandIn
 from tests.cluster_support import check_arrivals_after_kill, heartbeat_name, kill_while_claimed

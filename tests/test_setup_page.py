@@ -12,7 +12,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
-from maibot import deployment_env, setup
+from core import deployment_env, setup
 from tests.conftest import ROOT
 from tests.fake_llm import FakeLLM
 from tests.internal_service import SECRET, InternalService
@@ -93,7 +93,7 @@ def test_concurrent_guessers_in_other_processes_share_one_count(code, settings, 
     compared (a count kept per process, or read and written without the lock, would allow more)."""
     script = (
         "import django, json, sys; django.setup()\n"
-        "from maibot import setup\n"
+        "from core import setup\n"
         "print('ready', flush=True); sys.stdin.readline()\n"
         "out = [setup.code_attempt(f'wrong-{i}', client='203.0.113.50') for i in range(15)]\n"
         "print(json.dumps([c.retry_after for c in out]))\n"

@@ -13,8 +13,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from maibot import __version__, cli, datadir, deployment_env, setup
-from maibot.config import get_config
+from core import __version__, datadir, deployment_env, setup
+from core.config import get_config
+from maibot import cli
 from maibot.management.commands import serve
 
 pytestmark = pytest.mark.django_db

@@ -25,7 +25,7 @@ from django.db.models import F, Q, Sum
 from django.utils import timezone
 
 from chat.models import LLMCall, LLMSpend
-from maibot.config import LLM_TASKS, BotConfig, Budget, format_instant, get_config
+from core.config import LLM_TASKS, BotConfig, Budget, format_instant, get_config
 
 logger = logging.getLogger(__name__)
 

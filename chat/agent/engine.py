@@ -24,9 +24,9 @@ used by two threads at once, and the tool sees the caller's transaction); one st
 deadline keeps that connection and closes it when it ends, and the caller goes on with a fresh one.
 An async tool (a coroutine function: plugins' and MCP servers' tools, which only wait for another
 process) is awaited under an `asyncio.timeout` and cancelled at the deadline; it must not block its
-loop (ORM work goes through maibot.aio.db).
+loop (ORM work goes through core.aio.db).
 
-`execute` and `aexecute` (like `run` and `arun`) carry out one plan (maibot.plans): sync code runs
+`execute` and `aexecute` (like `run` and `arun`) carry out one plan (core.plans): sync code runs
 every call in its thread (an async tool through async_to_sync: on the caller's event loop when it has
 one, its DB work back in the caller's thread); async code (the chat planner) awaits an async tool on
 its loop, where no thread waits for it and a slow one costs its own turn its time and nothing any
@@ -58,7 +58,7 @@ from chat.components import CHAT, Tool, ToolContext, registry
 from chat.components import ToolErrorCode as Code
 from chat.components import error as error_result
 from chat.models import ChatSession, CycleKind, PlannerCycle, ToolCallRecord
-from maibot.plans import Plan, Step, run_async, run_sync
+from core.plans import Plan, Step, run_async, run_sync
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ written to the LLMCall ledger (tokens, latency, cost, error).
 `complete` (AsyncOpenAI) serves async code (the chat planner); `complete_sync` (OpenAI) serves sync
 worker code (life-loop turns, summaries), so sync code never wraps async code. Both carry out one
 plan (`_route`: the task's models in order, each admitted under the caps, called, recorded; see
-maibot.plans): only the call itself differs."""
+core.plans): only the call itself differs."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Required, TypedDict, Unpack
 
 from chat.agent import budget
 from chat.models import LLMCall
-from maibot.config import BotConfig, LLMModel, get_config
-from maibot.plans import Plan, Step, run_async, run_sync
+from core.config import BotConfig, LLMModel, get_config
+from core.plans import Plan, Step, run_async, run_sync
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI, OpenAI

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
 
-from maibot.plans import Plan, Step, run_async, run_sync
+from core.plans import Plan, Step, run_async, run_sync
 
 ConstructFunction = Callable[[Mapping[str, Any]], "str | Awaitable[str]"]
 
@@ -159,6 +159,16 @@ class PromptManager:
         if system:
             self._system.add(name)
         return prompt
+
+    def add_system_prompt(
+        self,
+        name: str,
+        blocks: Iterable[tuple[str, str]] | Mapping[str, str],
+        *,
+        construct: Mapping[str, ConstructFunction] | None = None,
+    ) -> Prompt:
+        """Register the core's own prompt `name` (it cannot be removed)."""
+        return self.add_prompt(name, Prompt(name, blocks, construct=construct), system=True)
 
     def get_prompt(self, name: str) -> Prompt:
         try:

@@ -6,7 +6,7 @@ Two ways an adapter introduces itself on /ws (both wire versions):
   `enable_api_server = true`): `x-platform`, the key in `x-apikey` (and a connection id in `x-uuid`);
   its frames are APIMessageBase packages (chat.wire.inbound / chat.wire.outbound).
 
-The rules: each token in MAIBOT_ADAPTER_TOKENS is bound to one platform (maibot.adapter_tokens), and
+The rules: each token in MAIBOT_ADAPTER_TOKENS is bound to one platform (core.adapter_tokens), and
 admits its holder as that platform only: the token (or key) sent must be one bound to the platform the
 adapter claims (compared in constant time with every configured token). An adapter that sends none is
 admitted from a network in MAIBOT_ADAPTER_ALLOW_FROM (legacy adapters that cannot send a token), and
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from chat.outbox import WEB_PLATFORM
-from maibot.adapter_tokens import AdapterToken
-from maibot.networks import address_in
+from core.adapter_tokens import AdapterToken
+from core.networks import address_in
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from chat.wire.inbound import (
     parse_custom,
     parse_envelope,
 )
-from maibot.config import get_config
+from core.config import get_config
 
 logger = logging.getLogger(__name__)
 

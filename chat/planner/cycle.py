@@ -22,8 +22,8 @@ from chat.models import ChatSession, CycleKind, Message, PlannerCycle
 from chat.planner.history import HistoryCache, history_read, recent_cycles_read
 from chat.planner.prompts import SYSTEM_PROMPT, TURN_PROMPT, chat_description, instruction
 from chat.planner.rules import content_as_reply
-from maibot.aio import db
-from maibot.config import format_instant, get_config
+from core.aio import db
+from core.config import format_instant, get_config
 
 logger = logging.getLogger(__name__)
 

@@ -51,7 +51,7 @@ from datetime import datetime
 from chat import talk
 from chat.models import ChatSession, Message
 from chat.planner.rules import group_bar, mentions_bot
-from maibot.config import BotConfig
+from core.config import BotConfig
 
 # The wake reason of news: new messages were stored. Any other reason is a request for a turn.
 NEWS = "message"

@@ -7,7 +7,7 @@ from collections import deque
 
 from chat.models import ChatSession, CycleKind, Message, PlannerCycle
 from chat.planner.prompts import HistoryLine, render_history_line
-from maibot.config import BotConfig
+from core.config import BotConfig
 
 
 def history_read(session: ChatSession, window: int) -> list[HistoryLine]:

@@ -15,7 +15,7 @@ from chat import events
 from chat.accounts import bot_account
 from chat.models import ChatSession, Direction, Message
 from chat.services import message_hooks_apply
-from maibot.aio import db
+from core.aio import db
 
 logger = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import NamedTuple
 
-from chat.agent.prompt import Prompt, prompt_manager
+from chat.agent.prompt import prompt_manager
 from chat.models import ChatSession, Direction, PlannerCycle, SourceKind
-from maibot.config import BotConfig
+from core.config import BotConfig
 
 
 class HistoryLine(NamedTuple):
@@ -44,41 +44,33 @@ at that time, with no further thought), `list_scheduled_private_messages` and
 `cancel_scheduled_private_message`. Compute send_at from the current time below and give it as
 ISO 8601 with the offset. Then confirm to the person with `reply`."""
 
-prompt_manager.add_prompt(
+prompt_manager.add_system_prompt(
     SYSTEM_PROMPT,
-    Prompt(
-        SYSTEM_PROMPT,
-        [
-            ("persona", "{persona}"),
-            ("identity", "Your name is {nickname}.{aliases} {chat_description}"),
-            ("tool_guidance", TOOL_GUIDANCE),
-            ("scheduling_guidance", "{scheduling_guidance}"),
-        ],
-        construct={
-            "scheduling_guidance": lambda c: SCHEDULING_GUIDANCE if c["private"] else "",
-            "aliases": lambda c: f" People also call you {', '.join(c['alias_names'])}." if c["alias_names"] else "",
-        },
-    ),
-    system=True,
+    [
+        ("persona", "{persona}"),
+        ("identity", "Your name is {nickname}.{aliases} {chat_description}"),
+        ("tool_guidance", TOOL_GUIDANCE),
+        ("scheduling_guidance", "{scheduling_guidance}"),
+    ],
+    construct={
+        "scheduling_guidance": lambda c: SCHEDULING_GUIDANCE if c["private"] else "",
+        "aliases": lambda c: f" People also call you {', '.join(c['alias_names'])}." if c["alias_names"] else "",
+    },
 )
-prompt_manager.add_prompt(
+prompt_manager.add_system_prompt(
     TURN_PROMPT,
-    Prompt(
-        TURN_PROMPT,
-        [
-            ("context_blocks", "{context_blocks}"),
-            ("cycle_records", "{cycle_records}"),
-            ("history", "{history}"),
-            ("now", "Current time: {now}"),
-            ("instruction", "{instruction}"),
-        ],
-        construct={
-            "context_blocks": lambda c: "\n\n".join(f"## {name}\n{text}" for name, text in c["blocks"]),
-            "cycle_records": lambda c: _render_cycle_records(c["cycles"], c["tz"]),
-            "history": lambda c: _render_history(c["history"], c["new_ids"], c["cfg"], c.get("rendered")),
-        },
-    ),
-    system=True,
+    [
+        ("context_blocks", "{context_blocks}"),
+        ("cycle_records", "{cycle_records}"),
+        ("history", "{history}"),
+        ("now", "Current time: {now}"),
+        ("instruction", "{instruction}"),
+    ],
+    construct={
+        "context_blocks": lambda c: "\n\n".join(f"## {name}\n{text}" for name, text in c["blocks"]),
+        "cycle_records": lambda c: _render_cycle_records(c["cycles"], c["tz"]),
+        "history": lambda c: _render_history(c["history"], c["new_ids"], c["cfg"], c.get("rendered")),
+    },
 )
 
 

@@ -7,7 +7,7 @@ import math
 import re
 
 from chat.models import Message
-from maibot.config import BotConfig, get_config
+from core.config import BotConfig, get_config
 
 _AT_MENTION = re.compile(r"@<([^:<>]+):([^<>]*)>")
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 # pydantic needs typing_extensions' TypedDict before Python 3.12.
 from typing_extensions import TypedDict
 
-from maibot.text import text_problem
+from core.text import text_problem
 
 # Media segment types adapters send as bare base64; we store the bytes once and reference them.
 MEDIA_SEGMENT_TYPES = ("image", "emoji", "voice")

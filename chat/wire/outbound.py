@@ -19,7 +19,7 @@ from chat.accounts import bot_account
 from chat.delivery_errors import DeliveryError
 from chat.models import ChatSession, Media
 from chat.wire.inbound import MEDIA_SEGMENT_TYPES
-from maibot.config import get_config
+from core.config import get_config
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 from django import template
 
-from maibot.config import get_config
+from core.config import get_config
 
 register = template.Library()
 

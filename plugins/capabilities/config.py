@@ -1,5 +1,5 @@
 """config.get: our bot_config.toml, read with dotted keys (e.g. bot.nickname). Keys naming a key, secret,
-token or password are never answered, and every secret value (maibot.redaction: MCP headers and env,
+token or password are never answered, and every secret value (core.redaction: MCP headers and env,
 the deployment's keys and tokens) reads `<redacted>` wherever it is, whatever the key."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ SECRET_WORDS = ("api_key", "secret", "token", "password")
 
 
 async def get(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
-    from maibot.config import get_config
-    from maibot.redaction import Secrets, redact_data
+    from core.config import get_config
+    from core.redaction import Secrets, redact_data
 
     key = str(args.get("key") or "").strip()
     default = args.get("default")

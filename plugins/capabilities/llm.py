@@ -61,6 +61,6 @@ async def generate(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]
 async def get_available_models(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
     """The model task names a plugin may name, as MaiBot answers: here the one task plugins' calls run
     as (`utility`), when a model is routed to it (none: offline)."""
-    from maibot.config import get_config
+    from core.config import get_config
 
     return {"success": True, "models": [PLUGIN_TASK] if get_config().llm_route(PLUGIN_TASK) else []}

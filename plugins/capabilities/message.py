@@ -141,7 +141,7 @@ def readable(messages: list[dict[str, Any]], *, replace_bot_name: bool, mode: st
     nickname in the text becomes 你)."""
     import time
 
-    from maibot.config import get_config
+    from core.config import get_config
 
     cfg = get_config()
     now = time.time()

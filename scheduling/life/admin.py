@@ -14,7 +14,7 @@ from django.utils.html import format_html, format_html_join
 
 from chat.admin import ReadOnlyAdmin, ReadOnlyInline
 from chat.models import CycleKind, LLMCall, ToolCallRecord
-from maibot.config import format_instant, get_config
+from core.config import format_instant, get_config
 from scheduling.admin_actions import ServiceActionsMixin, operator, status_badge
 from scheduling.life.error_codes import LifeError
 from scheduling.life.memory import inner_state_get, inner_state_update, memory_slot_forget, memory_slot_set

@@ -28,12 +28,12 @@ from django.utils import timezone
 from chat.agent import budget
 from chat.agent.engine import AgentTurn, ToolOutcome
 from chat.agent.llm import complete_sync
-from chat.agent.prompt import Prompt, prompt_manager
+from chat.agent.prompt import prompt_manager
 from chat.components import LIFE
 from chat.components import ToolErrorCode as EngineCode
 from chat.models import ChatSession, CycleKind, PlannerCycle, SourceKind
 from chat.services import message_send
-from maibot.config import format_instant, get_config
+from core.config import format_instant, get_config
 from scheduling.life.memory import inner_state_text, memory_block, summary_block
 from scheduling.life.models import FiringStatus, Timer, TimerFiring, TimerStatus
 from scheduling.mcp.client import life_clients
@@ -71,36 +71,28 @@ def _inner_state(context) -> str:
     return f"## Your inner state (update_inner_state replaces it)\n{inner}" if inner else ""
 
 
-prompt_manager.add_prompt(
+prompt_manager.add_system_prompt(
     SYSTEM_PROMPT,
-    Prompt(
-        SYSTEM_PROMPT,
-        [
-            ("persona", "{persona}"),
-            ("situation", LIFE_SITUATION),
-            ("now", "Current time: {now} ({tz})."),
-            ("chat", "{chat}"),
-            ("inner_state", "{inner_state}"),
-            ("memory", "{memory}"),
-            ("summary", "{summary}"),
-        ],
-        construct={
-            "chat": lambda c: _describe_session(c["session"]),
-            "inner_state": _inner_state,
-            "memory": lambda c: memory_block(c["session"]),
-            "summary": lambda c: summary_block(c["session"]),
-        },
-    ),
-    system=True,
+    [
+        ("persona", "{persona}"),
+        ("situation", LIFE_SITUATION),
+        ("now", "Current time: {now} ({tz})."),
+        ("chat", "{chat}"),
+        ("inner_state", "{inner_state}"),
+        ("memory", "{memory}"),
+        ("summary", "{summary}"),
+    ],
+    construct={
+        "chat": lambda c: _describe_session(c["session"]),
+        "inner_state": _inner_state,
+        "memory": lambda c: memory_block(c["session"]),
+        "summary": lambda c: summary_block(c["session"]),
+    },
 )
-prompt_manager.add_prompt(
+prompt_manager.add_system_prompt(
     TIMER_PROMPT,
-    Prompt(
-        TIMER_PROMPT,
-        [("timer", "[timer] {label}{payload_part}")],
-        construct={"payload_part": lambda c: f": {c['payload']}" if c["payload"] else ""},
-    ),
-    system=True,
+    [("timer", "[timer] {label}{payload_part}")],
+    construct={"payload_part": lambda c: f": {c['payload']}" if c["payload"] else ""},
 )
 
 

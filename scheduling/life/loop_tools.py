@@ -10,8 +10,8 @@ from django.db import transaction
 from chat.components import LIFE, ToolContext, error, ok, register_tool
 from chat.models import ChatSession, SourceKind
 from chat.services import message_send
-from maibot.config import get_config
-from maibot.text import is_blank, text_problem
+from core.config import get_config
+from core.text import is_blank, text_problem
 from scheduling.life.error_codes import LifeError
 from scheduling.life.error_codes import LifeToolErrorCode as Code
 from scheduling.life.memory import inner_state_update

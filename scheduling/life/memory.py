@@ -15,8 +15,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from chat.models import ChatSession, Direction, Message
-from maibot.aio import db
-from maibot.config import get_config
+from core.aio import db
+from core.config import get_config
 from scheduling.life.error_codes import LifeError, MemoryErrorCode
 from scheduling.life.models import InnerState, InnerStateRevision, MemorySlot, ScratchNote, SessionSummary
 

@@ -27,7 +27,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from chat.models import ChatSession
-from maibot.config import format_instant, get_config
+from core.config import format_instant, get_config
 from scheduling.life.error_codes import LifeError, TimerErrorCode
 from scheduling.life.models import FiringStatus, Timer, TimerFiring, TimerStatus
 from scheduling.models import Actor

@@ -1,1 +1,2 @@
-"""The Model Context Protocol both ways: the bot's own MCP endpoint (/mcp) and the MCP servers it uses."""
+"""The MCP servers the bot uses: their tools offered to the chat planner and the life loop (the bot's own
+MCP endpoint, /mcp, is in api.mcp)."""

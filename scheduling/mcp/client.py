@@ -35,9 +35,9 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from chat.components import CHAT, LIFE, ToolContext, ToolErrorCode, error, ok, register_tool, registry
-from maibot.aio import db, wait_event
-from maibot.config import BotConfig, McpServerEntry, get_config, mcp_secret_resolve
-from maibot.reload import register_reload_callback
+from core.aio import db, wait_event
+from core.config import BotConfig, McpServerEntry, get_config, mcp_secret_resolve
+from core.reload import register_reload_callback
 from scheduling.mcp.models import McpLinkState, McpServerState
 
 if TYPE_CHECKING:  # the SDK itself is imported when a link first connects (see scheduling.mcp)
@@ -355,7 +355,7 @@ life_clients = LifeMcpClients()
 def start_mcp_clients_on_first_call(app):
     """Wrap the ASGI app so the server connects to the configured MCP servers when it first serves
     (daphne sends no lifespan events); they are stopped before daphne's loop goes away."""
-    from maibot.process import call_before_server_shutdown
+    from core.process import call_before_server_shutdown
 
     async def wrapper(scope, receive, send):
         if clients.loop is None:

@@ -15,7 +15,7 @@ import django
 django.setup()
 
 from chat.agent.llm import complete_sync  # noqa: E402
-from maibot import config  # noqa: E402
+from core import config  # noqa: E402
 
 
 def main() -> None:

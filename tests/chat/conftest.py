@@ -6,8 +6,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from chat.gateway import close_old_connection, get_gateway
-from maibot.adapter_tokens import parse_adapter_tokens
-from tests.chat.api_support import api, token_pair  # noqa: F401
+from core.adapter_tokens import parse_adapter_tokens
 from tests.chat.gateway_helpers import ADAPTER_TOKENS
 
 

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from chat.models import ChatSession, Direction, Message, SourceKind
 from chat.services import inbound_stored
-from maibot import config
+from core import config
 from tests.conftest import wait_for_async
 from tests.fake_llm import FakeLLM
 

@@ -16,13 +16,14 @@ from channels.testing import WebsocketCommunicator
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
+from api.access import api_token_create
 from chat.gateway.auth import adapter_auth_problem
 from chat.ingest import AdapterFrames, adapter_frames_store
 from chat.models import AdapterConnection, ChatSession, DeliveryStatus, Message
 from chat.outbox import outbox_claim, outbox_finish
 from chat.services import Outbound, message_send, messages_send
-from maibot.adapter_tokens import AdapterToken, parse_adapter_tokens
-from scheduling.proactive.access import api_token_create
+from core.adapter_tokens import AdapterToken, parse_adapter_tokens
+from tests.api.test_api_live import http
 from tests.chat.gateway_helpers import (
     DISCORD_TOKEN,
     MM07_PYTHON,
@@ -36,7 +37,6 @@ from tests.chat.gateway_helpers import (
     adapter,
     envelope,
 )
-from tests.chat.test_api_live import http
 from tests.conftest import SHARED_ADAPTER_TOKENS, db, shared_adapter_token, wait_for_async
 
 NAME = "MAIBOT_ADAPTER_TOKENS"
@@ -280,7 +280,7 @@ async def test_a_real_api_server_client_cannot_inject_for_another_platform(share
 
 
 async def _api(base: str, raw: str, path: str) -> dict:
-    from tests.chat.test_api_live import http
+    from tests.api.test_api_live import http
 
     status, _, body = await asyncio.to_thread(
         http, "GET", f"{base}/api/v1{path}", None, {"Authorization": f"Bearer {raw}"}

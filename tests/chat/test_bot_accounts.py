@@ -17,7 +17,7 @@ from chat.planner.observe import observe
 from chat.services import message_send
 from chat.wire.inbound import parse_envelope
 from chat.wire.outbound import adapter_envelope
-from maibot import config
+from core import config
 from tests.chat.gateway_helpers import envelope
 
 pytestmark = pytest.mark.django_db

@@ -24,7 +24,7 @@ from chat.ingest import (
 from chat.models import AdapterConnection, AdapterPlatform, DeliveryStatus, Message
 from chat.outbox import outbox_claim, outbox_confirm_overdue, outbox_finish, outbox_sweep
 from chat.services import Outbound, messages_send
-from maibot.config import override
+from core.config import override
 from tests.chat.gateway_helpers import TIMEOUT, adapter
 from tests.conftest import db, wait_for_async
 

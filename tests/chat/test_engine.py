@@ -12,7 +12,7 @@ from chat.agent.engine import AgentTurn, _invoke
 from chat.agent.llm import ToolCallRequest
 from chat.components import LIFE, Tool, ToolContext, ok, registry
 from chat.models import ChatSession, CycleKind, ToolCallRecord
-from maibot import config
+from core import config
 from tests.conftest import wait_for, wait_for_async
 
 pytestmark = pytest.mark.django_db

@@ -21,8 +21,8 @@ from chat.models import AdapterConnection, ChatSession, DeliveryStatus, Message
 from chat.services import message_send, session_get_or_create
 from chat.wire.inbound import CustomMessage, EnvelopeError, InboundMessage, parse_api_package, parse_envelope
 from chat.wire.outbound import api_server_ack, api_server_package
-from maibot.adapter_tokens import parse_adapter_tokens
-from maibot.networks import MAX_NETWORKS, address_in, parse_networks
+from core.adapter_tokens import parse_adapter_tokens
+from core.networks import MAX_NETWORKS, address_in, parse_networks
 from tests.chat.gateway_helpers import TIMEOUT, TOKEN, envelope
 from tests.conftest import db, wait_for_async
 

@@ -10,7 +10,7 @@ from channels.testing import WebsocketCommunicator
 from chat.gateway import close_old_connection, get_gateway
 from chat.models import AdapterConnection, Message
 from chat.services import inbound_stored
-from maibot.adapter_tokens import parse_adapter_tokens
+from core.adapter_tokens import parse_adapter_tokens
 from tests.chat.gateway_helpers import envelope
 from tests.conftest import db, wait_for_async
 

@@ -23,7 +23,7 @@ from chat.models import AdapterConnection, ChatSession, DeliveryStatus, Message
 from chat.outbox import outbox_claim, outbox_finish, outbox_sweep
 from chat.services import Outbound, message_send, messages_send, session_get_or_create
 from chat.wire.inbound import parse_envelope
-from maibot.config import BotConfig, set_config
+from core.config import BotConfig, set_config
 from tests.chat.gateway_helpers import TIMEOUT, adapter, envelope
 from tests.conftest import db, wait_for_async
 

@@ -21,7 +21,7 @@ from chat.components import Command, _commands, register_command
 from chat.models import Message
 from chat.offline import run_offline_cycle
 from chat.wire.inbound import EnvelopeError, json_text_is_storable, parse_custom, parse_envelope
-from maibot import config
+from core import config
 from tests.chat.gateway_helpers import Adapter06, RawSocket, envelope
 from tests.conftest import SHARED_ADAPTER_TOKENS, wait_for
 

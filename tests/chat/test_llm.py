@@ -6,7 +6,7 @@ import pytest
 
 from chat.agent import llm
 from chat.models import LLMCall
-from maibot import config
+from core import config
 from tests.fake_llm import FakeLLM
 from tests.internal_service import SECRET, BannerService, InternalService
 

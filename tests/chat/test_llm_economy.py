@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from chat.agent import budget, llm
 from chat.models import LLMCall, LLMSpend
-from maibot import config
+from core import config
 from tests.chat.planner_helpers import inbound_store
 from tests.fake_llm import FakeLLM
 

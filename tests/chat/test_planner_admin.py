@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from chat.models import LLMCall, PlannerCycle, ToolCallRecord
-from maibot import config
+from core import config
 
 pytestmark = pytest.mark.django_db
 

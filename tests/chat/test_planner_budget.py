@@ -8,7 +8,7 @@ import pytest
 
 from chat.agent import budget
 from chat.models import Direction, LLMCall, Message, PlannerCycle
-from maibot import config
+from core import config
 from tests.chat.planner_helpers import fake_llm_fixture, runtimes_fixture, say, settled  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -7,7 +7,7 @@ import pytest
 
 from chat.models import ChatSession, ChatType, Message
 from chat.planner.decision import NEWS, Observed, Step, TalkState, after_cycle, debounce, decide
-from maibot import config
+from core import config
 
 NOON = datetime(2025, 6, 1, 12, 0)
 MODEL = {"base_url": "http://127.0.0.1:9/v1", "model": "fake-model"}

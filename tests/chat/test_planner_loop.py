@@ -9,7 +9,7 @@ from asgiref.sync import sync_to_async
 from django.utils import timezone
 
 from chat.models import DeliveryStatus, Direction, LLMCall, Message, PlannerCycle, SourceKind, ToolCallRecord
-from maibot import config
+from core import config
 from scheduling.dispatcher import deliver_due
 from scheduling.models import ScheduledMessage, ScheduledStatus
 from tests.chat.planner_helpers import fake_llm_fixture, runtimes_fixture, say, settled  # noqa: F401

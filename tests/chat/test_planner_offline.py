@@ -10,8 +10,8 @@ from django.utils import timezone
 
 from chat.models import Direction, LLMCall, Message, PlannerCycle, ToolCallRecord
 from chat.offline import run_offline_cycle
-from maibot import config
-from maibot.config import format_instant
+from core import config
+from core.config import format_instant
 from scheduling.dispatcher import deliver_due
 from scheduling.models import ScheduledMessage, ScheduledStatus
 from scheduling.timespec import TimeSpecError, parse_spoken_time, split_spoken_time

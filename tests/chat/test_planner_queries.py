@@ -9,7 +9,7 @@ from django.utils import timezone
 from chat.models import Direction, Message, SourceKind
 from chat.planner import HistoryCache
 from chat.planner.cycle import cycle_open
-from maibot import config
+from core import config
 from scheduling.life.memory import inner_state_update, memory_slot_set, scratch_note_add
 from scheduling.life.models import SessionSummary
 

@@ -5,7 +5,7 @@ from asgiref.sync import sync_to_async
 
 from chat.models import Direction, Message, PlannerCycle
 from chat.planner import group_bar, mentions_bot
-from maibot import config
+from core import config
 from tests.chat.planner_helpers import fake_llm_fixture, runtimes_fixture, say, settled  # noqa: F401
 from tests.conftest import wait_for_async
 

@@ -12,7 +12,7 @@ from channels_redis.core import RedisChannelLayer
 from chat import runtime as runtime_module
 from chat import session_runtime
 from chat.models import ChatSession, PlannerCycle
-from maibot import config
+from core import config
 from tests.chat.planner_helpers import fake_llm_fixture, runtimes_fixture, say  # noqa: F401
 from tests.conftest import wait_for_async
 

@@ -9,7 +9,7 @@ from asgiref.sync import sync_to_async
 
 from chat.models import PlannerCycle
 from chat.runtime_registry import RuntimeRegistry
-from maibot import config
+from core import config
 from tests.chat.planner_helpers import inbound_store
 from tests.conftest import wait_for_async
 

@@ -10,7 +10,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from chat import talk
 from chat.models import Direction, Message
 from chat.offline import run_offline_cycle
-from maibot import config
+from core import config
 from scheduling.models import ScheduledMessage
 from tests.chat.planner_helpers import (  # noqa: F401
     fake_llm_fixture,

@@ -15,7 +15,7 @@ import pytest
 
 from chat.gateway.registry import get_gateway
 from chat.wake import WakeEndpoint, wake_local
-from maibot.config import override
+from core.config import override
 from tests.chat.gateway_helpers import TIMEOUT, adapter
 from tests.conftest import db, subprocess_env, wait_for_async
 

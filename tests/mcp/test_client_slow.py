@@ -15,7 +15,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from chat.models import Direction, Message, ToolCallRecord
-from maibot.config import parse_config
+from core.config import parse_config
 from scheduling.mcp.client import ServerLink
 from tests.chat.planner_helpers import fake_llm_fixture, runtimes_fixture, say  # noqa: F401
 from tests.conftest import wait_for_async

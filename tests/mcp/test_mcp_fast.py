@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
+from api.access import api_token_create
+from api.mcp.endpoint_tools import tool_call
 from chat.components import Tool, registry
-from maibot import reload
-from maibot.config import ConfigError, get_config, mcp_secret_resolve, parse_config
+from core import reload
+from core.config import ConfigError, get_config, mcp_secret_resolve, parse_config
 from scheduling.life.models import MemorySlot
 from scheduling.mcp.client import offered_name
-from scheduling.mcp.endpoint_tools import tool_call
 from scheduling.mcp.models import McpEndpointCall, McpServerState
 from scheduling.models import ScheduledMessage
-from scheduling.proactive.access import api_token_create
 from tests import test_console_config_editor as editor_tests
 from tests.test_console_config_editor import form_data
 
@@ -154,7 +154,7 @@ def test_an_operator_writes_the_servers_and_the_form_keeps_them(config_file, ope
 
 @pytest.mark.django_db
 def test_tool_calls_count_against_the_tokens_rate_limit(make_session):
-    from maibot import config
+    from core import config
 
     token, _ = api_token_create(name="busy")
     with config.override(api={"rate_limit_per_minute": 2}):

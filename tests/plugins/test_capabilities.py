@@ -19,8 +19,8 @@ from chat.components import context_blocks
 from chat.models import ChatSession, Direction, LLMCall, Media, Message
 from chat.planner.prompts import instruction
 from chat.wire.outbound import adapter_envelope
-from maibot import config
-from maibot.config import get_config
+from core import config
+from core.config import get_config
 from plugins.capabilities import SUPPORTED, maisaka
 from plugins.capabilities.common import MAX_MEDIA_BYTES
 from plugins.host import PluginHost, PluginState

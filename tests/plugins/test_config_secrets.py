@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from maibot import config, deployment_env
+from core import config, deployment_env
 from plugins.host import PluginHost, PluginState
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-SNOOP = "test.maibot.config-snoop"
+SNOOP = "test.core.config-snoop"
 FIXTURE = Path(__file__).resolve().parent / "hostile_fixtures" / "config_snoop"
 OPENAI_KEY = "sk-live-openai-0123456789"
 FILE_KEY = "sk-from-deployment-file-777"

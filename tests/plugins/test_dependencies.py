@@ -23,7 +23,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
 
-from maibot import config
+from core import config
 from plugins import deps
 from plugins import host as plugin_host
 from plugins import manifest as mf

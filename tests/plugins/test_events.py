@@ -21,7 +21,7 @@ from chat.agent.llm import ToolCallRequest
 from chat.components import LIFE, registry
 from chat.events import EventHandler, Point
 from chat.models import CycleKind, Direction, Message, PlannerCycle, ToolCallRecord
-from maibot import config
+from core import config
 from plugins import api_registry
 from plugins import cache as plugin_cache
 from plugins import events as plugin_events

@@ -18,7 +18,7 @@ from chat.agent.llm import ToolCallRequest
 from chat.commands import run_commands
 from chat.components import commands, registry
 from chat.models import CycleKind, Direction, LLMCall, Message, ToolCallRecord
-from maibot import config
+from core import config
 from plugins import host as plugin_host
 from plugins import manifest as mf
 from plugins.host import PluginState

@@ -17,7 +17,7 @@ from chat.agent.engine import AgentTurn
 from chat.agent.llm import ToolCallRequest
 from chat.components import commands, registry
 from chat.models import CycleKind
-from maibot import config
+from core import config
 from plugins import host as plugin_host
 from plugins.host import PluginHost, PluginState, PluginWatcher
 from tests.conftest import wait_for

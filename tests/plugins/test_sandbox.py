@@ -25,7 +25,7 @@ import pytest
 from django.conf import settings
 
 from chat.models import Direction, Message
-from maibot import config
+from core import config
 from plugins import sandbox
 from plugins.host import PluginHost, PluginState
 from tests.conftest import require_chromium, wait_for

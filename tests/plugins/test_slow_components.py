@@ -14,7 +14,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from chat.models import Direction, Message, PlannerCycle, ToolCallRecord
-from maibot import config
+from core import config
 from plugins.api_registry import call_api
 from tests.chat.planner_helpers import fake_llm_fixture, runtimes_fixture, say  # noqa: F401
 from tests.conftest import wait_for_async

@@ -17,7 +17,7 @@ django.setup()
 
 from django.utils import timezone  # noqa: E402
 
-from maibot import config  # noqa: E402
+from core import config  # noqa: E402
 from scheduling import dispatcher  # noqa: E402
 
 LEASE_SECONDS = 60.0

@@ -12,7 +12,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from chat.services import message_send
-from maibot import config
+from core import config
 from scheduling import dispatcher
 from scheduling.models import Actor, ScheduledMessage, ScheduledStatus
 from scheduling.services import SYSTEM, scheduled_message_create

@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from chat.models import CycleKind, LLMCall, PlannerCycle, ToolCallRecord
-from maibot import config
+from core import config
 from scheduling.life.memory import inner_state_update, memory_slot_set
 from scheduling.life.models import InnerState, InnerStateRevision, MemorySlot, Timer, TimerStatus
 from scheduling.life.timers import fire_due, timer_create

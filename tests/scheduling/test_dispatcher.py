@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from chat.models import DeliveryStatus, Message, SourceKind
-from maibot import config
+from core import config
 from scheduling import dispatcher
 from scheduling.models import ScheduledMessage, ScheduledStatus
 from scheduling.services import SYSTEM, scheduled_message_create

@@ -10,13 +10,13 @@ from django.contrib.admin.utils import quote
 from django.urls import reverse
 from django.utils import timezone
 
+from api.access import api_token_create
 from chat.components import ToolContext, registry
 from chat.models import Message
 from scheduling.life.models import Timer
 from scheduling.models import ScheduledMessage
-from scheduling.proactive.access import api_token_create
 from scheduling.services import SYSTEM, scheduled_message_create
-from tests.chat.api_support import ApiClient
+from tests.api.support import ApiClient
 
 pytestmark = pytest.mark.django_db
 

@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from chat.models import LLMCall, Message, PlannerCycle, SourceKind, ToolCallRecord
-from maibot import config
+from core import config
 from scheduling.life.loop import run_firing
 from scheduling.life.memory import inner_state_get, inner_state_update, memory_slot_set
 from scheduling.life.models import FiringStatus, InnerStateRevision, Timer, TimerFiring

@@ -6,7 +6,7 @@ from django.test.utils import CaptureQueriesContext
 
 from chat.components import ToolContext, context_blocks, registry
 from chat.models import Direction, LLMCall, Message, SourceKind
-from maibot import config
+from core import config
 from scheduling.life.error_codes import LifeError, MemoryErrorCode
 from scheduling.life.memory import (
     inner_state_update,

@@ -8,7 +8,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from chat.models import Message, PlannerCycle, SourceKind
-from maibot import config
+from core import config
 from scheduling.life import timers as timer_services
 from scheduling.life.error_codes import LifeError, TimerErrorCode
 from scheduling.life.models import FiringStatus, Timer, TimerFiring, TimerStatus

@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from chat.components import ToolContext, registry
-from maibot import config
+from core import config
 from scheduling.models import Actor, ScheduledMessage, ScheduledStatus
 
 pytestmark = pytest.mark.django_db

@@ -13,7 +13,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from maibot import datadir, setup
+from core import datadir, setup
 
 
 class Command(BaseCommand):

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from maibot.config import get_config
+from core.config import get_config
 from maibot.management.commands.serve import Child, daphne_argv, manage_argv, trusted_proxies_env
 from maibot.management.commands.serve import Command as ServeCommand
 

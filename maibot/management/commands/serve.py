@@ -24,9 +24,9 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from maibot import datadir, deployment_env, logdb
-from maibot.config import get_config
-from maibot.networks import parse_networks
+from core import datadir, deployment_env, logdb
+from core.config import get_config
+from core.networks import parse_networks
 
 logger = logging.getLogger("maibot.serve")
 

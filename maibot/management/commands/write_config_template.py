@@ -1,8 +1,8 @@
-"""Regenerate config/bot_config.toml from the descriptions in maibot/config.py."""
+"""Regenerate config/bot_config.toml from the descriptions in core/config/."""
 
 from django.core.management.base import BaseCommand
 
-from maibot.config import TEMPLATE_PATH, render_template
+from core.config import TEMPLATE_PATH, render_template
 
 
 class Command(BaseCommand):

@@ -13,12 +13,18 @@ from django.db import connections
 from django_q.cluster import Cluster
 from django_q.management.commands.qcluster import Command as DjangoQCommand
 
-from maibot.process import tune_garbage_collector
+from core.process import (
+    heartbeat_acquire,
+    heartbeat_release,
+    start_process_services,
+    stop_process_services,
+    tune_garbage_collector,
+)
 from scheduling.dispatcher import Dispatcher
 
 
 def _store_worker_logs(sender, proc_name: str, **kwargs) -> None:
-    from maibot import logdb
+    from core import logdb
 
     logdb.activate("cluster")
 
@@ -43,7 +49,7 @@ class Command(DjangoQCommand):
         # The cluster forks: no database connection may be shared across the fork.
         connections.close_all()
         # What is loaded now lives as long as the process (and its forked workers share it): out of
-        # the garbage collector's sight (maibot.process.tune_garbage_collector).
+        # the garbage collector's sight (core.process.tune_garbage_collector).
         import scheduling.sources  # noqa: F401 - the timer source registers itself with the dispatcher
 
         tune_garbage_collector()
@@ -52,45 +58,61 @@ class Command(DjangoQCommand):
         if options.get("run_once"):
             cluster.stop()
             return
-        # Config watcher, log lines to the console, the heartbeat: started after the fork above so the
-        # cluster's children never inherit their threads.
-        from maibot.process import heartbeat_acquire, heartbeat_release, start_process_services, stop_process_services
+        _BesideTheCluster(cluster, dispatch=not options.get("no_dispatcher")).run()
 
-        dispatcher = None
-        thread = None
 
-        def alive() -> bool:
-            # The heartbeat vouches for the sentinel and the dispatcher, not just this process.
-            sentinel_ok = cluster.sentinel is not None and cluster.sentinel.is_alive()
-            # A dispatcher thread not started yet (ident None) is not a dead one.
-            return sentinel_ok and (thread is None or thread.ident is None or thread.is_alive())
+class _BesideTheCluster:
+    """What runs in the cluster's main process beside it, started after the fork (so the cluster's
+    children never inherit these threads): the heartbeat, the dispatcher thread, and with console
+    services the log writer and the config watcher. The heartbeat vouches for the sentinel and the
+    dispatcher, not just this process."""
 
+    def __init__(self, cluster: Cluster, *, dispatch: bool) -> None:
+        self.cluster = cluster
+        self.dispatch = dispatch
+        self.dispatcher: Dispatcher | None = None
+        self.thread: threading.Thread | None = None
+
+    def alive(self) -> bool:
+        sentinel_ok = self.cluster.sentinel is not None and self.cluster.sentinel.is_alive()
+        # A dispatcher thread not started yet (ident None) is not a dead one.
+        thread = self.thread
+        return sentinel_ok and (thread is None or thread.ident is None or thread.is_alive())
+
+    def run(self) -> None:
+        """Until the cluster's sentinel ends (SIGINT/SIGTERM reach Cluster.sig_handler, which stops and
+        joins it); then stop what was started."""
+        try:
+            self.start()
+            while self.cluster.sentinel is not None and self.cluster.sentinel.is_alive():
+                time.sleep(0.2)
+        finally:
+            self.stop()
+
+    def start(self) -> None:
         if settings.MAIBOT_CONSOLE_SERVICES:
             # Store log lines for the console from the start (cheap: one writer thread), so the
             # dispatcher's own start-up line reaches the live log page too.
-            from maibot import logdb
+            from core import logdb
 
             logdb.activate("cluster")
         # The heartbeat always runs (whatever MAIBOT_CONSOLE_SERVICES says): when it stops, the other
         # clusters take back this one's claims within seconds. Its first beat comes before any claim.
-        heartbeat_acquire("cluster", alive)
-        if not options.get("no_dispatcher"):
-            dispatcher = Dispatcher()
-            thread = threading.Thread(target=dispatcher.run_forever, name="maibot-dispatcher", daemon=True)
-            thread.start()
+        heartbeat_acquire("cluster", self.alive)
+        if self.dispatch:
+            self.dispatcher = Dispatcher()
+            self.thread = threading.Thread(target=self.dispatcher.run_forever, name="maibot-dispatcher", daemon=True)
+            self.thread.start()
         if settings.MAIBOT_CONSOLE_SERVICES:
             # In the background: arming the config watcher can take seconds, and due work must not
             # wait for it (the dispatcher is already running).
             threading.Thread(
-                target=start_process_services, args=("cluster",), kwargs={"alive": alive}, daemon=True
+                target=start_process_services, args=("cluster",), kwargs={"alive": self.alive}, daemon=True
             ).start()
-        try:
-            # SIGINT/SIGTERM reach Cluster.sig_handler, which stops and joins the sentinel.
-            while cluster.sentinel is not None and cluster.sentinel.is_alive():
-                time.sleep(0.2)
-        finally:
-            if dispatcher is not None:
-                dispatcher.stop()
-                thread.join(timeout=30)
-            stop_process_services()
-            heartbeat_release()
+
+    def stop(self) -> None:
+        if self.dispatcher is not None:
+            self.dispatcher.stop()
+            self.thread.join(timeout=30)
+        stop_process_services()
+        heartbeat_release()

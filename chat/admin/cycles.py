@@ -1,0 +1,124 @@
+"""The planner's record in the admin: cycles with their tool calls and LLM calls."""
+
+import json
+from decimal import Decimal
+
+from django.contrib import admin
+from django.db.models import Count, Sum
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString, mark_safe
+
+from chat.admin.base import ReadOnlyAdmin, ReadOnlyInline, json_block
+from chat.models import LLMCall, PlannerCycle, ToolCallRecord
+
+
+def cycles_url(session_pk: int) -> str:
+    # o=1: ordered by the first column (started_at) ascending, i.e. the session's cycles in order.
+    return f"{reverse('admin:chat_plannercycle_changelist')}?session__id__exact={session_pk}&o=1"
+
+
+class ToolCallInline(ReadOnlyInline):
+    model = ToolCallRecord
+    fields = ("round", "name", "tool_call_id", "arguments_view", "result_view", "ok")
+    readonly_fields = fields
+
+    @admin.display(description="Arguments")
+    def arguments_view(self, obj: ToolCallRecord) -> SafeString:
+        if obj.arguments == {} and obj.raw_arguments and obj.raw_arguments.strip() not in ("", "{}"):
+            return format_html("<code>{}</code> (not valid JSON)", obj.raw_arguments)
+        return json_block(obj.arguments)
+
+    @admin.display(description="Result")
+    def result_view(self, obj: ToolCallRecord) -> SafeString:
+        return json_block(obj.result)
+
+
+class LLMCallInline(ReadOnlyInline):
+    model = LLMCall
+    fields = (
+        "created_at",
+        "model",
+        "prompt_tokens",
+        "cached_tokens",
+        "completion_tokens",
+        "cost",
+        "latency_ms",
+        "error",
+    )
+    readonly_fields = fields
+
+
+@admin.register(PlannerCycle)
+class PlannerCycleAdmin(ReadOnlyAdmin):
+    list_display = ("started_at", "session", "kind", "action", "replanned", "has_error", "total_ms", "trigger")
+    list_filter = ("kind", "action", "replanned", ("session", admin.RelatedOnlyFieldListFilter))
+    list_select_related = ("session",)
+    search_fields = ("cycle_id", "reasoning", "outcome", "error")
+    date_hierarchy = "started_at"
+    inlines = (ToolCallInline, LLMCallInline)
+    fields = (
+        "cycle_id",
+        "session_link",
+        "kind",
+        "trigger",
+        "started_at",
+        "ended_at",
+        "timings_view",
+        "action",
+        "reasoning",
+        "outcome",
+        "replanned",
+        "error",
+        "usage",
+        "prompt_view",
+    )
+    readonly_fields = fields
+
+    @admin.display(boolean=True, description="Error")
+    def has_error(self, obj: PlannerCycle) -> bool:
+        return bool(obj.error)
+
+    @admin.display(description="Total ms")
+    def total_ms(self, obj: PlannerCycle):
+        return (obj.timings or {}).get("total_ms")
+
+    @admin.display(description="Session")
+    def session_link(self, obj: PlannerCycle) -> SafeString | str:
+        if obj.session_id is None:
+            return "-"
+        return format_html('<a href="{}">{}</a> (all its cycles)', cycles_url(obj.session_id), obj.session)
+
+    @admin.display(description="Timings (ms)")
+    def timings_view(self, obj: PlannerCycle) -> SafeString:
+        return format_html_join(", ", "{}: {}", sorted((obj.timings or {}).items()))
+
+    @admin.display(description="Tokens and cost")
+    def usage(self, obj: PlannerCycle) -> str:
+        agg = obj.llm_calls.aggregate(
+            calls=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"), cost=Sum("cost")
+        )
+        return (
+            f"{agg['calls']} LLM call(s): {agg['prompt'] or 0} prompt + {agg['completion'] or 0} completion tokens, "
+            f"cost {agg['cost'] or Decimal(0)}"
+        )
+
+    @admin.display(description="Rendered prompt (the conversation sent to the model)")
+    def prompt_view(self, obj: PlannerCycle) -> SafeString:
+        if not obj.prompt:
+            return mark_safe("<em>no model call (offline planner, or failed before the prompt)</em>")
+        rows = []
+        for message in obj.prompt:
+            body = message.get("content") or ""
+            if message.get("tool_calls"):
+                body = f"{body}\n" + json.dumps(message["tool_calls"], ensure_ascii=False, indent=1)
+            label = message.get("role", "?")
+            if message.get("tool_call_id"):
+                label += f" ({message['tool_call_id']})"
+            rows.append((label, body.strip()))
+        return format_html_join(
+            "",
+            '<div class="prompt-message"><strong>{}</strong>'
+            '<pre style="white-space:pre-wrap;border-left:3px solid #ccc;padding-left:8px">{}</pre></div>',
+            rows,
+        )

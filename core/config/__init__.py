@@ -1,0 +1,97 @@
+"""The bot's own configuration (bot_config.toml in the data dir): its model (sections, services, model),
+loading and the one object everything reads it through (`get_config()`, loading), and its documentation
+(template).
+
+Each field's description is its documentation: the commented template in config/ is generated from it.
+Everything is imported from here (`from core.config import get_config`); the modules are its parts.
+"""
+
+from core.config.loading import (
+    RETIRED_KEYS,
+    TEMPLATE_PATH,
+    config_path,
+    ensure_config_file,
+    get_config,
+    load_config,
+    override,
+    parse_config,
+    private_write,
+    reload_config,
+    retired_keys,
+    set_config,
+)
+from core.config.model import BotConfig, LLMModel
+from core.config.sections import (
+    DEFAULT_MODEL,
+    LLM_TASKS,
+    RAW_ONLY,
+    BotSection,
+    Budget,
+    ChatSection,
+    ConfigError,
+    LLMSection,
+    ModelEntry,
+    SchedulingSection,
+    Section,
+    TalkRule,
+    llm_key_variables,
+)
+from core.config.services import (
+    ApiSection,
+    ConsoleSection,
+    GatewaySection,
+    LifeSection,
+    McpSection,
+    McpServerEntry,
+    PluginLimitsEntry,
+    PluginsSection,
+    mcp_secret_resolve,
+    mcp_secret_variables,
+)
+from core.config.template import field_help, raw_only, render_template, requires_restart
+from core.text import format_instant
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "LLM_TASKS",
+    "RAW_ONLY",
+    "RETIRED_KEYS",
+    "TEMPLATE_PATH",
+    "ApiSection",
+    "BotConfig",
+    "BotSection",
+    "Budget",
+    "ChatSection",
+    "ConfigError",
+    "ConsoleSection",
+    "GatewaySection",
+    "LLMModel",
+    "LLMSection",
+    "LifeSection",
+    "McpSection",
+    "McpServerEntry",
+    "ModelEntry",
+    "PluginLimitsEntry",
+    "PluginsSection",
+    "SchedulingSection",
+    "Section",
+    "TalkRule",
+    "config_path",
+    "ensure_config_file",
+    "field_help",
+    "format_instant",
+    "get_config",
+    "llm_key_variables",
+    "load_config",
+    "mcp_secret_resolve",
+    "mcp_secret_variables",
+    "override",
+    "parse_config",
+    "private_write",
+    "raw_only",
+    "reload_config",
+    "render_template",
+    "requires_restart",
+    "retired_keys",
+    "set_config",
+]

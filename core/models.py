@@ -1,0 +1,95 @@
+"""The operator console's own tables: log lines for the live log page and process heartbeats."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class LogEntry(models.Model):
+    """One log record (INFO and above) from the ASGI server or the cluster, kept for the live log page."""
+
+    created_at = models.DateTimeField(db_index=True)
+    level = models.PositiveSmallIntegerField()  # logging's numeric level: 20 INFO, 30 WARNING, 40 ERROR
+    level_name = models.CharField(max_length=16)
+    logger = models.CharField(max_length=255)
+    module = models.CharField(max_length=255, blank=True)
+    line = models.PositiveIntegerField(default=0)
+    message = models.TextField()
+    process = models.CharField(max_length=16, blank=True)  # web | cluster
+    pid = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["level", "id"], name="logentry_level_idx")]
+        verbose_name_plural = "log entries"
+
+    def __str__(self) -> str:
+        return f"{self.level_name} {self.logger}: {self.message[:60]}"
+
+
+class ProcessHeartbeat(models.Model):
+    """The last sign of life of one server or cluster process (core.process.Heartbeat writes it).
+
+    /healthz reads the cluster's. Claims of work (outbound messages, scheduled messages) name their
+    claimer's `instance`: once `alive_until` has passed, the process counts as dead and the other
+    processes take its claims back. Both times are the database's clock, so clocks of different
+    machines never enter the comparison.
+    """
+
+    class Role(models.TextChoices):
+        WEB = "web", "ASGI server"
+        CLUSTER = "cluster", "Task cluster"
+
+    # The process's identity in claims: new in every process, never reused (host:pid is, e.g. by a
+    # restarted container). NULL (and alive_until NULL) only in a row an older version still running
+    # writes during a rolling upgrade: such a process makes no claim this rule could take back.
+    instance = models.CharField(max_length=32, unique=True, null=True)
+    name = models.CharField(max_length=128)  # host:pid, for people
+    role = models.CharField(max_length=16, choices=Role.choices)
+    started_at = models.DateTimeField()
+    beat_at = models.DateTimeField(db_index=True)
+    # The last beat plus the silence after which the process counts as dead (each row carries its
+    # writer's own interval, so processes with different settings judge each other right).
+    alive_until = models.DateTimeField(null=True, db_index=True)
+
+    class Meta:
+        ordering = ["-beat_at"]
+
+    def __str__(self) -> str:
+        return f"{self.role} {self.name}"
+
+
+class Console(models.Model):
+    """No table: only the operator console's permissions (superusers have them all)."""
+
+    class Meta:
+        managed = False
+        default_permissions = ()
+        permissions = [
+            ("view_console", "Can view the dashboard and the live logs"),
+            ("change_config", "Can edit the bot configuration"),
+            ("change_llm_provider", "Can change the model provider (llm.base_url, llm.api_key_env)"),
+            ("test_llm_models", "Can test the configured models (each test is a paid call)"),
+            (
+                "change_mcp_servers",
+                "Can change the MCP servers (mcp.servers: the programs the bot starts, the URLs and headers it uses)",
+            ),
+        ]
+
+
+class ConfigChange(models.Model):
+    """One applied change of the bot configuration made through the console: who, when, which keys."""
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    source = models.CharField(max_length=64)
+    changed_keys = models.JSONField(default=list)
+    # Old and new values of the model-provider keys when they changed (never secrets: names and URLs).
+    provider = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M} {', '.join(self.changed_keys)}"
