@@ -75,10 +75,12 @@ _deliverer: Wakeable | None = None
 _deliverer_lock = threading.Lock()
 
 
-def _set_deliverer(deliverer: Wakeable | None) -> None:
+def _set_deliverer(deliverer: Wakeable | None, *, instead_of: Wakeable | None = None) -> None:
+    """Make `deliverer` this process's; with `instead_of`, only if that one is this process's still."""
     global _deliverer
     with _deliverer_lock:
-        _deliverer = deliverer
+        if instead_of is None or _deliverer is instead_of:
+            _deliverer = deliverer
 
 
 def _wake_own_deliverer() -> None:
@@ -105,7 +107,7 @@ class GatewayListener:
         return True
 
     async def close(self) -> None:
-        _set_deliverer(None)
+        _set_deliverer(None, instead_of=self.gateway.deliverer)
 
 
 class Notifier:
