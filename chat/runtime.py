@@ -59,7 +59,7 @@ def wake_session_soon(session_pk: int, reason: str = "message") -> bool:
 def wake_session_from_sync_process(session_pk: int, reason: str = "message") -> bool:
     """Wake a session's runtime from a process that runs no event loop (the task cluster, a management
     command), through the notifier (it reaches the ASGI process only on the scale-out channel layer).
-    Blocking: the wake runs on the process's background loop (maibot.aio) and this waits for it. Code
+    Blocking: the wake runs on the process's background loop (core.aio) and this waits for it. Code
     in the ASGI process must not use it: it raises there (a running loop, or one of asgiref's worker
     threads); use `wake_session` or `wake_session_soon`."""
     if _has_event_loop():

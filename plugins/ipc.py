@@ -1,4 +1,5 @@
-"""The wire between the host and a plugin runner: length-prefixed JSON frames over the runner's pipes.
+"""The wire between the host and a plugin runner: length-prefixed JSON frames over the runner's pipes,
+each carrying one plugins.protocol message (checked by the reader, not here).
 
 A frame is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON (one object). Tuples
 survive the trip (a command returns `(success, text, intercept)`): they travel as {"__tuple__": [...]}.

@@ -2,7 +2,8 @@
 
 It imports the plugin folder as a package, creates the plugin, gives it a PluginContext whose
 `rpc_call` sends `cap.call` back to the host over the pipe, and runs the components the host invokes
-on its own event loop. The host speaks to it with plugins.ipc frames on its stdin/stdout; the plugin's
+on its own event loop. The host speaks to it with plugins.protocol messages in plugins.ipc frames on its
+stdin/stdout (a frame that is not one is answered with an error, never acted on); the plugin's
 own prints and logs go to stderr, which the host logs. When the host goes away (stdin closes), the
 runner exits, even if a plugin blocks its loop. Never imports Django: a runner is a bare interpreter
 with the SDK.
@@ -27,7 +28,7 @@ import warnings
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from plugins import ipc
+from plugins import ipc, protocol
 
 logger = logging.getLogger("maibot.plugin_runner")
 
@@ -111,7 +112,7 @@ def default_config_text(instance: Any) -> str:
     )
 
 
-def _error(exc: BaseException) -> dict[str, str]:
+def _error(exc: BaseException) -> protocol.ErrorInfo:
     return {"type": type(exc).__name__, "message": str(exc)[:2000]}
 
 
@@ -132,21 +133,27 @@ class Runner:
 
     # --- the pipe ------------------------------------------------------------------------------------
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: protocol.Message) -> None:
         try:
-            frame = ipc.encode(message)
+            frame = ipc.encode(message.wire())
         except (ipc.FrameError, TypeError, ValueError) as exc:
-            if "id" not in message:
+            request_id = getattr(message, "id", None)
+            if request_id is None:
                 return
-            frame = ipc.encode({"type": "reply", "id": message["id"], "ok": False, "error": _error(exc)})
+            frame = ipc.encode(protocol.Reply(id=request_id, ok=False, error=_error(exc)).wire())
         with self._write_lock:
             ipc.write_all(self.out, frame)
 
     def read_frames(self, stream: BinaryIO) -> None:
-        """The reader thread: whole frames from the host to the loop; when the host goes away (end of
-        file, even within a frame), stop (and exit if the loop is stuck)."""
+        """The reader thread: whole frames from the host, checked, to the loop; when the host goes away
+        (end of file, even within a frame), stop (and exit if the loop is stuck)."""
         try:
-            while (message := ipc.read_frame(stream)) is not None:
+            while (frame := ipc.read_frame(stream)) is not None:
+                try:
+                    message = protocol.from_host(frame)
+                except protocol.ProtocolError as exc:
+                    self.refuse(frame, exc)
+                    continue
                 self.loop.call_soon_threadsafe(self.dispatch, message)
         except EOFError:
             pass  # the host went away while writing
@@ -156,36 +163,32 @@ class Runner:
             self.loop.call_soon_threadsafe(self.stopped.set)
         threading.Timer(EXIT_GRACE, lambda: os._exit(0)).start()
 
-    def dispatch(self, message: dict[str, Any]) -> None:
-        kind = message.get("type")
-        if kind == "reply":
-            future = self.calls.pop(int(message.get("id", -1)), None)
+    def refuse(self, frame: dict[str, Any], exc: protocol.ProtocolError) -> None:
+        """A frame that is not a message: answered with the error when it names a request, else logged."""
+        logger.error("plugin runner %s: %s", self.plugin_id, exc)
+        request_id = frame.get("id")
+        if isinstance(request_id, int) and not isinstance(request_id, bool):
+            self.send(protocol.Reply(id=request_id, ok=False, error=_error(exc)))
+
+    def dispatch(self, message: protocol.Load | protocol.Invoke | protocol.Unload | protocol.Cancel | protocol.Reply):
+        if isinstance(message, protocol.Reply):
+            future = self.calls.pop(message.id, None)
             if future is not None and not future.done():
-                if message.get("ok"):
-                    future.set_result(message.get("result"))
+                if message.ok:
+                    future.set_result(message.result)
                 else:
-                    error = message.get("error") or {}
+                    error = message.error or {}
                     future.set_exception(RuntimeError(str(error.get("message") or "the host call failed")))
             return
-        if kind == "cancel":
-            task = self.tasks.get(int(message.get("id", -1)))
+        if isinstance(message, protocol.Cancel):
+            task = self.tasks.get(message.id)
             if task is not None:
                 task.cancel()
             else:
-                self.send({"type": "cancelled", "id": message.get("id")})
+                self.send(protocol.Cancelled(id=message.id))
             return
-        handler = {"load": self.load, "invoke": self.invoke, "unload": self.unload}.get(str(kind))
-        if handler is None:
-            self.send(
-                {
-                    "type": "reply",
-                    "id": message.get("id"),
-                    "ok": False,
-                    "error": {"type": "ValueError", "message": f"unknown request {kind!r}"},
-                }
-            )
-            return
-        request_id = int(message.get("id", -1))
+        handler = {protocol.Load: self.load, protocol.Invoke: self.invoke, protocol.Unload: self.unload}[type(message)]
+        request_id = message.id
         task = asyncio.ensure_future(self._answer(request_id, handler(message)))
         self.tasks[request_id] = task
         task.add_done_callback(lambda _t, rid=request_id: self.tasks.pop(rid, None))
@@ -194,15 +197,15 @@ class Runner:
         try:
             result = await work
         except asyncio.CancelledError:
-            self.send({"type": "cancelled", "id": request_id})
+            self.send(protocol.Cancelled(id=request_id))
             return
         except BaseException as exc:
             logger.debug("plugin %s: request %s failed", self.plugin_id, request_id, exc_info=True)
-            self.send({"type": "reply", "id": request_id, "ok": False, "error": _error(exc)})
+            self.send(protocol.Reply(id=request_id, ok=False, error=_error(exc)))
             if not isinstance(exc, Exception):
                 raise
             return
-        self.send({"type": "reply", "id": request_id, "ok": True, "result": result})
+        self.send(protocol.Reply(id=request_id, ok=True, result=result))
 
     async def rpc_call(self, method: str, plugin_id: str = "", payload: dict[str, Any] | None = None, timeout_ms=None):
         """The PluginContext's rpc_call: the request goes to the host, which answers it (capabilities)."""
@@ -210,7 +213,7 @@ class Runner:
         call_id = self._next_call
         future = self.loop.create_future()
         self.calls[call_id] = future
-        self.send({"type": "call", "id": call_id, "method": method, "payload": payload or {}, "timeout_ms": timeout_ms})
+        self.send(protocol.Call(id=call_id, method=method, payload=payload or {}, timeout_ms=timeout_ms))
         try:
             # The host applies the capability's own timeout and always answers; this only guards a lost answer.
             return await asyncio.wait_for(future, 330)
@@ -219,7 +222,7 @@ class Runner:
 
     # --- requests ------------------------------------------------------------------------------------
 
-    async def load(self, message: dict[str, Any]) -> dict[str, Any]:
+    async def load(self, message: protocol.Load) -> dict[str, Any]:
         from maibot_sdk import MaiBotPlugin, PluginContext, PluginPaths
 
         with warnings.catch_warnings(record=True) as caught:
@@ -235,7 +238,7 @@ class Runner:
             raise TypeError(f"create_plugin() returned {type(instance).__name__}, not a MaiBotPlugin")
         # The host reads config.toml and sends it (None: there is none); the generated default goes back
         # for the host to write. The runner never writes into the plugin's folder (read-only to it).
-        config_text = message.get("config_text")
+        config_text = message.config_text
         default_config = config_text is None
         if default_config:
             config_text = default_config_text(instance)
@@ -271,21 +274,21 @@ class Runner:
         ]
         return result
 
-    async def invoke(self, message: dict[str, Any]) -> Any:
+    async def invoke(self, message: protocol.Invoke) -> Any:
         """Call a component's handler with keyword arguments (as MaiBot's runner does)."""
-        name = str(message.get("component") or "")
-        handler_name = str(message.get("handler") or "")
+        name = message.component
+        handler_name = message.handler
         handler = getattr(self.instance, handler_name or name, None) if handler_name or name else None
         if handler is None:
             handler = getattr(self.instance, f"handle_{name}", None)
         if handler is None or not callable(handler):
             raise LookupError(f"plugin {self.plugin_id} has no handler for {name}")
-        result = handler(**dict(message.get("args") or {}))
+        result = handler(**message.args)
         if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
             result = await result
         return result
 
-    async def unload(self, message: dict[str, Any]) -> None:
+    async def unload(self, message: protocol.Unload) -> None:
         from maibot_sdk import MaiBotPlugin
 
         instance, self.instance = self.instance, None
@@ -297,7 +300,7 @@ class Runner:
         self.loop = asyncio.get_running_loop()
         self.stopped = asyncio.Event()
         threading.Thread(target=self.read_frames, args=(stream,), name="runner-reader", daemon=True).start()
-        self.send({"type": "hello", "pid": os.getpid()})
+        self.send(protocol.Hello(pid=os.getpid()))
         await self.stopped.wait()
         await asyncio.sleep(0)  # let the last reply be written
 

@@ -39,12 +39,14 @@ import fcntl
 import functools
 import json
 import os
-import shutil
 import subprocess
 import sys
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from plugins import bwrap
+from plugins.bwrap import program as _program
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent  # the runner's own code (plugins.runner)
 # Uids of sandboxed plugins when the server runs as root: far above the users a host has (Debian
@@ -52,42 +54,8 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent  # the runner's own code (
 UID_BASE = 1_800_000_000
 UID_SPAN = 1_000_000
 RENDER_UID = UID_BASE
-SLIRP_DNS = "10.0.2.3"
 NS_GET_USERNS = 0xB701  # ioctl: the user namespace owning a namespace (linux/nsfs.h)
 SLIRP_READY_TIMEOUT = 10.0
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-# What of /etc a Python program, an HTTP client and Chromium read; never the rest (shadow, ssh keys, the
-# machine's other configuration).
-ETC_ENTRIES = (
-    "/etc/hosts",
-    "/etc/host.conf",
-    "/etc/nsswitch.conf",
-    "/etc/gai.conf",
-    "/etc/services",
-    "/etc/protocols",
-    "/etc/localtime",
-    "/etc/timezone",
-    "/etc/ld.so.cache",
-    "/etc/ld.so.conf",
-    "/etc/ld.so.conf.d",
-    "/etc/ssl/certs",
-    "/etc/ssl/openssl.cnf",
-    "/etc/ca-certificates",
-    "/etc/ca-certificates.conf",
-    "/etc/pki/tls/certs",
-    "/etc/pki/ca-trust",
-    "/etc/crypto-policies",
-    "/etc/mime.types",
-    "/etc/fonts",
-    "/etc/alternatives",
-    "/etc/chromium",
-    "/etc/chromium.d",
-)
-HOSTNAME = "maibot-plugin"
-
-
-def _program(name: str) -> str | None:
-    return shutil.which(name) or shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin")
 
 
 def enabled() -> bool:
@@ -249,34 +217,6 @@ def unreadable(folder: Path) -> list[str]:
     return found
 
 
-def _opaque_parents(paths: list[Path], mounts: list[tuple[str, str]]) -> list[str]:
-    """Folders in the view on the way to `paths` that the runner's uid could not pass through (a root
-    server's 0700 folder inside a visible tree, e.g. a private folder holding the data dir): they are
-    covered like the data dir, so the runner's own folders mounted inside them can be reached. Nothing in
-    them was visible to that uid anyway."""
-    if not as_root():
-        return []  # the runner is the server's own uid: it passes wherever the server does
-    bound = [m[0] for m in mounts if m[1] == "bind"]
-    found = []
-    for path in paths:
-        parts = Path(os.path.abspath(path)).parts[1:-1]
-        for i in range(len(parts)):
-            parent = "/" + "/".join(parts[: i + 1])
-            if not any(_under(parent, b) and parent != b for b in bound):
-                continue
-            try:
-                mode = os.stat(parent).st_mode
-            except OSError:
-                continue
-            if not mode & 0o001:
-                found.append(parent)
-    return found
-
-
-def _under(path: str, root: str) -> bool:
-    return root == "/" or path == root or path.startswith(root.rstrip("/") + "/")
-
-
 @dataclass
 class Jail:
     """One sandboxed process tree: bwrap's command line, the fds it must inherit, and (network
@@ -304,133 +244,24 @@ class Jail:
         own_rw: list[Path] = (),
         chdir: Path | None = None,
     ) -> Jail:
-        """The bwrap command for `command`, seeing `visible` (read-only) and the system, with the data dir
-        hidden, `own_ro` read-only and `own_rw` writable on top, as `uid` (server root) and with `network`."""
-
+        """The bwrap command for `command` (plugins.bwrap), seeing `visible` (read-only) and the system, with
+        the data dir hidden, `own_ro` read-only and `own_rw` writable on top, as `uid` (server root) and
+        with `network`."""
         network = effective_network(network)
-        args = [
-            _program("bwrap") or "bwrap",
-            "--new-session",
-            "--die-with-parent",
-            "--unshare-pid",
-            "--unshare-ipc",
-            "--unshare-uts",
-            "--unshare-cgroup-try",
-            "--hostname",
-            HOSTNAME,
-        ]
-        if not as_root():
-            args += ["--unshare-user", "--disable-userns"]
-        if network != "host":
-            args.append("--unshare-net")
-        fds: list[int] = []
-
-        def data(text: str) -> str:
-            read, write = os.pipe()
-            os.write(write, text.encode("utf-8"))
-            os.close(write)
-            fds.append(read)
-            return str(read)
-
-        info_fd = None
-        if network == "isolated":
-            info_fd, info_write = os.pipe()
-            fds.append(info_write)
-            args += ["--info-fd", str(info_write)]
-        tmp_bytes = str(max(1, tmp_mb) * 1024 * 1024)
-        args += ["--proc", "/proc", "--dev", "/dev"]
-        args += ["--perms", "1777", "--size", tmp_bytes, "--tmpfs", "/tmp"]
-        args += ["--perms", "1777", "--size", tmp_bytes, "--tmpfs", "/dev/shm"]
-        mounts: list[tuple[str, str]] = [("/tmp", "tmpfs"), ("/dev", "tmpfs"), ("/proc", "bind")]
-
-        def covering(path: str) -> tuple[str, str] | None:
-            inside = [m for m in mounts if _under(path, m[0])]
-            return max(inside, key=lambda m: len(m[0])) if inside else None
-
-        def parents(path: str) -> None:
-            # bwrap would create missing parents as 0700 root: unreachable for the sandbox's uid.
-            parts = Path(path).parts[1:-1]
-            for i in range(len(parts)):
-                parent = "/" + "/".join(parts[: i + 1])
-                mount = covering(parent)
-                if mount is not None and (mount[1] == "bind" or mount[0] == parent):
-                    continue
-                args.extend(["--perms", "0755", "--dir", parent])
-                mounts.append((parent, "tmpfs"))
-
-        def bind(path: str, *, writable: bool = False) -> None:
-            parents(path)
-            args.extend(["--bind" if writable else "--ro-bind", path, path])
-            mounts.append((path, "bind"))
-
-        for name in SYSTEM_DIRS:
-            if os.path.islink(name):
-                args += ["--symlink", os.readlink(name), name]
-            elif os.path.isdir(name):
-                bind(name)
-        args += ["--perms", "0755", "--dir", "/etc"]
-        mounts.append(("/etc", "tmpfs"))
-        for entry in ETC_ENTRIES:
-            if os.path.exists(entry):
-                parents(entry)
-                args += ["--ro-bind", os.path.realpath(entry), entry]
-                mounts.append((entry, "bind"))
-        resolv = f"nameserver {SLIRP_DNS}\n" if network == "isolated" else _read("/etc/resolv.conf")
-        args += ["--perms", "0644", "--ro-bind-data", data(resolv), "/etc/resolv.conf"]
-        home = str(chdir) if chdir else "/tmp"
-        gid = uid if as_root() else os.getgid()
-        shown_uid = uid if as_root() else os.getuid()
-        passwd = f"plugin:x:{shown_uid}:{gid}::{home}:/usr/sbin/nologin\n"
-        args += ["--perms", "0644", "--ro-bind-data", data(passwd), "/etc/passwd"]
-        args += ["--perms", "0644", "--ro-bind-data", data(f"plugin:x:{gid}:\n"), "/etc/group"]
-        for extra in (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")):
-            if extra and os.path.exists(extra):
-                visible = [*visible, Path(extra)]  # the deployment's TLS roots (passed in the environment)
-        system = [m[0] for m in mounts if m[1] == "bind"]
-        wanted = sorted({os.path.realpath(p) for p in visible} | {os.path.abspath(p) for p in visible}, key=len)
-        for path in wanted:
-            if path == "/" or not os.path.exists(path) or any(_under(path, s) for s in system):
-                continue
-            if any(_under(path, m[0]) for m in mounts if m[1] == "bind" and m[0] not in system):
-                continue  # inside a directory bound already
-            if os.path.islink(path):
-                continue  # a symlink inside a bound tree resolves there; its target is bound by its realpath
-            bind(path)
-        needed = [p for p in wanted if p != "/" and os.path.isdir(p) and not os.path.islink(p)]
-        # Outermost first: a folder covered later would hide what was mounted inside it before.
-        for secret in sorted({*hidden_paths(), *_opaque_parents([*own_ro, *own_rw], mounts)}, key=len):
-            mount = covering(secret)
-            if mount is None or mount[1] != "bind" or not os.path.exists(secret):
-                continue  # not in the view anyway (or hidden already)
-            if os.path.isdir(secret) and secret not in needed:
-                args += ["--tmpfs", secret]
-                mounts.append((secret, "tmpfs"))
-                for inside in [n for n in needed if _under(n, secret)]:
-                    bind(inside)  # what the view needs within it (Python, the project) stays
-            elif os.path.isfile(secret):
-                args += ["--ro-bind", "/dev/null", secret]
-        for path in own_ro:
-            bind(str(path))
-        for path in own_rw:
-            bind(str(path), writable=True)
-        if chdir is not None:
-            args += ["--chdir", str(chdir)]
-        if as_root():
-            args += [
-                _program("setpriv") or "setpriv",
-                f"--reuid={uid}",
-                f"--regid={gid}",
-                "--clear-groups",
-                "--no-new-privs",
-                "--inh-caps=-all",
-                "--bounding-set=-all",
-                "--",
-            ]
-            # bwrap keeps these two capabilities for setpriv alone (setpriv drops them with the uid).
-            args[1:1] = ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-        args += command
-        jail = cls(argv=args, network=network, home=home, pass_fds=tuple(fds), info_fd=info_fd)
-        jail._child_fds = fds
+        bw = bwrap.build(
+            command=command,
+            uid=uid,
+            network=network,
+            tmp_mb=tmp_mb,
+            visible=visible,
+            hidden=hidden_paths(),
+            root=as_root(),
+            own_ro=own_ro,
+            own_rw=own_rw,
+            chdir=chdir,
+        )
+        jail = cls(argv=bw.args, network=network, home=bw.home, pass_fds=tuple(bw.fds), info_fd=bw.info_fd)
+        jail._child_fds = bw.fds
         return jail
 
     def env(self, base: dict[str, str]) -> dict[str, str]:
@@ -521,13 +352,6 @@ class Jail:
                 with contextlib.suppress(ProcessLookupError):
                     self._slirp.kill()
                 await self._slirp.wait()
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8", errors="replace")[:65536]
-    except OSError:
-        return ""
 
 
 def _read_json(fd: int) -> dict:

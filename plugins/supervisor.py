@@ -1,6 +1,7 @@
 """One plugin runner subprocess seen from the host: spawn it (inside the plugin sandbox, plugins.sandbox),
-talk to it (plugins.ipc frames over its pipes), answer its capability calls, notice when it dies, kill
-it with everything it started. Lives on the host's plugin event loop."""
+talk to it (plugins.protocol messages in plugins.ipc frames over its pipes), answer its capability calls,
+notice when it dies, kill it with everything it started. Lives on the host's plugin event loop. A frame
+that is not a protocol message gets the runner killed (with the reason), as a crash."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from plugins import ipc, sandbox
+from plugins import ipc, protocol, sandbox
 from plugins.limits import CpuWindow, PluginLimits
 
 logger = logging.getLogger(__name__)
@@ -96,8 +97,8 @@ def runner_env() -> dict[str, str]:
     return env
 
 
-def _error_reply(call_id: Any, exc: BaseException) -> dict[str, Any]:
-    return {"type": "reply", "id": call_id, "ok": False, "error": {"type": type(exc).__name__, "message": str(exc)}}
+def _error_reply(call_id: int, exc: BaseException) -> protocol.Reply:
+    return protocol.Reply(id=call_id, ok=False, error={"type": type(exc).__name__, "message": str(exc)})
 
 
 CallHandler = Callable[[str, dict[str, Any], Any], Awaitable[Any]]
@@ -149,40 +150,9 @@ class RunnerProcess:
     async def start(self) -> None:
         """Start the runner (inside the sandbox unless the deployment turned it off) and wait for its
         hello; its network (if isolated) is connected before this returns, so before any plugin code."""
-        sandbox.prepare_dirs(self.plugin_id, self.data_dir, self.runtime_dir)
         self._hello = asyncio.get_running_loop().create_future()
-        limits = self.limits
-        command = [
-            sys.executable,
-            "-m",
-            "plugins.runner",
-            str(self.folder),
-            self.plugin_id,
-            "--data-dir",
-            str(self.data_dir),
-            "--runtime-dir",
-            str(self.runtime_dir),
-            "--memory-mb",
-            str(limits.memory_mb),
-            "--max-processes",
-            str(limits.max_processes),
-            "--max-open-files",
-            str(limits.max_open_files),
-            "--max-file-mb",
-            str(limits.max_file_mb),
-        ]
-        env = runner_env()
-        if sandbox.enabled():
-            self.jail = sandbox.runner_jail(
-                plugin_id=self.plugin_id,
-                command=command,
-                folder=self.folder,
-                data_dir=self.data_dir,
-                runtime_dir=self.runtime_dir,
-                network=limits.network,
-                tmp_mb=limits.max_file_mb,
-            )
-            command, env = self.jail.argv, self.jail.env(env)
+        # Its dirs are made (and handed to its uid) and its sandbox built in a thread: not on the loop.
+        command, env = await asyncio.to_thread(self._command)
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *command,
@@ -206,6 +176,43 @@ class RunnerProcess:
         if self.jail is not None:
             await self.jail.connect_network()
 
+    def _command(self) -> tuple[list[str], dict[str, str]]:
+        """The runner's command line and environment (in its jail when sandboxed); its dirs made."""
+        sandbox.prepare_dirs(self.plugin_id, self.data_dir, self.runtime_dir)
+        limits = self.limits
+        command = [
+            sys.executable,
+            "-m",
+            "plugins.runner",
+            str(self.folder),
+            self.plugin_id,
+            "--data-dir",
+            str(self.data_dir),
+            "--runtime-dir",
+            str(self.runtime_dir),
+            "--memory-mb",
+            str(limits.memory_mb),
+            "--max-processes",
+            str(limits.max_processes),
+            "--max-open-files",
+            str(limits.max_open_files),
+            "--max-file-mb",
+            str(limits.max_file_mb),
+        ]
+        env = runner_env()
+        if not sandbox.enabled():
+            return command, env
+        self.jail = sandbox.runner_jail(
+            plugin_id=self.plugin_id,
+            command=command,
+            folder=self.folder,
+            data_dir=self.data_dir,
+            runtime_dir=self.runtime_dir,
+            network=limits.network,
+            tmp_mb=limits.max_file_mb,
+        )
+        return self.jail.argv, self.jail.env(env)
+
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
@@ -214,9 +221,9 @@ class RunnerProcess:
 
     # --- requests ----------------------------------------------------------------------------------
 
-    async def request(self, message: dict[str, Any], timeout: float) -> Any:
-        """Send a request and wait for its answer. On timeout the runner is told to cancel it, and
-        TimeoutError raised; the caller decides whether the runner is stuck (see cancel())."""
+    async def request(self, build: Callable[[int], protocol.Request], timeout: float) -> Any:
+        """Send the request `build(request_id)` and wait for its answer. On timeout the runner is told to
+        cancel it, and TimeoutError raised; the caller decides whether the runner is stuck (see cancel())."""
         if not self.alive:
             raise RunnerGone(f"the runner of plugin {self.plugin_id} is not running")
         request_id = next(self._ids)
@@ -226,7 +233,7 @@ class RunnerProcess:
             # Writing a big frame waits while the runner reads it: within the same timeout.
             async with asyncio.timeout(timeout):
                 try:
-                    await self._send({**message, "id": request_id})
+                    await self._send(build(request_id))
                 except (RunnerGone, ipc.FrameError):
                     self.pending.pop(request_id, None)  # never sent: nothing will answer it
                     raise
@@ -246,7 +253,7 @@ class RunnerProcess:
             return True
         try:
             async with asyncio.timeout(grace):
-                await self._send({"type": "cancel", "id": request_id})
+                await self._send(protocol.Cancel(id=request_id))
                 await asyncio.shield(future)
         except asyncio.CancelledError:
             return True  # the runner confirmed ("cancelled")
@@ -258,14 +265,14 @@ class RunnerProcess:
             self.pending.pop(request_id, None)
         return True
 
-    async def _send(self, message: dict[str, Any]) -> None:
+    async def _send(self, message: protocol.Message) -> None:
         """Write one frame, then wait until the pipe has taken most of it (backpressure: what waits
         to be written to a runner that does not read stays bounded by the calls waiting on it). The
         frame goes into the transport whole in one write(), so concurrent senders never interleave.
         FrameError when it is too big to send (nothing is written)."""
         if self.proc is None or self.proc.stdin is None or self.proc.stdin.is_closing():
             raise RunnerGone(f"the runner of plugin {self.plugin_id} is not running")
-        frame = ipc.encode(message)
+        frame = ipc.encode(message.wire())
         self.proc.stdin.write(frame)
         try:
             await self.proc.stdin.drain()
@@ -280,41 +287,38 @@ class RunnerProcess:
             while True:
                 header = await stdout.readexactly(ipc.HEADER_SIZE)
                 body = await stdout.readexactly(ipc.length(header))
-                self._on_message(ipc.decode(body))
+                self._on_message(protocol.from_runner(ipc.decode(body)))
         except asyncio.IncompleteReadError:
             pass
+        except protocol.ProtocolError as exc:
+            logger.error("plugin %s: %s; stopping its runner", self.plugin_id, exc)
+            self.kill(str(exc))
         except Exception:
             logger.exception("plugin %s: bad frame from its runner; stopping it", self.plugin_id)
             self.kill()
 
-    def _on_message(self, message: dict[str, Any]) -> None:
-        kind = message.get("type")
-        if kind == "hello":
+    def _on_message(self, message: protocol.Hello | protocol.Reply | protocol.Cancelled | protocol.Call) -> None:
+        if isinstance(message, protocol.Hello):
             if self._hello is not None and not self._hello.done():
-                self._hello.set_result(message.get("pid"))
-        elif kind in ("reply", "cancelled"):
-            future = self.pending.get(int(message.get("id") or -1))
+                self._hello.set_result(message.pid)
+        elif isinstance(message, protocol.Call):
+            self._spawn(self._answer_call(message))
+        else:
+            future = self.pending.get(message.id)
             if future is None or future.done():
                 return
-            if kind == "cancelled":
+            if isinstance(message, protocol.Cancelled):
                 future.cancel()
-            elif message.get("ok"):
-                future.set_result(message.get("result"))
+            elif message.ok:
+                future.set_result(message.result)
             else:
-                future.set_exception(remote_error(message.get("error") or {}))
-        elif kind == "call":
-            self._spawn(self._answer_call(message))
+                future.set_exception(remote_error(message.error or {}))
 
-    async def _answer_call(self, message: dict[str, Any]) -> None:
-        call_id = message.get("id")
+    async def _answer_call(self, message: protocol.Call) -> None:
+        call_id = message.id
         try:
-            payload = message.get("payload")
-            result = await self.call_handler(
-                str(message.get("method") or ""),
-                payload if isinstance(payload, dict) else {},
-                message.get("timeout_ms"),
-            )
-            reply = {"type": "reply", "id": call_id, "ok": True, "result": result}
+            result = await self.call_handler(message.method, message.payload, message.timeout_ms)
+            reply = protocol.Reply(id=call_id, ok=True, result=result)
         except Exception as exc:
             reply = _error_reply(call_id, exc)
         try:
@@ -376,7 +380,7 @@ class RunnerProcess:
         self.stopping = True
         if self.alive:
             with contextlib.suppress(Exception):
-                await self.request({"type": "unload"}, timeout)
+                await self.request(lambda request_id: protocol.Unload(id=request_id), timeout)
             with contextlib.suppress(Exception):
                 self.proc.stdin.close()
             try:

@@ -109,6 +109,8 @@ async def test_a_plugin_folder_put_in_loads_and_removed_unloads_within_seconds(s
         async with Adapter(base) as adapter:
             # The server made the folder when its plugin host started, and watches it.
             await asyncio.to_thread(proc.wait_for_output, "plugins loaded: 0 of 0", 60)
+            # The watcher starts after the load: a folder copied in before it watches is not seen.
+            await asyncio.to_thread(proc.wait_for_output, "for changes to plugins", 60)
             assert (data / "plugins").is_dir()
             shutil.copytree(FIXTURES / "weather", data / "plugins" / "weather")
             await asyncio.to_thread(proc.wait_for_output, "plugin test.maibot.weather 1.2.0 loaded (runner pid", 60)
