@@ -68,7 +68,7 @@ def main() -> None:
     from chat.components import ToolContext
     from chat.components import registry as tools
     from chat.models import Direction, LLMCall, Message, PlannerCycle, SourceKind
-    from chat.runtime import registry
+    from chat.runtime import runtimes
     from chat.services import inbound_stored, message_send, session_get_or_create
     from core import config
 
@@ -150,7 +150,7 @@ def main() -> None:
             cycle_done.clear()
             walls.append((time.perf_counter() - t0) * 1000)
         cpu_seconds = time.process_time() - cpu_start
-        await registry.shutdown()
+        await runtimes.shutdown()
         return walls
 
     cpu_seconds = 0.0

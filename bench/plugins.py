@@ -127,7 +127,7 @@ def main() -> None:
     from chat.components import Tool, ok
     from chat.components import registry as tools
     from chat.models import CycleKind, Direction, Message, PlannerCycle, SourceKind
-    from chat.runtime import registry
+    from chat.runtime import runtimes
     from chat.services import inbound_stored, session_get_or_create
     from core import config
     from plugins.host import PluginHost
@@ -181,7 +181,7 @@ def main() -> None:
         return walls
 
     async def both() -> tuple[list[float], list[float], float]:
-        # One event loop for both runs: the runtime registry stays bound to it.
+        # One event loop for both runs: the session runtimes stay bound to it.
         nonlocal cycle_done
         cycle_done = asyncio.Event()
         await reply_latency("warm-up")  # the first cycles set up the model client and the runtime
@@ -190,7 +190,7 @@ def main() -> None:
         await asyncio.to_thread(host.load_all, plugin_dir)
         load_s = time.perf_counter() - t0
         with_plugins = await reply_latency("with")
-        await registry.shutdown()
+        await runtimes.shutdown()
         return without, with_plugins, load_s
 
     try:

@@ -1,16 +1,17 @@
-"""Session runtimes from the outside: what starts them, what wakes them, and this process's registry.
+"""Session runtimes from the outside: what starts them, what wakes them, and this process's
+set of them (`runtimes`, chat.runtimes.SessionRuntimes).
 
 * Start: the gateway sends `chat.services.inbound_stored` after storing inbound messages; the receiver
-  here hands them to the registry (chat.runtime_registry), which starts the session's runtime or
+  here hands them to `runtimes`, which starts the session's runtime or
   wakes the live one. Whatever thread or loop the signal is sent from, the work runs on the
-  registry's loop.
+  loop `runtimes` is bound to.
 * Wake: `wake_session()` (async), `wake_session_soon()` (sync, any thread of the process whose loop
   runs the runtimes), `wake_session_from_sync_process()` (a process with no event loop, e.g. the task
   cluster). A wake is sent by this process's notifier (chat.notify): the channel-layer message
   `{"type": "session.wake", "reason": ...}` to the session's group, which reaches the runtime from
   every process on the scale-out layer, and only from within the ASGI process on the embedded default.
   A session without a live runtime ignores a wake: runtimes are started by inbound messages (and
-  `registry.wake_or_start`).
+  `runtimes.wake_or_start`).
 * The runtime itself (the actor that awaits wake-ups and runs what the planner's decision says) is
   chat.session_runtime.
 """
@@ -26,12 +27,12 @@ from channels.layers import BaseChannelLayer
 
 from chat.models import Direction, Message
 from chat.notify import get_notifier
-from chat.runtime_registry import RuntimeRegistry
+from chat.runtimes import SessionRuntimes
 from chat.services import inbound_stored
 from chat.session_runtime import session_group
 from core.aio import submit
 
-__all__ = ["registry", "session_group", "wake_session", "wake_session_from_sync_process", "wake_session_soon"]
+__all__ = ["runtimes", "session_group", "wake_session", "wake_session_from_sync_process", "wake_session_soon"]
 
 
 # --- waking a runtime, from anywhere -----------------------------------------------------------------
@@ -46,13 +47,13 @@ async def wake_session(session_pk: int, reason: str = "message", *, layer: BaseC
 
 def wake_session_soon(session_pk: int, reason: str = "message") -> bool:
     """Sync: wake a session's runtime from any thread of the process whose event loop runs the
-    runtimes (the loop itself, asgiref's worker threads, any thread once the registry is bound). The
+    runtimes (the loop itself, asgiref's worker threads, any thread once `runtimes` is bound). The
     group_send is scheduled on that loop (`call_soon_threadsafe`); nothing waits for it, no async code
     is wrapped. False when this process has no such loop (use `wake_session_from_sync_process`)."""
-    loop = registry.caller_loop()
+    loop = runtimes.caller_loop()
     if loop is None:
         return False
-    loop.call_soon_threadsafe(registry.send_wake, session_pk, reason, None, context=contextvars.Context())
+    loop.call_soon_threadsafe(runtimes.send_wake, session_pk, reason, None, context=contextvars.Context())
     return True
 
 
@@ -81,7 +82,7 @@ def _has_event_loop() -> bool:
 
 # --- this process's runtimes ---------------------------------------------------------------------------
 
-registry = RuntimeRegistry(wake=wake_session)
+runtimes = SessionRuntimes(wake=wake_session)
 
 
 def on_inbound_stored(sender, messages: list[Message], **kwargs) -> None:
@@ -91,7 +92,7 @@ def on_inbound_stored(sender, messages: list[Message], **kwargs) -> None:
         if message.direction == Direction.IN:
             by_session.setdefault(message.session_id, []).append(message.pk)
     for session_pk, pks in by_session.items():
-        registry.notify(session_pk, pks)
+        runtimes.notify(session_pk, pks)
 
 
 inbound_stored.connect(on_inbound_stored, dispatch_uid="chat.runtime.on_inbound_stored")

@@ -1,5 +1,5 @@
 """The runtime of one chat session: an actor that waits for wake-ups and does what the planner's
-decision says (chat.planner.decision). The registry (chat.runtime_registry) starts and stops it; the
+decision says (chat.planner.decision). The registry (chat.runtimes) starts and stops it; the
 wake entry points (chat.runtime) reach it.
 
 It is a `channels.consumer.AsyncConsumer` called with the scope `{"type": "chat.session",
@@ -82,7 +82,7 @@ def session_group(session_pk: int) -> str:
 
 
 class RuntimeOwner(Protocol):
-    """What a runtime needs from the registry that started it (chat.runtime_registry.RuntimeRegistry)."""
+    """What a runtime needs from the registry that started it (chat.runtimes.SessionRuntimes)."""
 
     def touch(self, runtime: SessionRuntime) -> None:
         """The runtime was active just now (the registry keeps its order of recent activity)."""

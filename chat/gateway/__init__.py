@@ -6,12 +6,12 @@ browser chat page's connections, one module per job:
 - auth.py         who may connect as an adapter
 - frames.py       what an inbound frame becomes (parsed, checked, flood guard, queued for the writer)
 - apiserver.py    API-Server mode's acks and resent-package dedupe
-- registry.py     the per-process Gateway: the parts above put together, its lifecycle
+- gateway.py      the per-process Gateway: the parts above put together, its lifecycle
 - writer.py       the ingest writer task (batched storage, `inbound_stored`)
 - mm06.py         the 0.6.x plain-websocket ASGI app
 - mm07.py         the 0.7.x Socket.IO server
 - daphne_patch.py lets daphne send close code 1008
-- routing.py      GatewayRouter, the project's front ASGI app
+- front.py        GatewayRouter, the project's front ASGI app
 
 The wire format itself (parsing, building frames) is chat.wire; delivery of outbound rows is chat.outbox;
 wake-ups between processes are chat.notify.
@@ -26,8 +26,8 @@ from chat.gateway.connections import (
     PlainAdapterConnection,
     SocketIOAdapterConnection,
 )
-from chat.gateway.registry import Gateway, get_gateway
-from chat.gateway.routing import ADAPTER_PATHS, GatewayRouter
+from chat.gateway.front import ADAPTER_PATHS, GatewayRouter
+from chat.gateway.gateway import Gateway, get_gateway
 from chat.gateway.writer import close_old_connection
 
 __all__ = [

@@ -7,7 +7,7 @@ import logging
 
 from chat.gateway.auth import adapter_auth_problem, adapter_hello, refusal_log
 from chat.gateway.connections import CLOSE_POLICY, PlainAdapterConnection
-from chat.gateway.registry import get_gateway
+from chat.gateway.gateway import get_gateway
 
 logger = logging.getLogger(__name__)
 

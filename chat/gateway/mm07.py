@@ -11,7 +11,7 @@ import socketio
 
 from chat.gateway.auth import adapter_auth_problem, adapter_hello, environ_headers, refusal_log
 from chat.gateway.connections import SocketIOAdapterConnection
-from chat.gateway.registry import get_gateway
+from chat.gateway.gateway import get_gateway
 from core.config import get_config
 
 logger = logging.getLogger(__name__)

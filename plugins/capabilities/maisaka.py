@@ -126,7 +126,7 @@ async def context_append(record: PluginRecord, args: dict[str, Any]) -> dict[str
 
 
 async def proactive_trigger(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
-    from chat.runtime import registry
+    from chat.runtime import runtimes
 
     stream_id = stream_id_of(args, "stream_id", "chat_id", "session_id")
     intent = str(args.get("intent") or args.get("prompt") or args.get("text") or "").strip()
@@ -153,7 +153,7 @@ async def proactive_trigger(record: PluginRecord, args: dict[str, Any]) -> dict[
     session_pk, last_pk = found
     text = intent + (f" (reason: {reason})" if reason else "")
     _add(stream_id, Entry(record.plugin_id, "proactive", text, time.monotonic()))
-    if not registry.wake_or_start(session_pk, "proactive", last_seen_pk=last_pk):
+    if not runtimes.wake_or_start(session_pk, "proactive", last_seen_pk=last_pk):
         return {
             "success": False,
             "error": "no chat runtime runs in this process yet (it starts with the first inbound message); "

@@ -18,10 +18,10 @@ async def app(settings):
     from maibot.asgi import application
 
     yield application
-    from chat.runtime import registry
+    from chat.runtime import runtimes
 
-    if registry.loop is asyncio.get_running_loop():
-        await registry.shutdown()
+    if runtimes.loop is asyncio.get_running_loop():
+        await runtimes.shutdown()
     await get_gateway().aclose()
     # Sync receivers and helpers ran in asgiref's shared thread: release its connection too.
     await sync_to_async(close_old_connection)()

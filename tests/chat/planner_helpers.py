@@ -84,8 +84,8 @@ def fake_llm_fixture():
 
 @pytest_asyncio.fixture(name="runtimes")
 async def runtimes_fixture():
-    """The process's runtime registry, stopped cleanly after the test."""
-    from chat.runtime import registry
+    """The process's runtime runtimes, stopped cleanly after the test."""
+    from chat.runtime import runtimes
 
-    yield registry
-    await registry.shutdown()
+    yield runtimes
+    await runtimes.shutdown()

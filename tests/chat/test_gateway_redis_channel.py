@@ -11,7 +11,7 @@ import time
 import pytest
 from channels.layers import get_channel_layer
 
-from chat.gateway.registry import Gateway
+from chat.gateway.gateway import Gateway
 from chat.notify import CLOSE_SECONDS, OUTBOX_GROUP, ChannelLayerNotifier
 
 pytestmark = pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="the gateway's channel needs REDIS_URL")

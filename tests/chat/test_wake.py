@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from chat.gateway.registry import get_gateway
+from chat.gateway.gateway import get_gateway
 from chat.wake import WakeEndpoint, wake_local
 from core.config import override
 from tests.chat.gateway_helpers import TIMEOUT, adapter

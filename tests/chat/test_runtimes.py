@@ -1,4 +1,4 @@
-"""The runtime registry on its own: given the group wake it sends through, it falls back to waking a
+"""The session runtimes (chat.runtimes) on their own: given the group wake it sends through, it falls back to waking a
 live runtime directly when the channel layer cannot carry the wake. Offline mode (the tests' default
 config): every message gets an offline answer, one recorded cycle each."""
 
@@ -8,7 +8,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from chat.models import PlannerCycle
-from chat.runtime_registry import RuntimeRegistry
+from chat.runtimes import SessionRuntimes
 from core import config
 from tests.chat.planner_helpers import inbound_store
 from tests.conftest import wait_for_async
@@ -30,7 +30,7 @@ async def test_a_wake_the_channel_layer_cannot_carry_reaches_the_live_runtime_di
         tried.append((session_pk, reason))
         raise ConnectionError("the channel layer is down")
 
-    registry = RuntimeRegistry(wake=layer_down)
+    registry = SessionRuntimes(wake=layer_down)
     session = await asyncio.to_thread(make_session)
     try:
         with config.override(chat={"debounce_seconds": 0.05}):

@@ -10,9 +10,9 @@ from urllib.parse import parse_qs
 from django.conf import settings
 
 from chat.gateway.daphne_patch import allow_protocol_close_codes
+from chat.gateway.gateway import get_gateway
 from chat.gateway.mm06 import plain_adapter_app
 from chat.gateway.mm07 import socketio_app
-from chat.gateway.registry import get_gateway
 
 logger = logging.getLogger(__name__)
 

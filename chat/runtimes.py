@@ -40,14 +40,14 @@ from core.process import call_before_server_shutdown
 
 logger = logging.getLogger(__name__)
 
-# How long a runtime asked to stop has before it is cancelled (see RuntimeRegistry.stop).
+# How long a runtime asked to stop has before it is cancelled (see SessionRuntimes.stop).
 STOP_SECONDS = 5.0
 
 # Sends a wake to a session's group: True if it was sent (chat.runtime.wake_session, the notifier's).
 GroupWake = Callable[[int, str], Awaitable[bool]]
 
 
-class RuntimeRegistry:
+class SessionRuntimes:
     """The live runtimes of this process, bound to one event loop (the ASGI server's)."""
 
     def __init__(self, wake: GroupWake) -> None:
