@@ -16,7 +16,7 @@ class ConfigError(Exception):
 
 class Section(BaseModel):
     # Every number has finite bounds (inf and nan are refused everywhere), every text a length limit:
-    # a value the config accepts never overflows a date, a timeout or a prompt (tests/test_config.py
+    # a value the config accepts never overflows a date, a timeout or a prompt (tests/core/test_config.py
     # walks the fields).
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
