@@ -16,7 +16,8 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from api.errors import ApiError, ApiErrorCode
-from chat.models import ApiRateWindow, ApiScope, ApiToken, IdempotencyRecord, default_api_scopes
+from api.models import ApiRateWindow, IdempotencyRecord
+from chat.models import ApiScope, ApiToken, default_api_scopes
 from core.config import get_config
 
 Code = ApiErrorCode

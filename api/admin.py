@@ -1,4 +1,5 @@
-"""Operator admin for proactive API tokens: create (the token is shown once), revoke, see last use."""
+"""Operator admin for proactive API tokens (create, the token shown once; revoke; see last use) and the calls
+made with them to the bot's MCP endpoint (/mcp)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from api.access import api_token_create, api_token_revoke
+from api.models import McpEndpointCall
+from chat.admin import ReadOnlyAdmin
 from chat.models import ApiScope, ApiToken, default_api_scopes
 
 
@@ -78,7 +81,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
     @admin.display(description="MCP calls")
     def mcp_calls(self, obj: ApiToken):
         # The token's recent calls to the bot's MCP endpoint (/mcp), in their own list.
-        url = reverse("admin:scheduling_mcpendpointcall_changelist") + f"?token__id__exact={obj.pk}"
+        url = reverse("admin:api_mcpendpointcall_changelist") + f"?token__id__exact={obj.pk}"
         return format_html('<a href="{}">recent calls</a>', url)
 
     @admin.display(description="State")
@@ -128,3 +131,22 @@ class ApiTokenAdmin(admin.ModelAdmin):
             self.message_user(request, f"Revoked: {', '.join(revoked)}. Requests with them now get 401.")
         else:
             self.message_user(request, "The selected tokens were already revoked.", level=messages.WARNING)
+
+
+@admin.register(McpEndpointCall)
+class McpEndpointCallAdmin(ReadOnlyAdmin):
+    list_display = ["created_at", "token_link", "tool", "ok", "error_code", "duration"]
+    list_filter = ["ok", "tool", "error_code", "token"]
+    list_select_related = ["token"]
+    date_hierarchy = "created_at"
+
+    @admin.display(description="Token", ordering="token__name")
+    def token_link(self, obj: McpEndpointCall):
+        if obj.token is None:
+            return "—"
+        url = reverse("admin:chat_apitoken_change", args=[obj.token_id])
+        return format_html('<a href="{}">{}</a>', url, obj.token)
+
+    @admin.display(description="Duration", ordering="duration_ms")
+    def duration(self, obj: McpEndpointCall) -> str:
+        return f"{obj.duration_ms:.0f} ms"

@@ -1,9 +1,9 @@
 """The proactive message HTTP API (/api/v1/): request and response shapes, auth, errors. HTTP only;
-routing and the lifecycle live in api.routing, tokens, rate limit and idempotency in
-api.access.
+the target conversation is found by api.targets, the content built by api.content, the lifecycle
+lives in api.messages; tokens, rate limit and idempotency in api.access.
 
 Errors always have the shape {"code", "message", "field"?, "errors"?} with a code from
-api.errors.ApiErrorCode. Every bad-input error, from the schema or from the routing rules, is a
+api.errors.ApiErrorCode. Every bad-input error, from the schema or from the anchor and content rules, is a
 400 (one status for "fix your request"); the code says what is wrong and `field` where.
 """
 
@@ -23,10 +23,8 @@ from pydantic import ConfigDict, field_validator
 
 from api.access import api_token_authenticate, idempotent_call, rate_limit_hit, request_fingerprint
 from api.errors import ApiError, ApiErrorCode
-from api.routing import (
+from api.messages import (
     Origin,
-    conversation_as_dict,
-    conversations_list,
     proactive_message_as_dict,
     proactive_message_cancel,
     proactive_message_create,
@@ -34,6 +32,7 @@ from api.routing import (
     proactive_messages_as_dicts,
     proactive_messages_list,
 )
+from api.targets import conversation_as_dict, conversations_list
 from chat.fate import Fate
 from chat.models import ApiToken, ChatType
 from core.text import text_problem
@@ -128,7 +127,20 @@ class SegmentIn(StrictSchema):
     name: str | None = Field(None, max_length=255, description="For type mention: the name shown (default user_id).")
 
 
-class MessageIn(StrictSchema):
+class AnchorIn(StrictSchema):
+    """The conversation a request names: exactly one anchor (api.targets)."""
+
+    conversation_id: str | None = Field(None, max_length=128, description="Anchor: our conversation id.")
+    channel_type: str | None = Field(
+        None, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$", description="The platform, e.g. qq."
+    )
+    channel_thread_id: str | None = Field(None, max_length=128, description="Anchor (with channel_type): a group id.")
+    channel_user_id: str | None = Field(
+        None, max_length=128, description="Anchor (with channel_type): a person; their private chat."
+    )
+
+
+class MessageIn(AnchorIn):
     model_config = ConfigDict(
         json_schema_extra={
             "examples": [
@@ -146,14 +158,6 @@ class MessageIn(StrictSchema):
                 },
             ]
         },
-    )
-    conversation_id: str | None = Field(None, max_length=128, description="Anchor: our conversation id.")
-    channel_type: str | None = Field(
-        None, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$", description="The platform, e.g. qq."
-    )
-    channel_thread_id: str | None = Field(None, max_length=128, description="Anchor (with channel_type): a group id.")
-    channel_user_id: str | None = Field(
-        None, max_length=128, description="Anchor (with channel_type): a person; their private chat."
     )
     origin: Origin = Field(Origin.API, description="Who asks for this message; recorded on it.")
     type: Literal["text", "rich_text", "image"] = "text"

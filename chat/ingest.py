@@ -17,6 +17,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from chat.accounts import bot_account_learn
+from chat.delivery_gate import outbox_platform_reconnected
 from chat.media import MediaError, decode_base64, media_store
 from chat.models import (
     AdapterConnection,
@@ -29,9 +30,9 @@ from chat.models import (
     Message,
     SourceKind,
 )
-from chat.outbox import outbox_platform_reconnected
 from chat.services import message_defaults, messages_insert, plain_text, session_get_or_create
 from chat.wire.inbound import MEDIA_SEGMENT_TYPES, InboundMessage
+from core.retry import batch_or_each
 
 logger = logging.getLogger(__name__)
 
@@ -327,15 +328,13 @@ def _receipts_apply(receipts: list[tuple[str, Any]]) -> None:
             if echoed:
                 adapter_platforms_echoed(platforms=echoed)
 
-    try:
-        apply(valid)
-    except Exception:
-        logger.exception("a round of %d echoes failed; applying them one by one", len(valid))
-        for one in valid:
-            try:
-                apply([one])
-            except Exception:
-                logger.exception("message_id_echo from %s not applied", one[0])
+    batch_or_each(
+        valid,
+        apply,
+        failed=lambda one, exc: logger.exception("message_id_echo from %s not applied", one[0]),
+        logger=logger,
+        message="a round of %d echoes failed; applying them one by one",
+    )
 
 
 def adapter_frames_store(*, frames: AdapterFrames) -> IngestResult:

@@ -401,28 +401,3 @@ class ApiToken(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
-
-
-class IdempotencyRecord(models.Model):
-    """The first response to an API request carrying an Idempotency-Key, replayed for repeats."""
-
-    token = models.ForeignKey(ApiToken, on_delete=models.CASCADE)
-    key = models.CharField(max_length=255)
-    request_hash = models.CharField(max_length=64)
-    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
-    response = models.JSONField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["token", "key"], name="idempotency_unique_key")]
-
-
-class ApiRateWindow(models.Model):
-    """Requests one API token made in one minute: the rate limit every server process shares."""
-
-    token = models.ForeignKey(ApiToken, on_delete=models.CASCADE, related_name="+")
-    window_start = models.DateTimeField()
-    count = models.PositiveIntegerField(default=0)
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["token", "window_start"], name="api_rate_window_unique")]

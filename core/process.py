@@ -49,26 +49,18 @@ def instance_id() -> str:
 _instance: tuple[int, str] | None = None
 
 
-def dead_claimers():
-    """The instances whose heartbeat has run out (the database's clock): a subquery for the UPDATE that
-    takes their claims back, so that deciding and taking are one statement."""
-    from core.models import ProcessHeartbeat
-
-    return ProcessHeartbeat.objects.filter(alive_until__lt=Now()).values("instance")
-
-
 class Heartbeat:
     """This process's sign of life: its ProcessHeartbeat row, written every `console.heartbeat_seconds`
     from a thread of its own (a busy event loop or a long round does not delay it), and deleted on stop
     so /healthz sees a stopped cluster at once rather than after the staleness window.
 
     Each beat sets `alive_until` to the database's now plus DEAD_AFTER_BEATS intervals; past it the other
-    processes take this one's claims back. So a process may act on a claim (hand a claimed message to
-    a socket) only while it *vouches*: its last beat started less than DEAD_AFTER_BEATS - 1 intervals
-    ago by its own monotonic clock (one interval to spare, for clock drift and the instant between the
-    check and the write), and no beat has come too late since the claim was made. A beat that
-    completes after that window had closed starts a new epoch: claims made before it may have been
-    taken back meanwhile (the process was paused, or its database writes stalled), and `vouches`
+    processes take this one's claims back (chat.claims.dead_claimers). So a process may act on a claim
+    (hand a claimed message to a socket) only while it *vouches*: its last beat started less than
+    DEAD_AFTER_BEATS - 1 intervals ago by its own monotonic clock (one interval to spare, for clock drift
+    and the instant between the check and the write), and no beat has come too late since the claim was
+    made. A beat that completes after that window had closed starts a new epoch: claims made before it
+    may have been taken back meanwhile (the process was paused, or its database writes stalled), and `vouches`
     refuses them."""
 
     def __init__(

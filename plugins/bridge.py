@@ -29,9 +29,9 @@ from chat import components as registry
 from chat.components import CHAT, LIFE, Command, Tool, ToolContext
 from chat.components import ToolErrorCode as Code
 from core.config import get_config
-from plugins import api_registry
 from plugins import cache as plugin_cache
 from plugins import events as plugin_events
+from plugins import plugin_apis
 
 if TYPE_CHECKING:
     from plugins.records import ComponentHost, ComponentInfo, PluginRecord
@@ -244,7 +244,7 @@ def register_components(host: ComponentHost, record: PluginRecord, *, life_only:
                 registry.register_command(command)
                 host.on_unregister(lambda name=command.name: registry.unregister_command(name))
             elif kind == "API":
-                api_registry.register_api(host, record, component)
+                plugin_apis.register_api(host, record, component)
             elif kind in ("EVENT_HANDLER", "HOOK_HANDLER"):
                 if why := plugin_events.register(host, record, component):
                     component.note = why

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.retry import backoff
 from plugins import bridge, protocol, sandbox
 from plugins.capabilities import make_context
 from plugins.host_base import (
@@ -162,7 +163,7 @@ class RunnerLifecycle:
             record.runner_state = "crashed"
             self._background(asyncio.to_thread(self._give_up, record, process, reason))
             return
-        delay = min(settings.restart_backoff_seconds * 2 ** (crashes - 1), settings.restart_backoff_max_seconds)
+        delay = backoff(settings.restart_backoff_seconds, crashes, most=settings.restart_backoff_max_seconds)
         record.runner_state = "restarting"
         record.error(f"{why}; restarting in {delay:g}s (crash {crashes} of at most {settings.max_restarts})")
         logger.error("plugin %s: %s; restarting in %gs", record.plugin_id, why, delay)

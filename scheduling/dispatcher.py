@@ -3,11 +3,10 @@
 django-q2's own scheduler looks at its Schedule rows only every 30 s, so `manage.py qcluster` (our
 wrapper, scheduling/management/commands/qcluster.py) runs this loop in a thread beside the cluster.
 It sleeps until the next due instant (re-checking every `poll_interval` for new work), claims rows
-with a conditional UPDATE (… WHERE status='pending'), and finishes each claimed batch in one
-transaction that is valid only while its claim holds. Several clusters may run it at once: every row
-is sent exactly once. A row whose claimer died is taken back as soon as that process's heartbeat has
-run out (core.process.Heartbeat, seconds after its death), or, as a backstop, when its lease runs out
-(a live claimer that never finished); a claimer that was only slow finds its finish matching no row.
+and finishes each claimed batch in one transaction that is valid only while its claim holds, on the
+claim machine (chat.claims, whose docstring has the invariants: several clusters may run it at once and
+every row is sent exactly once; a dead claimer's rows are taken back once its heartbeat has run out, a
+slow one's finish matches no row).
 
 Every instant the dispatcher reads (claim, lease, expiry, backoff, the sent time) comes from a `clock`
 (a `now` callable, `timezone.now` by default), so tests drive it in-process with an injected clock.
@@ -17,20 +16,19 @@ from __future__ import annotations
 
 import logging
 import threading
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
 
 from django.db import close_old_connections, connection, transaction
-from django.db.models import F, Q
 from django.utils import timezone
 
+from chat import claims
 from chat.models import ChatSession, SourceKind
 from chat.services import Outbound, messages_prepare, messages_send
 from core.config import get_config
-from core.process import dead_claimers, instance_id
+from core.retry import backoff, batch_or_each
 from scheduling.models import Actor, ScheduledMessage, ScheduledStatus
 
 logger = logging.getLogger(__name__)
@@ -38,6 +36,18 @@ logger = logging.getLogger(__name__)
 API = Actor.API.value  # compared once per claimed row: a plain string, not an enum lookup
 
 Clock = Callable[[], datetime]
+
+CLAIMS = claims.ClaimSpec(
+    model=ScheduledMessage,
+    status="status",
+    pending=ScheduledStatus.PENDING.value,
+    sending=ScheduledStatus.SENDING.value,
+    token="claim_token",
+    claimer="claimed_by",
+    lease="lease_until",
+    attempts="attempts",
+    touched="updated_at",
+)
 
 
 @dataclass
@@ -73,8 +83,8 @@ class DueSource(Protocol):
 def expire_overdue(now: datetime) -> int:
     """Fail pending messages that waited past the expiry (e.g. after long downtime)."""
     cutoff = now - timedelta(seconds=get_config().scheduling.expire_after_seconds)
-    return ScheduledMessage.objects.filter(status=ScheduledStatus.PENDING, due_at__lt=cutoff).update(
-        status=ScheduledStatus.FAILED, last_error="expired", updated_at=now
+    return claims.expire(
+        CLAIMS, age="due_at", before=cutoff, status=ScheduledStatus.FAILED, last_error="expired", updated_at=now
     )
 
 
@@ -82,11 +92,7 @@ def recover_expired_leases(now: datetime) -> int:
     """Take back rows whose claimer died (its heartbeat ran out) or did not finish within its lease;
     they are due again at once. One UPDATE decides and takes, so clusters doing this at once never
     take a row twice, and a live claimer's rows are left alone until their lease runs out."""
-    return (
-        ScheduledMessage.objects.filter(status=ScheduledStatus.SENDING)
-        .filter(Q(lease_until__lt=now) | Q(claimed_by__in=dead_claimers()))
-        .update(status=ScheduledStatus.PENDING, claim_token="", lease_until=None, due_at=now, updated_at=now)
-    )
+    return claims.end(CLAIMS, claims.abandoned(CLAIMS, now), now=now, status=ScheduledStatus.PENDING, due_at=now)
 
 
 @dataclass(slots=True)
@@ -123,32 +129,24 @@ def claim_due(
     """Atomically claim up to `limit` due pending rows. Only rows this call moved to `sending` are
     returned: a concurrent claimer's rows fail the `status='pending'` condition and are skipped.
     `claimer`: the instance the claim is made for (this process's, unless a test stands in for another)."""
-    due_ids = list(
-        ScheduledMessage.objects.filter(status=ScheduledStatus.PENDING, due_at__lte=now)
-        .order_by("due_at")
-        .values_list("pk", flat=True)[:limit]
-    )
-    return _claim(due_ids, now=now, lease_seconds=lease_seconds, claimer=claimer)
+
+    def pick(lock: claims.Locking) -> list[str]:
+        due = ScheduledMessage.objects.filter(status=ScheduledStatus.PENDING, due_at__lte=now).order_by("due_at")
+        return list(lock(due).values_list("pk", flat=True)[:limit])
+
+    return _claim(pick, now=now, lease_seconds=lease_seconds, claimer=claimer)
 
 
 def _claim(
-    task_ids: list[str], *, now: datetime, lease_seconds: float, claimer: str | None = None
+    pick: claims.Pick, *, now: datetime, lease_seconds: float, claimer: str | None = None
 ) -> tuple[str, list[ClaimedMessage]]:
-    token = uuid.uuid4().hex
-    if not task_ids:
+    token, taken = claims.claim(CLAIMS, pick, now=now, lease_seconds=lease_seconds, claimer=claimer)
+    if not taken:
         return token, []
     lease_until = now + timedelta(seconds=lease_seconds)
-    ScheduledMessage.objects.filter(pk__in=task_ids, status=ScheduledStatus.PENDING).update(
-        status=ScheduledStatus.SENDING,
-        claim_token=token,
-        claimed_by=claimer or instance_id(),
-        lease_until=lease_until,
-        attempts=F("attempts") + 1,
-        updated_at=now,
-    )
     # One query, as with select_related, but as values: one ChatSession per distinct session.
     rows = (
-        ScheduledMessage.objects.filter(claim_token=token, status=ScheduledStatus.SENDING)
+        claims.held(CLAIMS, token)
         .order_by("due_at")
         .values_list(*_CLAIMED_COLUMNS, *(f"session__{c}" for c in _SESSION_COLUMNS))
     )
@@ -190,8 +188,9 @@ def _finish_batch(token: str, tasks: list[ClaimedMessage], clock: Clock = timezo
     prepared = messages_prepare([_outbound(t) for t in tasks])
     with transaction.atomic():
         held = set(
-            ScheduledMessage.objects.select_for_update()
-            .filter(pk__in=[t.pk for t in tasks], claim_token=token, status=ScheduledStatus.SENDING)
+            claims.held(CLAIMS, token)
+            .select_for_update()
+            .filter(pk__in=[t.pk for t in tasks])
             .values_list("pk", flat=True)
         )
         live = [i for i, t in enumerate(tasks) if t.pk in held]
@@ -200,22 +199,14 @@ def _finish_batch(token: str, tasks: list[ClaimedMessage], clock: Clock = timezo
         messages = messages_send(prepared if len(live) == len(tasks) else prepared.subset(live))
         live = [tasks[i] for i in live]
         now = clock()  # after the outbound rows are written: lateness includes the write
-        # One parameterised UPDATE per row, sent as a batch: Django's bulk_update builds a CASE
-        # expression per row and field, which costs seconds for a 10,000-message burst.
-        table = ScheduledMessage._meta.db_table
-        q = connection.ops.quote_name
-        sql = (
-            f"UPDATE {q(table)} SET {q('status')} = %s, {q('sent_message_id')} = %s, {q('sent_at')} = %s, "
-            f"{q('claim_token')} = '', {q('lease_until')} = NULL, {q('last_error')} = '', {q('updated_at')} = %s "
-            f"WHERE {q('id')} = %s AND {q('claim_token')} = %s AND {q('status')} = %s"
-        )
         db_now = connection.ops.adapt_datetimefield_value(now)
-        params = [
-            (ScheduledStatus.SENT.value, m.pk, db_now, db_now, t.pk, token, ScheduledStatus.SENDING.value)
-            for t, m in zip(live, messages, strict=True)
-        ]
-        with connection.cursor() as cursor:
-            cursor.executemany(sql, params)
+        sent = ScheduledStatus.SENT.value
+        claims.finish_each(
+            CLAIMS,
+            token,
+            ("status", "sent_message", "sent_at", "last_error", "updated_at"),
+            [(sent, m.pk, db_now, "", db_now, t.pk) for t, m in zip(live, messages, strict=True)],
+        )
         for task, message in zip(live, messages, strict=True):
             task.sent_message_id, task.sent_at = message.pk, now
     return live
@@ -229,28 +220,18 @@ def _fail_or_retry(token: str, task: ClaimedMessage, error: str, clock: Clock = 
     # Read here, not by the claim: only a failed attempt needs it.
     earlier = ScheduledMessage.objects.filter(pk=task.pk).values_list("history", flat=True).first() or []
     history = [*earlier, {"at": now.isoformat(), "event": "attempt_failed", "by": "dispatcher", "error": error}]
-    held = ScheduledMessage.objects.filter(pk=task.pk, claim_token=token, status=ScheduledStatus.SENDING)
+    delay = backoff(cfg.retry_backoff_seconds, task.attempts)
+    ended = {**CLAIMS.released(), **CLAIMS.stamp(now), "last_error": error, "history": history}
+    claims.retry_or_fail(
+        claims.held(CLAIMS, token).filter(pk=task.pk),
+        attempts=CLAIMS.attempts,
+        most=cfg.max_attempts,
+        retry={**ended, "status": ScheduledStatus.PENDING, "due_at": now + timedelta(seconds=delay)},
+        fail={**ended, "status": ScheduledStatus.FAILED},
+    )
     if task.attempts >= cfg.max_attempts:
-        held.update(
-            status=ScheduledStatus.FAILED,
-            last_error=error,
-            claim_token="",
-            lease_until=None,
-            history=history,
-            updated_at=now,
-        )
         logger.error("scheduled message %s failed after %d attempts: %s", task.pk, task.attempts, error)
         return "failed"
-    delay = cfg.retry_backoff_seconds * 2 ** (task.attempts - 1)
-    held.update(
-        status=ScheduledStatus.PENDING,
-        due_at=now + timedelta(seconds=delay),
-        last_error=error,
-        claim_token="",
-        lease_until=None,
-        history=history,
-        updated_at=now,
-    )
     logger.warning("scheduled message %s attempt %d failed (%s); retry in %.1fs", task.pk, task.attempts, error, delay)
     return "retried"
 
@@ -270,19 +251,20 @@ def _chunks(tasks: list[ClaimedMessage]) -> list[list[ClaimedMessage]]:
 
 
 def deliver_claimed(token: str, tasks: list[ClaimedMessage], report: RoundReport, clock: Clock = timezone.now) -> None:
+    def failed(task: ClaimedMessage, exc: Exception) -> None:
+        outcome = _fail_or_retry(token, task, f"{type(exc).__name__}: {exc}", clock)
+        setattr(report, outcome, getattr(report, outcome) + 1)
+
     for chunk in _chunks(tasks):
-        try:
-            sent = _finish_batch(token, chunk, clock)
-        except Exception:
-            # One bad row must not hold back the rest: fall back to one transaction per row.
-            logger.exception("batch delivery failed; delivering %d messages one by one", len(chunk))
-            sent = []
-            for task in chunk:
-                try:
-                    sent.extend(_finish_batch(token, [task], clock))
-                except Exception as exc:
-                    outcome = _fail_or_retry(token, task, f"{type(exc).__name__}: {exc}", clock)
-                    setattr(report, outcome, getattr(report, outcome) + 1)
+        # One bad row must not hold back the rest: on failure, one transaction per row.
+        done = batch_or_each(
+            chunk,
+            lambda some: _finish_batch(token, list(some), clock),
+            failed=failed,
+            logger=logger,
+            message="batch delivery failed; delivering %d messages one by one",
+        )
+        sent = [task for part in done for task in part]
         report.sent += len(sent)
         report.lateness.extend(t.lateness_seconds for t in sent)
 

@@ -1,5 +1,5 @@
 """What the bot's MCP endpoint offers a token: its tools and resources, each a sync function over the
-same services as the proactive API (api.routing) and the life loop's memory and timers.
+same services as the proactive API (api.messages, api.targets) and the life loop's memory and timers.
 
 A call is one transaction: a refusal (ApiError, LifeError) undoes every write it made and comes back
 as {"code", "message", "field"?} with the API's codes (or the memory and timer services' codes). Writing
@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from django.db import transaction
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from api.access import (
     idempotent_call,
@@ -31,17 +31,26 @@ from api.errors import ApiError, ApiErrorCode
 from api.http import (
     ConversationFilters,
     ConversationOut,
-    ImageIn,
     MessageFilters,
     MessageOut,
     PageParams,
-    SegmentIn,
-    StrictSchema,
 )
-from api.routing import (
+from api.mcp.arguments import (
+    CancelMessageArgs,
+    CancelTimerArgs,
+    ForgetArgs,
+    InnerStateArgs,
+    ListConversationsArgs,
+    ListMessagesArgs,
+    MessageIdArgs,
+    NoArgs,
+    RememberArgs,
+    SendMessageArgs,
+    SetTimerArgs,
+    WhereArgs,
+)
+from api.messages import (
     Origin,
-    conversation_as_dict,
-    conversations_list,
     proactive_message_as_dict,
     proactive_message_cancel,
     proactive_message_create,
@@ -49,6 +58,8 @@ from api.routing import (
     proactive_messages_as_dicts,
     proactive_messages_list,
 )
+from api.models import McpEndpointCall
+from api.targets import conversation_as_dict, conversations_list
 from chat.models import ApiScope, ApiToken, ChatSession, ChatType, Direction, Message
 from core.config import format_instant, get_config
 from scheduling.life.error_codes import LifeError
@@ -60,7 +71,6 @@ from scheduling.life.memory import (
     memory_slots_for,
 )
 from scheduling.life.timers import timer_as_dict, timer_cancel, timer_create, timers_active
-from scheduling.mcp.models import McpEndpointCall
 from scheduling.models import Actor
 from scheduling.services import ActedBy
 
@@ -69,110 +79,6 @@ Code = ApiErrorCode
 HISTORY_MESSAGES = 50
 
 Result = dict[str, Any]
-
-
-# --- arguments --------------------------------------------------------------------------------------
-
-
-class Strict(StrictSchema):
-    """Tool arguments: storable text, bounded instants, no unknown fields (as the API's bodies)."""
-
-
-class Anchor(Strict):
-    conversation_id: str | None = Field(None, max_length=128, description="Anchor: our conversation id.")
-    channel_type: str | None = Field(
-        None, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$", description="The platform, e.g. qq."
-    )
-    channel_thread_id: str | None = Field(None, max_length=128, description="Anchor (with channel_type): a group id.")
-    channel_user_id: str | None = Field(
-        None, max_length=128, description="Anchor (with channel_type): a person; their private chat."
-    )
-
-
-IDEMPOTENCY_KEY = Field(
-    None,
-    max_length=255,
-    description="Repeat a call safely: the same key and arguments get the first answer and send nothing again.",
-)
-
-
-class SendMessageArgs(Anchor):
-    type: Literal["text", "rich_text", "image"] = "text"
-    text: str | None = Field(None, description="type text: the message; type image: an optional caption.")
-    format: Literal["plain", "markdown"] = Field("plain", description="type text only.")
-    segments: list[SegmentIn] | None = Field(None, description="type rich_text: text, image and mention segments.")
-    image: ImageIn | None = Field(None, description="type image: the image, as base64 or url.")
-    send_at: datetime | None = Field(
-        None, description="ISO 8601 with offset. Absent: sent now, in this call. Else: delivered at that time."
-    )
-    idempotency_key: str | None = IDEMPOTENCY_KEY
-
-
-MESSAGE_ID = Field(pattern=r"^[A-Za-z0-9_]{1,32}$", description="The message id, e.g. sm_k3v9xq2mtr.")
-
-
-class MessageIdArgs(Strict):
-    message_id: str = MESSAGE_ID
-
-
-class CancelMessageArgs(Strict):
-    message_id: str = MESSAGE_ID
-    reason: str | None = Field(None, max_length=255, description="Why; shown with the message.")
-    idempotency_key: str | None = IDEMPOTENCY_KEY
-
-
-class ListMessagesArgs(MessageFilters, PageParams, Strict):
-    pass
-
-
-class ListConversationsArgs(ConversationFilters, PageParams, Strict):
-    pass
-
-
-class NoArgs(Strict):
-    pass
-
-
-class InnerStateArgs(Strict):
-    text: str = Field(description="The new inner state (replaces the old one; the change is kept as a revision).")
-
-
-WHERE = Field(
-    None,
-    max_length=128,
-    description="A conversation id: that conversation's. Absent: global (the bot's own).",
-)
-
-
-class WhereArgs(Strict):
-    conversation_id: str | None = WHERE
-
-
-class RememberArgs(Strict):
-    key: str = Field(max_length=64, description="A short name for the fact (one line, ≤ 64 characters).")
-    content: str = Field(description="The fact itself, briefly.")
-    conversation_id: str | None = WHERE
-
-
-class ForgetArgs(Strict):
-    key: str = Field(max_length=64)
-    conversation_id: str | None = WHERE
-
-
-class SetTimerArgs(Strict):
-    spec: str = Field(
-        max_length=200,
-        description="When: a delay (5min, 2h), every:<delay>, once:YYYY-MM-DD HH:MM (the bot's time zone), "
-        "cron:<5 fields>.",
-    )
-    label: str = Field(max_length=200, description="What the timer is for, in a few words.")
-    payload: str = Field("", description="Details for the bot when it fires; say:<text> sends <text> as written.")
-    conversation_id: str | None = WHERE
-
-
-class CancelTimerArgs(Strict):
-    timer_id: str = Field(max_length=32, description="The timer's id, e.g. tm_k3v9xq2mtr.")
-    conversation_id: str | None = WHERE
 
 
 # --- shapes -----------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ class Connection:
     client_uuid: str = ""
     # The code we closed it with (replaced, flood, bad token), which is what the record keeps.
     close_code: int | None = None
-    # The delivery gate, for a platform whose adapter echoes (chat.gateway.registry): when it opened,
+    # The delivery gate, for a platform whose adapter echoes (chat.delivery_gate): when it opened,
     # whether an echo came over it since (or since it last missed a confirm deadline), and the one row
     # handed to it meanwhile.
     opened_at: datetime | None = None

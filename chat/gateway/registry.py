@@ -3,12 +3,8 @@ pages by user), what a frame from one of them becomes (parsed, checked, queued f
 the outbox's Sink, and, with Redis, the messages other processes send it (outbox wake-ups, `close`
 for a connection replaced elsewhere).
 
-The delivery gate, for a platform whose adapter echoes: a new connection is unproven, and takes one
-row at a time (the oldest due) until an echo arrives over it; then the backlog flows. A row handed to
-a proven connection that misses its confirm deadline makes it unproven again. So after an adapter
-restart, or while its platform side (NapCat) is down or the adapter is frozen, what is handed over
-and lost is one row, redelivered, not the backlog. The state is per connection, in memory: this
-process holds the connection, claims for it and receives its echoes.
+Which rows a connection may take (probation until it echoes, confirm deadlines) is the delivery
+gate's: chat.delivery_gate.
 
 One `Gateway` per event loop, started on the first ASGI call (daphne has no lifespan events).
 """
@@ -30,6 +26,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from chat import outbox
+from chat.delivery_gate import DeliveryGate
 from chat.gateway.connections import CLOSE_NORMAL, CLOSE_POLICY, BrowserConnection, Connection
 from chat.gateway.writer import FrameKind, IngestWriter, close_old_connection
 from chat.ingest import (
@@ -38,7 +35,7 @@ from chat.ingest import (
     adapter_connection_open,
     adapter_connection_set_accept_format,
 )
-from chat.outbox import WEB_PLATFORM, Deliverer, Delivery, Overdue, db_call
+from chat.outbox import WEB_PLATFORM, Deliverer, Delivery, db_call
 from chat.wake import WakeEndpoint
 from chat.wire.inbound import (
     CustomMessage,
@@ -79,8 +76,7 @@ class Gateway(outbox.Sink):
         self.adapters: dict[str, Connection] = {}
         self.browsers: dict[str, set[BrowserConnection]] = {}
         self.accept: dict[str, list[str]] = {}
-        # Platforms whose adapter echoes deliveries (AdapterPlatform.echoes, or an echo seen here).
-        self.echoing: set[str] = set()
+        self.gate = DeliveryGate(self.adapters)
         # (platform, msg_id) of API-Server packages already taken in, oldest first (API_SEEN_MAX).
         self._api_seen: OrderedDict[tuple[str, str], None] = OrderedDict()
         self.started = False
@@ -97,7 +93,7 @@ class Gateway(outbox.Sink):
         self._open = db_call(self.writer.executor, adapter_connection_open)
         self._close = db_call(self.writer.executor, adapter_connection_close)
         self._set_accept = db_call(self.writer.executor, adapter_connection_set_accept_format)
-        self.deliverer = Deliverer(self)
+        self.deliverer = Deliverer(self, self.gate)
         self.wake_endpoint: WakeEndpoint | None = None
 
     @property
@@ -266,22 +262,13 @@ class Gateway(outbox.Sink):
         elif conn.platform in self.accept and self.accept[conn.platform] != opened.accept_format:
             # Kept across reconnects: the new connection's record shows what the platform accepts.
             self._remember_accept_soon(opened.record_id, conn.platform, self.accept[conn.platform])
-        # The database is the truth about whether the platform echoes (an operator may reset it).
-        if opened.echoes:
-            self.echoing.add(conn.platform)
-        else:
-            self.echoing.discard(conn.platform)
         if opened.elsewhere and settings.REDIS_URL:
             from channels.layers import get_channel_layer
 
             layer = get_channel_layer()
             for other_id, channel in opened.elsewhere:
                 await layer.send(channel, {"type": "gateway.close", "record_id": other_id})
-        conn.ready = True
-        if conn.platform in self.echoing and not conn.proven:
-            logger.info("adapter %r connected: one message at a time until it echoes a delivery", conn)
-        else:
-            logger.info("adapter %r connected", conn)
+        self.gate.connected(conn, echoes=opened.echoes)
         self.deliverer.wake()
 
     async def adapter_disconnected(self, conn: Connection, code: int | None) -> None:
@@ -409,7 +396,8 @@ class Gateway(outbox.Sink):
             return None
         if isinstance(parsed, CustomMessage):
             if parsed.message_type_name == "message_id_echo":
-                self._echo_seen(conn, parsed.content)
+                if self.gate.echo_seen(conn, parsed.content):
+                    self.deliverer.wake()
                 return FrameKind.RECEIPT, parsed.content
             if parsed.message_type_name == "command_response":
                 return FrameKind.COMMAND_RESPONSE, parsed.content
@@ -454,16 +442,6 @@ class Gateway(outbox.Sink):
             self._api_seen.popitem(last=False)
         return False
 
-    def _echo_seen(self, conn: Connection, content: Any) -> None:
-        """An echo came over `conn`: its platform side delivers, so its backlog may flow."""
-        if not isinstance(content, dict) or content.get("actual_id") in (None, "") or conn.proven:
-            return
-        self.echoing.add(conn.platform)
-        conn.proven, conn.probe_id = True, None
-        if self.adapters.get(conn.platform) is conn:
-            logger.info("adapter %r echoed a delivery: its backlog goes out", conn)
-            self.deliverer.wake()
-
     def _remember_accept_soon(self, record_id: int, platform: str, accept: list[str]) -> None:
         task = asyncio.ensure_future(self._remember_accept(record_id, platform, accept))
         self._background.add(task)
@@ -476,33 +454,6 @@ class Gateway(outbox.Sink):
             logger.exception("could not record accept_format")
 
     # --- outbox.Sink
-    def _gated(self, conn: Connection) -> bool:
-        return conn.platform in self.echoing and not conn.proven
-
-    def adapter_platforms(self) -> Collection[str]:
-        return [p for p, conn in self.adapters.items() if conn.ready and not self._gated(conn)]
-
-    def probing_platforms(self) -> Collection[str]:
-        return [p for p, conn in self.adapters.items() if conn.ready and self._gated(conn) and conn.probe_id is None]
-
-    def echoing_platforms(self) -> Collection[str]:
-        return [p for p in self.adapters if p in self.echoing]
-
-    def confirm_missed(self, overdue: list[Overdue]) -> None:
-        for row in overdue:
-            conn = self.adapters.get(row.platform)
-            if conn is None:
-                continue
-            if conn.probe_id == row.id:
-                conn.probe_id = None  # the next oldest due (most likely this row again) is the next probe
-            elif conn.proven and row.sent_at is not None and conn.opened_at and row.sent_at >= conn.opened_at:
-                conn.proven, conn.probe_id = False, None
-                logger.warning(
-                    "adapter %r did not confirm message %s in time: one message at a time until it echoes again",
-                    conn,
-                    row.id,
-                )
-
     def web_users(self) -> Collection[str]:
         return list(self.browsers)
 
@@ -521,10 +472,8 @@ class Gateway(outbox.Sink):
         conn = self.adapters.get(delivery.platform)
         if conn is None or not conn.ready:
             return False
-        if self._gated(conn):
-            if conn.probe_id is not None:
-                return False  # a probe is out already: this row waits (claimed before the gate closed)
-            conn.probe_id = delivery.message_id
+        if not self.gate.take(conn, delivery.message_id):
+            return False
         frame = delivery.frame
         if conn.api_server and frame is not None:
             frame = api_server_package(frame, platform=conn.platform)
@@ -533,8 +482,8 @@ class Gateway(outbox.Sink):
         except Exception as exc:
             logger.warning("writing to %r failed: %s", conn, exc)
             written = False
-        if not written and conn.probe_id == delivery.message_id:
-            conn.probe_id = None  # it waits again; it is no probe in flight
+        if not written:
+            self.gate.not_written(conn, delivery.message_id)
         return written
 
 

@@ -1,4 +1,4 @@
-"""api.*: a plugin calls another plugin's @API component (plugins.api_registry resolves the name,
+"""api.*: a plugin calls another plugin's @API component (plugins.plugin_apis resolves the name,
 checks it is public, and calls it through the host), or asks which APIs it may call."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ API_TIMEOUT = 25.0
 
 
 async def call(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
-    from plugins import api_registry
+    from plugins import plugin_apis
 
     api_name = str(args.get("api_name") or "").strip()
     version = str(args.get("version") or "").strip()
@@ -25,8 +25,8 @@ async def call(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(api_args, dict):
         return {"success": False, "error": "api.call's args must be an object"}
     try:
-        result = await api_registry.call_api(record, "", api_name, api_args, API_TIMEOUT, version=version)
-    except api_registry.ApiError as exc:
+        result = await plugin_apis.call_api(record, "", api_name, api_args, API_TIMEOUT, version=version)
+    except plugin_apis.PluginApiError as exc:
         return {"success": False, "error": str(exc)}
     except TimeoutError:
         return {"success": False, "error": f"API {api_name} did not answer within {API_TIMEOUT:g}s"}
@@ -36,15 +36,15 @@ async def call(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
 
 
 async def get(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
-    from plugins import api_registry
+    from plugins import plugin_apis
 
     api_name = str(args.get("api_name") or "").strip()
     if not api_name:
         return {"success": False, "error": "api.get needs api_name"}
-    return {"success": True, "api": api_registry.describe_api(record, "", api_name, str(args.get("version") or ""))}
+    return {"success": True, "api": plugin_apis.describe_api(record, "", api_name, str(args.get("version") or ""))}
 
 
 async def list_apis(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
-    from plugins import api_registry
+    from plugins import plugin_apis
 
-    return {"success": True, "apis": api_registry.visible_apis(record, str(args.get("plugin_id") or "").strip())}
+    return {"success": True, "apis": plugin_apis.visible_apis(record, str(args.get("plugin_id") or "").strip())}

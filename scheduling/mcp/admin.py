@@ -1,14 +1,12 @@
-"""Operator admin for MCP: the MCP servers the bot uses (state, tools, last error, calls, latency, per
-process) and the calls made to the bot's own endpoint (/mcp; its tokens are the API tokens)."""
+"""Operator admin for the MCP servers the bot uses (state, tools, last error, calls, latency, per process);
+the calls made to the bot's own endpoint (/mcp) are in api.admin."""
 
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import reverse
-from django.utils.html import format_html
 
 from chat.admin import ReadOnlyAdmin, badge
-from scheduling.mcp.models import McpEndpointCall, McpLinkState, McpServerState
+from scheduling.mcp.models import McpLinkState, McpServerState
 
 STATE_COLOURS = {
     McpLinkState.READY: "#15803d",
@@ -66,22 +64,3 @@ class McpServerStateAdmin(ReadOnlyAdmin):
     @admin.display(description="Last error")
     def last_error_short(self, obj: McpServerState) -> str:
         return (obj.last_error[:80] + "…") if len(obj.last_error) > 80 else obj.last_error
-
-
-@admin.register(McpEndpointCall)
-class McpEndpointCallAdmin(ReadOnlyAdmin):
-    list_display = ["created_at", "token_link", "tool", "ok", "error_code", "duration"]
-    list_filter = ["ok", "tool", "error_code", "token"]
-    list_select_related = ["token"]
-    date_hierarchy = "created_at"
-
-    @admin.display(description="Token", ordering="token__name")
-    def token_link(self, obj: McpEndpointCall):
-        if obj.token is None:
-            return "—"
-        url = reverse("admin:chat_apitoken_change", args=[obj.token_id])
-        return format_html('<a href="{}">{}</a>', url, obj.token)
-
-    @admin.display(description="Duration", ordering="duration_ms")
-    def duration(self, obj: McpEndpointCall) -> str:
-        return f"{obj.duration_ms:.0f} ms"

@@ -1,12 +1,9 @@
-"""What the admin shows of MCP: the MCP servers the bot uses (per process) and the calls made to the
-bot's own endpoint."""
+"""What the admin shows of the MCP servers the bot uses (per process); the calls made to the bot's own
+endpoint are api.models.McpEndpointCall."""
 
 from __future__ import annotations
 
 from django.db import models
-from django.utils import timezone
-
-from chat.models import ApiToken
 
 
 class McpLinkState(models.TextChoices):
@@ -42,21 +39,3 @@ class McpServerState(models.Model):
     @property
     def mean_call_ms(self) -> float | None:
         return self.total_call_ms / self.calls if self.calls else None
-
-
-class McpEndpointCall(models.Model):
-    """One tool call to the bot's own MCP endpoint (/mcp)."""
-
-    token = models.ForeignKey(ApiToken, null=True, blank=True, on_delete=models.SET_NULL)
-    tool = models.CharField(max_length=128)
-    ok = models.BooleanField()
-    error_code = models.CharField(max_length=64, blank=True)
-    duration_ms = models.FloatField()
-    created_at = models.DateTimeField(default=timezone.now, db_index=True)
-
-    class Meta:
-        verbose_name = "MCP endpoint call"
-        ordering = ["-created_at", "-id"]
-
-    def __str__(self) -> str:
-        return f"{self.tool} ({'ok' if self.ok else self.error_code})"

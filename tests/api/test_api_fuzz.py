@@ -14,7 +14,7 @@ import pytest
 from django.utils import timezone
 
 from api.access import api_token_create
-from api.routing import proactive_message_create
+from api.messages import proactive_message_create
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 

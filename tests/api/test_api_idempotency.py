@@ -9,7 +9,8 @@ import pytest
 from django.utils import timezone
 
 from api.access import api_token_create
-from chat.models import IdempotencyRecord, Message
+from api.models import IdempotencyRecord
+from chat.models import Message
 from scheduling.models import ScheduledMessage
 from tests.api.support import ApiClient
 

@@ -16,8 +16,9 @@ import pytest
 from django.utils import timezone
 
 from api.access import api_token_create
+from api.models import ApiRateWindow
 from chat.fate import SENDER_FATE
-from chat.models import ApiRateWindow, Message
+from chat.models import Message
 from scheduling.models import ScheduledMessage
 from tests.conftest import wait_for
 

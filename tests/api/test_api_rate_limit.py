@@ -9,7 +9,8 @@ import pytest
 
 from api import http as api_module
 from api.access import api_token_create, rate_limit_hit
-from chat.models import ApiRateWindow, Message
+from api.models import ApiRateWindow
+from chat.models import Message
 from core import config as bot_config
 from tests.api.support import ApiClient
 

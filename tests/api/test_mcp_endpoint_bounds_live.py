@@ -12,7 +12,8 @@ from django.utils import timezone
 from mcp.shared.exceptions import MCPError
 
 from api.access import api_token_create
-from chat.models import ApiRateWindow, ApiScope, ApiToken
+from api.models import ApiRateWindow
+from chat.models import ApiScope, ApiToken
 from scheduling.life.memory import inner_state_update
 from scheduling.life.models import InnerState
 from scheduling.models import ScheduledMessage

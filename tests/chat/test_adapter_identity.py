@@ -20,7 +20,7 @@ from api.access import api_token_create
 from chat.gateway.auth import adapter_auth_problem
 from chat.ingest import AdapterFrames, adapter_frames_store
 from chat.models import AdapterConnection, ChatSession, DeliveryStatus, Message
-from chat.outbox import outbox_claim, outbox_finish
+from chat.outbox_rows import outbox_claim, outbox_finish
 from chat.services import Outbound, message_send, messages_send
 from core.adapter_tokens import AdapterToken, parse_adapter_tokens
 from tests.api.test_api_live import http

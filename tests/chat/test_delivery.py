@@ -14,6 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from chat.delivery_errors import DeliveryError
+from chat.delivery_gate import outbox_confirm_overdue
 from chat.gateway import get_gateway
 from chat.ingest import (
     AdapterFrames,
@@ -22,7 +23,7 @@ from chat.ingest import (
     adapter_frames_store,
 )
 from chat.models import AdapterConnection, AdapterPlatform, DeliveryStatus, Message
-from chat.outbox import outbox_claim, outbox_confirm_overdue, outbox_finish, outbox_sweep
+from chat.outbox_rows import outbox_claim, outbox_finish, outbox_sweep
 from chat.services import Outbound, messages_send
 from core.config import override
 from tests.chat.gateway_helpers import TIMEOUT, adapter

@@ -25,7 +25,7 @@ from chat.fate import (
 )
 from chat.ingest import outbound_receipt_apply
 from chat.models import AdapterPlatform, DeliveryStatus, Message, SourceKind
-from chat.outbox import outbox_claim, outbox_sweep
+from chat.outbox_rows import outbox_claim, outbox_sweep
 from chat.services import message_send, messages_resend
 from scheduling.dispatcher import deliver_due
 from scheduling.models import ScheduledMessage, ScheduledStatus

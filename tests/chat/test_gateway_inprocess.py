@@ -20,7 +20,7 @@ from chat.consumers import ChatPageConsumer
 from chat.delivery_errors import DeliveryError
 from chat.ingest import InboundItem, inbound_messages_store
 from chat.models import AdapterConnection, ChatSession, DeliveryStatus, Message
-from chat.outbox import outbox_claim, outbox_finish, outbox_sweep
+from chat.outbox_rows import outbox_claim, outbox_finish, outbox_sweep
 from chat.services import Outbound, message_send, messages_send, session_get_or_create
 from chat.wire.inbound import parse_envelope
 from core.config import BotConfig, set_config

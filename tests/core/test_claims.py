@@ -1,4 +1,9 @@
-"""A dead process's claims die with it, in-process: the rule that takes claims back (the outbox sweep, the
+"""The claim machine (chat.claims), tested once against both of its users, the dispatcher's scheduled
+messages and the outbox's outbound messages: a claim takes only pending rows and counts the attempt,
+only the holder of a claim writes the row, concurrent claimers take disjoint rows, retry-or-fail by
+the attempts left, expiry, and which claims are abandoned.
+
+A dead process's claims die with it, in-process: the rule that takes claims back (the outbox sweep, the
 dispatcher's recovery) on heartbeat rows the test writes — a dead claimer's rows at once, a live one's
 never, however long it has held them —, two peers taking back and claiming the same rows at once, the
 heartbeat's epochs, and a server paused while handing over that hands over nothing it may have lost.
@@ -16,12 +21,15 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from chat import claims, outbox_rows
+from chat.delivery_gate import DeliveryGate
 from chat.models import AdapterPlatform, Message
-from chat.outbox import Deliverer, Delivery, Sink, outbox_claim, outbox_sweep
+from chat.outbox import Deliverer, Sink
+from chat.outbox_rows import Delivery, outbox_claim, outbox_sweep
 from chat.services import Outbound, messages_send
 from core.config import get_config
 from core.models import ProcessHeartbeat
-from core.process import DEAD_AFTER_BEATS, Heartbeat, dead_claimers, instance_id
+from core.process import DEAD_AFTER_BEATS, Heartbeat, instance_id
 from scheduling import dispatcher
 from scheduling.models import ScheduledMessage, ScheduledStatus
 from scheduling.services import SYSTEM, scheduled_message_create
@@ -189,7 +197,7 @@ def test_a_heartbeat_of_the_previous_version_counts_neither_way(db):
             name=name, defaults={"role": "cluster", "started_at": now, "beat_at": now - timedelta(hours=1)}
         )
     assert ProcessHeartbeat.objects.filter(instance__isnull=True).count() == 2
-    assert not dead_claimers().exists()
+    assert not claims.dead_claimers().exists()
 
 
 class Monotonic:
@@ -227,21 +235,29 @@ def test_a_beat_that_comes_too_late_starts_an_epoch_earlier_claims_do_not_surviv
 
 
 @dataclass
+class ProvenConnection:
+    """An adapter connection of a platform that echoes, proven already: the gate lets everything due through."""
+
+    platform: str
+    ready: bool = True
+    opened_at: object = None
+    proven: bool = True
+    probe_id: int | None = None
+
+
+def open_gate(platform: str) -> DeliveryGate:
+    gate = DeliveryGate({platform: ProvenConnection(platform)})
+    gate.echoing.add(platform)
+    return gate
+
+
+@dataclass
 class RecordingSink(Sink):
     """One echoing platform connected here; `after_each` runs after each hand-over."""
 
     platform: str
     handed: list[int] = field(default_factory=list)
     after_each: object = None
-
-    def adapter_platforms(self):
-        return [self.platform]
-
-    def probing_platforms(self):
-        return []
-
-    def echoing_platforms(self):
-        return [self.platform]
 
     def web_users(self):
         return []
@@ -254,9 +270,6 @@ class RecordingSink(Sink):
         if self.after_each is not None:
             await self.after_each(delivery)
         return True
-
-    def confirm_missed(self, overdue) -> None:
-        pass
 
 
 @pytest.mark.django_db(transaction=True)
@@ -287,7 +300,7 @@ async def test_a_server_paused_while_handing_over_hands_over_nothing_it_may_have
         await db(peer)
 
     sink = RecordingSink("qq", after_each=pause_after_the_first)
-    deliverer = Deliverer(sink)
+    deliverer = Deliverer(sink, open_gate("qq"))
     deliverer._loop = asyncio.get_running_loop()
     deliverer.heartbeat = heartbeat
     try:
@@ -305,3 +318,148 @@ async def test_a_server_paused_while_handing_over_hands_over_nothing_it_may_have
 
     # The resumed server's marks matched nothing: the peer's claim stands.
     assert await db(rows) == [("sending", "peer")] * 4
+
+
+# --- the machine's invariants, against both users -------------------------------------------------
+
+
+@dataclass
+class ClaimUser:
+    """One model run on the claim machine, with a way to make due pending rows of it."""
+
+    spec: claims.ClaimSpec
+    make: object  # (make_session, n) -> primary keys of n due pending rows
+    age: str  # the field expiry counts from
+    failed: dict  # a state out of the machine: failed, with its error
+
+    def fail(self, error: str) -> dict:
+        return {self.spec.status: "failed", **{k: error for k in self.failed}}
+
+
+def outbound_rows(make_session, n: int) -> list[int]:
+    session = make_session(platform="tg")
+    return [outbound(session, f"m{i}").pk for i in range(n)]
+
+
+USERS = {
+    "dispatcher": ClaimUser(dispatcher.CLAIMS, due_tasks, "due_at", {"last_error": ""}),
+    "outbox": ClaimUser(outbox_rows.CLAIMS, outbound_rows, "created_at", {"delivery_error": ""}),
+}
+
+
+@pytest.fixture(params=sorted(USERS))
+def user(request) -> ClaimUser:
+    return USERS[request.param]
+
+
+def pending(spec: claims.ClaimSpec):
+    def pick(lock):
+        rows = spec.model.objects.filter(**{spec.status: spec.pending}).order_by("pk")
+        return list(lock(rows).values_list("pk", flat=True))
+
+    return pick
+
+
+def row_of(spec: claims.ClaimSpec, pk) -> dict:
+    fields = (spec.status, spec.token, spec.claimer, spec.lease, spec.attempts)
+    return spec.model.objects.filter(pk=pk).values(*fields).get()
+
+
+def test_a_claim_takes_only_pending_rows_stamps_them_and_counts_the_attempt(user, make_session):
+    spec = user.spec
+    ids = user.make(make_session, 3)
+    now = timezone.now()
+
+    token, taken = claims.claim(spec, pending(spec), now=now, lease_seconds=60, claimer="one")
+
+    assert taken == 3
+    assert sorted(claims.held(spec, token).values_list("pk", flat=True)) == sorted(ids)
+    row = row_of(spec, ids[0])
+    assert (row[spec.status], row[spec.token], row[spec.claimer]) == (spec.sending, token, "one")
+    assert row[spec.lease] == now + timedelta(seconds=60) and row[spec.attempts] == 1
+    # Claimed rows are no candidates: a second claimer, by query or by key, takes nothing.
+    assert claims.claim(spec, pending(spec), now=now, lease_seconds=60, claimer="two")[1] == 0
+    assert claims.claim(spec, ids, now=now, lease_seconds=60, claimer="two")[1] == 0
+
+
+def test_only_the_holder_of_a_claim_writes_the_row(user, make_session):
+    spec = user.spec
+    (pk,) = user.make(make_session, 1)
+    heartbeat_row("paused", alive_for=-1)
+    lost, _ = claims.claim(spec, [pk], now=timezone.now(), lease_seconds=3600, claimer="paused")
+    # Its claimer counted dead: taken back, then claimed by a peer.
+    assert claims.end(spec, claims.abandoned(spec, timezone.now()), **{spec.status: spec.pending}) == 1
+    mine, _ = claims.claim(spec, [pk], now=timezone.now(), lease_seconds=3600, claimer="peer")
+
+    # The resumed claimer's finish matches nothing; the holder's ends the claim.
+    assert claims.finish(spec, lost, [pk], **{spec.status: spec.pending}) == 0
+    assert row_of(spec, pk)[spec.claimer] == "peer"
+    assert claims.finish(spec, mine, [pk], **{spec.status: spec.pending}) == 1
+    row = row_of(spec, pk)
+    assert (row[spec.status], row[spec.token], row[spec.lease], row[spec.attempts]) == (spec.pending, "", None, 2)
+
+
+def test_abandoned_claims_are_a_dead_claimers_and_lapsed_leases_never_a_live_ones(user, make_session):
+    spec = user.spec
+    heartbeat_row("dead", alive_for=-0.5)
+    heartbeat_row("live", alive_for=30)
+    now = timezone.now()
+    owned = {}
+    for owner, lease in (("dead", 3600), ("live", 3600), ("live-lapsed", -1), ("unknown", 3600)):
+        (pk,) = user.make(make_session, 1)
+        claimer = owner.split("-")[0]
+        assert claims.claim(spec, [pk], now=now, lease_seconds=lease, claimer=claimer)[1] == 1
+        owned[owner] = pk
+
+    assert sorted(claims.abandoned(spec, now).values_list("pk", flat=True)) == sorted(
+        [owned["dead"], owned["live-lapsed"]]
+    )
+
+
+def test_a_failed_attempt_is_retried_while_attempts_are_left_then_fails_for_good(user, make_session):
+    spec = user.spec
+    ids = user.make(make_session, 3)
+    token, _ = claims.claim(spec, ids, now=timezone.now(), lease_seconds=60)
+    spec.model.objects.filter(pk=ids[0]).update(**{spec.attempts: 5})
+
+    retried, failed = claims.retry_or_fail(
+        claims.held(spec, token),
+        attempts=spec.attempts,
+        most=5,
+        retry={**spec.released(), spec.status: spec.pending},
+        fail={**spec.released(), **user.fail("no_echo")},
+    )
+
+    assert (retried, failed) == (2, 1)
+    assert row_of(spec, ids[0])[spec.status] == "failed"
+    assert {row_of(spec, pk)[spec.status] for pk in ids[1:]} == {spec.pending}
+    assert not claims.held(spec, token).exists()
+
+
+def test_expiry_fails_only_pending_rows_past_their_age(user, make_session):
+    spec = user.spec
+    old, claimed, young = user.make(make_session, 3)
+    spec.model.objects.filter(pk__in=[old, claimed]).update(**{user.age: timezone.now() - timedelta(days=2)})
+    claims.claim(spec, [claimed], now=timezone.now(), lease_seconds=60)
+
+    assert claims.expire(spec, age=user.age, before=timezone.now() - timedelta(days=1), **user.fail("expired")) == 1
+    assert [row_of(spec, pk)[spec.status] for pk in (old, claimed, young)] == ["failed", spec.sending, spec.pending]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claimers_at_once_take_disjoint_rows_and_between_them_all(user, make_session):
+    spec = user.spec
+    ids = user.make(make_session, 60)
+
+    def claimer(name: str):
+        def run():
+            token, _ = claims.claim(spec, pending(spec), now=timezone.now(), lease_seconds=60, claimer=name)
+            return list(claims.held(spec, token).values_list("pk", flat=True))
+
+        return run
+
+    first, second, third = race(claimer("a"), claimer("b"), claimer("c"))
+
+    assert not (set(first) & set(second)) and not (set(first) & set(third)) and not (set(second) & set(third))
+    assert sorted(first + second + third) == sorted(ids)
+    assert set(spec.model.objects.values_list(spec.attempts, flat=True)) == {1}

@@ -22,10 +22,10 @@ from chat.components import LIFE, registry
 from chat.events import EventHandler, Point
 from chat.models import CycleKind, Direction, Message, PlannerCycle, ToolCallRecord
 from core import aio, config
-from plugins import api_registry
 from plugins import cache as plugin_cache
 from plugins import events as plugin_events
-from plugins.api_registry import ApiError, call_api
+from plugins import plugin_apis
+from plugins.plugin_apis import PluginApiError, call_api
 from tests.chat.planner_helpers import fake_llm_fixture, runtimes_fixture, say, settled  # noqa: F401
 from tests.conftest import wait_for, wait_for_async
 from tests.plugins.conftest import load_ipc_plugins
@@ -201,23 +201,23 @@ def test_plugins_call_each_others_apis_by_full_or_unique_name_public_only(load_p
 
     assert call("", "add", {"a": 2, "b": 3}) == {"sum": 5, "version": 2}  # unique short name, newest version
     assert call("", "test.maibot.events.add", {"a": 1, "b": 1}, version="2")["sum"] == 2
-    with pytest.raises(ApiError, match=r"no API test\.maibot\.events\.add version 1 is loaded"):
+    with pytest.raises(PluginApiError, match=r"no API test\.maibot\.events\.add version 1 is loaded"):
         call(EVENTS, "add", version="1")
     several = r"offered by several plugins \(test\.maibot\.api-caller, test\.maibot\.events\)"
-    with pytest.raises(ApiError, match=several):
+    with pytest.raises(PluginApiError, match=several):
         call("", "seen")
     assert call(CALLER, "seen") == "mine"
-    with pytest.raises(ApiError, match="is not public: only its own plugin may call it"):
+    with pytest.raises(PluginApiError, match="is not public: only its own plugin may call it"):
         call(EVENTS, "private_counter")
     assert call(EVENTS, "private_counter", caller=owner) == 0
     with pytest.raises(ValueError, match="this API is broken"):
         call(CALLER, "broken")
     assert "API broken: ValueError: this API is broken" in caller.recent_errors[-1]
-    visible = {a["full_name"] for a in api_registry.visible_apis(caller)}
+    visible = {a["full_name"] for a in plugin_apis.visible_apis(caller)}
     assert "test.maibot.events.private_counter" not in visible and "test.maibot.events.add" in visible
-    assert api_registry.describe_api(owner, EVENTS, "private_counter")["public"] is False
+    assert plugin_apis.describe_api(owner, EVENTS, "private_counter")["public"] is False
     host.stop()
-    with pytest.raises(ApiError, match="no API"):
+    with pytest.raises(PluginApiError, match="no API"):
         call(CALLER, "seen")
 
 

@@ -22,8 +22,8 @@ from chat.agent.llm import ToolCallRequest
 from chat.models import CycleKind, Direction, Message
 from plugins import host as plugin_host
 from plugins import ipc
-from plugins.api_registry import call_api
 from plugins.host import PluginHost
+from plugins.plugin_apis import call_api
 from tests.chat.planner_helpers import fake_llm_fixture, inbound_store, runtimes_fixture, say  # noqa: F401
 from tests.conftest import require_chromium, wait_for_async
 from tests.plugins.conftest import load_ipc_plugins

@@ -15,7 +15,7 @@ from asgiref.sync import sync_to_async
 
 from chat.models import Direction, Message, PlannerCycle, ToolCallRecord
 from core import config
-from plugins.api_registry import call_api
+from plugins.plugin_apis import call_api
 from tests.chat.planner_helpers import fake_llm_fixture, runtimes_fixture, say  # noqa: F401
 from tests.conftest import wait_for_async
 from tests.plugins.conftest import load_ipc_plugins

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from plugins.records import ComponentHost, ComponentInfo, PluginRecord
 
 
-class ApiError(LookupError):
+class PluginApiError(LookupError):
     """A call that cannot be made: no such API, ambiguous short name, not public. The message says why."""
 
 
@@ -89,7 +89,7 @@ def _version_key(version: str) -> tuple:
 
 def resolve_api(caller: PluginRecord | None, plugin_id: str, api_name: str, version: str = "") -> RegisteredApi:
     """The API `plugin_id`.`api_name` (plugin_id "" and api_name "a.b" or a unique short name allowed)
-    of `version` (""; the newest), callable by `caller` (None: the host itself). Raises ApiError."""
+    of `version` (""; the newest), callable by `caller` (None: the host itself). Raises PluginApiError."""
     apis = _apis
     if not plugin_id and "." in api_name:
         # "plugin_id.api_name": plugin ids contain dots too, so the API name is after the last one.
@@ -103,14 +103,14 @@ def resolve_api(caller: PluginRecord | None, plugin_id: str, api_name: str, vers
         owners = sorted({a.plugin_id for a in candidates})
         if len(owners) > 1:
             several = ", ".join(owners)
-            raise ApiError(f"API name {api_name!r} is offered by several plugins ({several}): use plugin_id.name")
+            raise PluginApiError(f"API name {api_name!r} is offered by several plugins ({several}): use plugin_id.name")
     if version:
         candidates = [a for a in candidates if a.version == str(version)]
     if not candidates:
-        raise ApiError(f"no API {shown}" + (f" version {version}" if version else "") + " is loaded")
+        raise PluginApiError(f"no API {shown}" + (f" version {version}" if version else "") + " is loaded")
     api = max(candidates, key=lambda a: _version_key(a.version))
     if not api.public and (caller is None or caller.plugin_id != api.plugin_id):
-        raise ApiError(f"API {api.plugin_id}.{api.name} is not public: only its own plugin may call it")
+        raise PluginApiError(f"API {api.plugin_id}.{api.name} is not public: only its own plugin may call it")
     return api
 
 
@@ -118,7 +118,7 @@ def describe_api(caller: PluginRecord | None, plugin_id: str, api_name: str, ver
     """`api.get`: the API's description, None when the caller may not see it (or there is none)."""
     try:
         return resolve_api(caller, plugin_id, api_name, version).describe()
-    except ApiError:
+    except PluginApiError:
         return None
 
 
@@ -142,10 +142,10 @@ async def call_api(
     version: str = "",
 ) -> Any:
     """Call an API with keyword arguments `args`, waiting at most `timeout` seconds; returns what its
-    handler returned. Raises ApiError (cannot be called), TimeoutError, or the handler's exception
+    handler returned. Raises PluginApiError (cannot be called), TimeoutError, or the handler's exception
     (as the host reports it). Safe from any event loop; no thread waits for the answer (a slow API,
     called from many chats at once, holds none of the threads the capabilities need)."""
     api = resolve_api(caller_record, plugin_id, api_name, version)
     if not isinstance(args, dict):
-        raise ApiError("the API's arguments must be a JSON object")
+        raise PluginApiError("the API's arguments must be a JSON object")
     return await api.host.ainvoke(api.record, api.component, dict(args), timeout)

@@ -1,0 +1,284 @@
+"""The outbox's rows: claiming due outbound Message rows with the frames to write (built by
+chat.wire.outbound), recording what became of them, and the sweep. Sync services; the deliverer
+(chat.outbox) calls them on a thread of its own.
+
+Rows move on the claim machine (chat.claims, whose docstring holds the invariants: who may write a
+claimed row, what a lease means, why no row is handed over by two processes): pending → sending with a
+claim token, the claiming process's instance and a lease of `gateway.delivery_lease_seconds`. Each
+process claims only rows it can deliver (the platforms, and the browser users, connected to it, as its
+delivery gate lets them: chat.delivery_gate). A row is marked sent once its frame has been handed to the
+socket, delivered when the adapter's `message_id_echo` names it (chat.ingest). Rows waiting for an
+offline adapter longer than `gateway.offline_expiry_seconds` fail with `adapter_offline`.
+
+Two delivery guarantees, by what the platform's adapter has shown (chat.delivery_gate):
+- A platform whose adapter has never echoed: at most once. A row whose claimer died mid-send (or ran
+  out its lease) fails with `delivery_interrupted` rather than risk a second copy on the platform.
+- A platform whose adapter echoes: a sent row carries its confirm deadline in `next_attempt_at`; with
+  no echo by then it is pending again and handed over again, oldest first, `gateway.max_delivery_attempts`
+  hand-overs in all, then `unconfirmed` (`no_echo`). A row left `sending` by a dead claimer is treated
+  the same way. The price: a platform that delivered but whose echo was lost gets the message again
+  (never more often than the attempt limit).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
+
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from chat import claims
+from chat.delivery_errors import DeliveryError
+from chat.delivery_gate import confirm_deadlines, outbox_confirm_overdue, platforms_that_echo
+from chat.models import AdapterConnection, ChatSession, DeliveryStatus, Direction, Message
+from chat.wire.outbound import adapter_envelope, browser_frame
+from core.config import get_config
+
+logger = logging.getLogger(__name__)
+
+WEB_PLATFORM = "web"
+# Rows per claim: the size of one claim's statements, tuned with bench/ingest.py, not an operator's
+# choice (a round that fills it claims again at once).
+BATCH_SIZE = 500
+# The session columns adapter_envelope and browser_frame read.
+FRAME_SESSION_FIELDS = (
+    "session_id", "platform", "chat_type", "user_id", "user_nickname", "user_cardname", "group_id", "group_name",
+)  # fmt: skip
+
+CLAIMS = claims.ClaimSpec(
+    model=Message,
+    status="delivery_status",
+    pending=DeliveryStatus.PENDING.value,
+    sending=DeliveryStatus.SENDING.value,
+    token="delivery_claim",
+    claimer="delivery_claimed_by",
+    lease="delivery_lease_until",
+    attempts="delivery_attempts",
+)
+
+
+@dataclass
+class Delivery:
+    """One claimed row, with the frame to write and where to write it."""
+
+    message_id: int
+    platform: str
+    session_id: str
+    user_id: str  # the browser user for platform `web`
+    frame: dict[str, Any] | None
+    error: DeliveryError | None = None
+    # Hand-overs including this one.
+    attempts: int = 1
+
+
+class OutboundRow(NamedTuple):
+    """The columns of an outbound message that delivery needs."""
+
+    id: int
+    uid: uuid.UUID
+    session_id: int
+    direction: str
+    source_kind: str
+    text: str
+    segments: list
+    time: datetime
+    delivery_attempts: int
+
+
+def outbox_claim(
+    *,
+    adapter_platforms: Collection[str],
+    web_users: Collection[str],
+    accept_formats: dict[str, list[str]],
+    probing: Collection[str] = (),
+    limit: int = BATCH_SIZE,
+    lease_seconds: float | None = None,
+    now: datetime | None = None,
+    claimer: str | None = None,
+) -> tuple[str, list[Delivery]]:
+    """Claim up to `limit` due pending rows this process can deliver, oldest first, with their frames.
+
+    `probing`: platforms whose connection may take one row only (the oldest due), the gate after a
+    (re)connect; `adapter_platforms` take whatever is due. `claimer`: the instance the claim is made
+    for (this process's, core.process.instance_id, unless a test stands in for another).
+    """
+    config = get_config().gateway
+    now = now or timezone.now()
+    # Rows past the offline expiry are never sent, even before the sweep has marked them failed; rows
+    # waiting out a redelivery backoff are not due yet.
+    cutoff = now - timedelta(seconds=config.offline_expiry_seconds)
+    due = Message.objects.filter(
+        Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now),
+        delivery_status=DeliveryStatus.PENDING,
+        created_at__gte=cutoff,
+    ).order_by("id")
+    platforms = [p for p in adapter_platforms if p != WEB_PLATFORM]
+
+    def pick(lock: claims.Locking) -> list[int]:
+        ids: list[int] = []
+        if platforms or web_users:
+            target = Q(session__platform__in=platforms)
+            if web_users:
+                target |= Q(session__platform=WEB_PLATFORM, session__user_id__in=list(web_users))
+            ids = list(lock(due.filter(target)).values_list("id", flat=True)[:limit])
+        for platform in probing:
+            first = lock(due.filter(session__platform=platform)).values_list("id", flat=True).first()
+            if first is not None:
+                ids.append(first)
+        return ids
+
+    lease = config.delivery_lease_seconds if lease_seconds is None else lease_seconds
+    token, taken = claims.claim(CLAIMS, pick, now=now, lease_seconds=lease, claimer=claimer)
+    if not taken:
+        return token, []
+    # Plain tuples, not model instances: building two instances per row was most of a claim's cost.
+    rows = [
+        OutboundRow(*values) for values in claims.held(CLAIMS, token).order_by("id").values_list(*OutboundRow._fields)
+    ]
+    return token, _deliveries(rows, accept_formats)
+
+
+def _deliveries(rows: list[OutboundRow], accept_formats: dict[str, list[str]]) -> list[Delivery]:
+    """The claimed rows with their frames (a row whose frame cannot be built carries its error)."""
+    # Only what the frames need: a session's other columns (times) cost a conversion per row read.
+    sessions = ChatSession.objects.only(*FRAME_SESSION_FIELDS).in_bulk({row.session_id for row in rows})
+    deliveries = []
+    for row in rows:
+        session = sessions[row.session_id]
+        try:
+            if session.platform == WEB_PLATFORM:
+                frame, error = browser_frame(row), None
+            else:
+                frame, error = adapter_envelope(row, session, accept_formats.get(session.platform))
+        except Exception:
+            # One unbuildable row fails alone; it must not hold back the rest of the outbox.
+            logger.exception("outbound message %s cannot be turned into a frame", row.id)
+            frame, error = {}, DeliveryError.BAD_MESSAGE
+        deliveries.append(
+            Delivery(
+                message_id=row.id,
+                platform=session.platform,
+                session_id=session.session_id,
+                user_id=session.user_id,
+                frame=frame or None,
+                error=error,
+                attempts=row.delivery_attempts,
+            )
+        )
+    return deliveries
+
+
+def outbox_finish(
+    *,
+    token: str,
+    sent: Collection[int],
+    released: Collection[int],
+    failed: dict[int, DeliveryError],
+    awaiting_echo: Collection[int] = (),
+    now: datetime | None = None,
+) -> None:
+    """Record a claimed batch's outcome: sent rows get sent_at (those in `awaiting_echo`, of platforms
+    that echo, also their confirm deadline), released rows wait again."""
+    now = now or timezone.now()
+    confirmed = set(awaiting_echo) & set(sent)
+    handed = {"delivery_status": DeliveryStatus.SENT, "sent_at": now}
+    claims.finish(CLAIMS, token, [i for i in sent if i not in confirmed], **handed, next_attempt_at=None)
+    if confirmed:
+        claims.finish(CLAIMS, token, list(confirmed), **handed, next_attempt_at=confirm_deadlines(now))
+    # Claimed but not handed over: the claim's attempt did not happen.
+    claims.finish(
+        CLAIMS,
+        token,
+        list(released),
+        delivery_status=DeliveryStatus.PENDING,
+        delivery_attempts=F("delivery_attempts") - 1,
+    )
+    for message_id, error in failed.items():
+        claims.finish(
+            CLAIMS,
+            token,
+            [message_id],
+            delivery_status=DeliveryStatus.FAILED,
+            delivery_error=error,
+            next_attempt_at=None,
+        )
+        logger.warning("outbound message %s failed: %s", message_id, error)
+
+
+def outbox_sweep(*, now=None) -> tuple[int, int]:
+    """Fail rows that waited past the offline expiry. Take back the abandoned claims (chat.claims:
+    dead claimers, claims past their lease): such a row fails too, or, on a platform that echoes,
+    counts as sent without an echo (handed over again within the attempt limit).
+    Rows whose echo is overdue on a platform with no open adapter connection are settled here too, one
+    lease after their deadline (a process holding the platform's connection settles them at once)."""
+    now = now or timezone.now()
+    config = get_config().gateway
+    expired = claims.expire(
+        CLAIMS,
+        age="created_at",
+        before=now - timedelta(seconds=config.offline_expiry_seconds),
+        scope=Q(direction=Direction.OUT),
+        delivery_status=DeliveryStatus.FAILED,
+        delivery_error=DeliveryError.ADAPTER_OFFLINE,
+        next_attempt_at=None,
+    )
+    resent, unconfirmed, interrupted = _take_back_abandoned(now)
+    grace = now - timedelta(seconds=config.delivery_lease_seconds)
+    overdue = Message.objects.filter(delivery_status=DeliveryStatus.SENT, next_attempt_at__lte=grace)
+    if overdue.exists():
+        connected = AdapterConnection.objects.filter(disconnected_at__isnull=True).values_list("platform", flat=True)
+        orphans = overdue.exclude(session__platform__in=list(connected))
+        if orphans.exists():
+            outbox_confirm_overdue(platforms=set(orphans.values_list("session__platform", flat=True)), now=grace)
+    if expired:
+        logger.warning("%d outbound messages failed: adapter offline longer than the expiry", expired)
+    if interrupted:
+        logger.warning(
+            "%d outbound messages failed: their sender died (or ran out its lease) mid-send; not resent", interrupted
+        )
+    if resent or unconfirmed:
+        logger.warning(
+            "%d outbound messages taken back from a dead (or stuck) sender: %d to be handed over again, %d unconfirmed",
+            resent + unconfirmed,
+            resent,
+            unconfirmed,
+        )
+    return expired, interrupted
+
+
+def _take_back_abandoned(now: datetime) -> tuple[int, int, int]:
+    """The abandoned claims, ended: (pending again, unconfirmed, failed as interrupted)."""
+    dead = claims.abandoned(CLAIMS, now)
+    # Nearly always there is nothing to take back: found out without joining the sessions (the sweep
+    # runs every second in every server).
+    if not dead.exists():
+        return 0, 0, 0
+    resent = unconfirmed = 0
+    echoing = platforms_that_echo()
+    if echoing:
+        # It may have been handed over before its claimer died: an echo that still comes for it counts
+        # (chat.ingest takes echoes only for messages handed over). When it was last handed over is
+        # unknown: when that was noticed.
+        handed = {**CLAIMS.released(), "sent_at": Coalesce(F("sent_at"), Value(now)), "next_attempt_at": None}
+        resent, unconfirmed = claims.retry_or_fail(
+            dead.filter(session__platform__in=echoing),
+            attempts=CLAIMS.attempts,
+            most=get_config().gateway.max_delivery_attempts,
+            retry={**handed, "delivery_status": DeliveryStatus.PENDING},
+            fail={**handed, "delivery_status": DeliveryStatus.UNCONFIRMED, "delivery_error": DeliveryError.NO_ECHO},
+        )
+        dead = dead.exclude(session__platform__in=echoing)
+    interrupted = claims.end(
+        CLAIMS,
+        dead,
+        delivery_status=DeliveryStatus.FAILED,
+        delivery_error=DeliveryError.INTERRUPTED,
+        next_attempt_at=None,
+    )
+    return resent, unconfirmed, interrupted
