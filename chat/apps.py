@@ -6,10 +6,10 @@ class ChatConfig(AppConfig):
     verbose_name = "Chat"
 
     def ready(self) -> None:
-        # The outbox listens to the send service's outbound_created signal (wake-ups); chat.runtime
+        # The notifier listens to the send service's outbound_created signal (wake-ups); chat.runtime
         # connects the session runtimes (Channels consumers) to `inbound_stored` (sent by the gateway
         # in the ASGI process); the planner's own actions (reply, no_reply, send_emoji) register as tools.
         # Apps above chat register their components from their own ready().
         import chat.actions
-        import chat.outbox
+        import chat.notify
         import chat.runtime  # noqa: F401

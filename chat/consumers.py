@@ -36,12 +36,12 @@ class ChatPageConsumer(JsonFrameConsumer):
         await self.accept()
         self.user = user
         self.conn = BrowserConnection(user_id=str(user.pk), consumer=self)
-        get_gateway().browser_connected(self.conn)
+        get_gateway().connections.browser_connected(self.conn)
 
     async def disconnect(self, code: int) -> None:
         conn = getattr(self, "conn", None)
         if conn is not None:
-            get_gateway().browser_disconnected(conn)
+            get_gateway().connections.browser_disconnected(conn)
 
     async def receive_json(self, content: Any, **kwargs) -> None:
         if not isinstance(content, dict) or content.get("type") != "send":
@@ -76,7 +76,7 @@ class ChatPageConsumer(JsonFrameConsumer):
             message=InboundMessage(info=info, segments=[{"type": "text", "data": text}]),
             received_at=time.time(),
         )
-        get_gateway().enqueue_message(self.conn, item)
+        get_gateway().frames.enqueue_message(self.conn, item)
 
     @property
     def max_frame_chars(self) -> int:

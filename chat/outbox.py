@@ -4,50 +4,37 @@ adapter (or browser) of their platform as the delivery gate lets it (chat.delive
 outcome. A claimer hands a claimed row to a socket only while its heartbeat vouches for the claim (a
 server paused past its heartbeat, then resumed, hands over nothing it may have lost meanwhile).
 
-Wake-ups: the send service's `outbound_created` signal wakes this process's deliverer at once; with
-REDIS_URL it also reaches every ASGI process through the channel layer group `maibot.outbox` (published
-from a loop of its own, see OutboxWakePublisher); without Redis it reaches the ASGI processes sharing
-the database on this machine through their local wake sockets (chat.wake). Either way the deliverer
-also polls (`gateway.outbox_poll_seconds`, `outbox_poll_seconds_with_redis`): a lost wake-up costs one
-poll, never a message.
+Wake-ups: the send service's `outbound_created` signal wakes this process's deliverer at once, and the
+other processes' through the notifier (chat.notify: the channel layer, or the local wake sockets).
+Either way the deliverer also polls (`gateway.outbox_poll_seconds`, `outbox_poll_seconds_with_redis`):
+a lost wake-up costs one poll, never a message.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
-import contextlib
 import logging
-import os
-import threading
 from collections.abc import Callable, Collection
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.db import DatabaseError, connection
-from django.dispatch import receiver
 from django.utils import timezone
 
 from chat import events
 from chat.delivery_errors import DeliveryError
 from chat.delivery_gate import DeliveryGate, confirm_window, outbox_confirm_overdue
 from chat.models import Message
+from chat.notify import get_notifier
 from chat.outbox_rows import BATCH_SIZE, WEB_PLATFORM, Delivery, outbox_claim, outbox_finish, outbox_sweep
-from chat.services import outbound_created
-from chat.wake import wake_local
 from core.aio import wait_event
 from core.config import get_config
 from core.process import Heartbeat, heartbeat_acquire, heartbeat_release
 
 logger = logging.getLogger(__name__)
-
-OUTBOX_GROUP = "maibot.outbox"
-# How long a process that exits waits for its outbox wake-ups still being published through Redis.
-FLUSH_SECONDS = 2.0
 
 
 # --- the deliverer (async, in the ASGI process) ---------------------------------------------------
@@ -154,7 +141,7 @@ class Deliverer:
         last_sweep = float("-inf")
         while True:
             config = get_config().gateway  # read each round: a reload applies without a restart
-            poll = config.outbox_poll_seconds_with_redis if settings.REDIS_URL else config.outbox_poll_seconds
+            poll = get_notifier().outbox_poll_seconds(config)
             now = self._loop.time()
             # The sweep keeps its own pace (it takes back the claims of dead servers), even while the
             # poll is long (with Redis).
@@ -271,102 +258,3 @@ def _after_send_kwargs(message_ids: list[int]) -> list[dict[str, Any]]:
 
 
 # --- wake-ups from the send service -------------------------------------------------------------
-
-_deliverer: Deliverer | None = None
-_deliverer_lock = threading.Lock()
-
-
-def set_deliverer(deliverer: Deliverer | None) -> None:
-    global _deliverer
-    with _deliverer_lock:
-        _deliverer = deliverer
-
-
-class OutboxWakePublisher:
-    """Publishes `outbox.wake` to the channel layer group from sync code, without waiting for it.
-
-    The send service's on_commit hook is sync and runs in any process (qcluster workers, management
-    commands, the ASGI process's worker threads), while the channel layer is async. Rather than wrap the
-    async call (async_to_sync), the hook hands the publish to an event loop and returns: the running
-    one when the hook runs on a loop; in the ASGI process, the loop this process's deliverer runs on;
-    elsewhere (qcluster workers, management commands) a daemon thread's own loop, started on first use
-    in each process (a forked worker starts its own). The channel layer keeps its Redis connections per
-    loop, so each of these loops uses its own.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._pid = 0
-        self._tasks: set[asyncio.Task] = set()  # a task nobody references may be collected mid-run
-        self._pending: set[Future] = set()  # publishes on this process's own loop, not yet done
-
-    def publish(self) -> None:
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is not None:
-            task = running.create_task(self._send())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-            task.add_done_callback(self._report)
-            return
-        deliverer = _deliverer
-        loop = deliverer.loop if deliverer is not None else None
-        if loop is None or not loop.is_running():
-            loop = self._own_loop()
-        future = asyncio.run_coroutine_threadsafe(self._send(), loop)
-        future.add_done_callback(self._report)
-        if loop is self._loop:
-            self._pending.add(future)
-            future.add_done_callback(self._pending.discard)
-
-    def _own_loop(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None or self._pid != os.getpid():
-                loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="outbox-wake", daemon=True).start()
-                self._loop, self._pid = loop, os.getpid()
-                self._pending = set()
-                atexit.register(self._flush)
-            return self._loop
-
-    def _flush(self) -> None:
-        """At exit: a short-lived process (a management command) sends its wake-ups before its daemon
-        thread dies with it; they were lost before, and the message waited for the Redis poll."""
-        if self._pid != os.getpid():
-            return
-        for future in list(self._pending):
-            with contextlib.suppress(Exception):
-                future.result(timeout=FLUSH_SECONDS)
-
-    @staticmethod
-    async def _send() -> None:
-        from channels.layers import get_channel_layer
-
-        layer = get_channel_layer()
-        if layer is not None:
-            await layer.group_send(OUTBOX_GROUP, {"type": "outbox.wake"})
-
-    @staticmethod
-    def _report(future: asyncio.Future | Future) -> None:
-        if not future.cancelled() and future.exception() is not None:
-            # The rows are stored; pollers and the next wake deliver them. Never fail a send over this.
-            logger.warning("could not publish the outbox wake-up: %s", future.exception())
-
-
-wake_publisher = OutboxWakePublisher()
-
-
-@receiver(outbound_created, dispatch_uid="chat.outbox.wake")
-def _on_outbound_created(sender, messages, **kwargs) -> None:
-    if _deliverer is not None:
-        _deliverer.wake()
-    if not settings.REDIS_URL:
-        wake_local()  # the embedded default: the other ASGI processes sharing this database
-        return
-    try:
-        wake_publisher.publish()
-    except Exception:
-        logger.warning("could not publish the outbox wake-up", exc_info=True)

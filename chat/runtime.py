@@ -6,10 +6,11 @@
   registry's loop.
 * Wake: `wake_session()` (async), `wake_session_soon()` (sync, any thread of the process whose loop
   runs the runtimes), `wake_session_from_sync_process()` (a process with no event loop, e.g. the task
-  cluster). A wake is the channel-layer message `{"type": "session.wake", "reason": ...}` sent to the
-  session's group: with REDIS_URL set it reaches the runtime from every process; on the embedded
-  default (in-memory layer) only from within the ASGI process. A session without a live runtime
-  ignores a wake: runtimes are started by inbound messages (and `registry.wake_or_start`).
+  cluster). A wake is sent by this process's notifier (chat.notify): the channel-layer message
+  `{"type": "session.wake", "reason": ...}` to the session's group, which reaches the runtime from
+  every process on the scale-out layer, and only from within the ASGI process on the embedded default.
+  A session without a live runtime ignores a wake: runtimes are started by inbound messages (and
+  `registry.wake_or_start`).
 * The runtime itself (the actor that awaits wake-ups and runs what the planner's decision says) is
   chat.session_runtime.
 """
@@ -20,33 +21,27 @@ import asyncio
 import contextvars
 import os
 
-from asgiref.sync import SyncToAsync, async_to_sync
-from channels.layers import BaseChannelLayer, get_channel_layer
+from asgiref.sync import SyncToAsync
+from channels.layers import BaseChannelLayer
 
 from chat.models import Direction, Message
+from chat.notify import get_notifier
 from chat.runtime_registry import RuntimeRegistry
 from chat.services import inbound_stored
-from chat.session_runtime import WAKE, session_group
+from chat.session_runtime import session_group
+from core.aio import submit
 
 __all__ = ["registry", "session_group", "wake_session", "wake_session_from_sync_process", "wake_session_soon"]
-
-
-def wake_message(reason: str = "message") -> dict[str, str]:
-    return {"type": WAKE, "reason": reason}
 
 
 # --- waking a runtime, from anywhere -----------------------------------------------------------------
 
 
 async def wake_session(session_pk: int, reason: str = "message", *, layer: BaseChannelLayer | None = None) -> bool:
-    """Wake the live runtime of a session wherever it runs: a group message on the channel layer (Redis:
-    from every process; in-memory: within this process). The runtime then observes what was stored
-    since its last cycle; a session with no live runtime ignores it. False if no layer is configured."""
-    layer = layer if layer is not None else get_channel_layer()
-    if layer is None:
-        return False
-    await layer.group_send(session_group(session_pk), wake_message(reason))
-    return True
+    """Wake the live runtime of a session wherever it runs (the notifier's `wake_session`; `layer`: that
+    channel layer instead of the configured one). The runtime then observes what was stored since its
+    last cycle; a session with no live runtime ignores it. False if no layer is configured."""
+    return await get_notifier().wake_session(session_pk, reason, layer=layer)
 
 
 def wake_session_soon(session_pk: int, reason: str = "message") -> bool:
@@ -63,17 +58,13 @@ def wake_session_soon(session_pk: int, reason: str = "message") -> bool:
 
 def wake_session_from_sync_process(session_pk: int, reason: str = "message") -> bool:
     """Wake a session's runtime from a process that runs no event loop (the task cluster, a management
-    command), through the channel layer (it reaches the ASGI process only with REDIS_URL set).
-
-    This is the one place the runtime code wraps async code with `async_to_sync`, deliberately: a
-    channel layer is async-only (every `BaseChannelLayer` method is a coroutine, and Channels documents
-    `async_to_sync(channel_layer.group_send)` for sync callers), and such a process has no loop of its
-    own to hand the call to, so it runs on a private one. Code in the ASGI process must not use it:
-    it raises there (a running loop, or one of asgiref's worker threads); use `wake_session` or
-    `wake_session_soon`."""
+    command), through the notifier (it reaches the ASGI process only on the scale-out channel layer).
+    Blocking: the wake runs on the process's background loop (core.aio) and this waits for it. Code
+    in the ASGI process must not use it: it raises there (a running loop, or one of asgiref's worker
+    threads); use `wake_session` or `wake_session_soon`."""
     if _has_event_loop():
         raise RuntimeError("this thread belongs to an event loop: use wake_session() or wake_session_soon()")
-    return async_to_sync(wake_session, force_new_loop=True)(session_pk, reason)
+    return submit(wake_session(session_pk, reason)).result()
 
 
 def _has_event_loop() -> bool:

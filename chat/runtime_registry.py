@@ -11,8 +11,8 @@ Contracts:
   least to most recently active, and making room stops the least recently active idle runtime (if all
   are busy, the least recently active).
 * A runtime is handed its first wake directly (it cannot be reached through its group before it has
-  joined it); later wakes go through the channel layer (`wake`, given at construction), directly when
-  the layer fails.
+  joined it); later wakes go through the notifier (`wake`, given at construction: chat.notify),
+  directly when the layer fails.
 * Stopping is a `session.stop` on the runtime's own channel, then a cancellation if it has not ended
   `STOP_SECONDS` later (or the message cannot be sent). Shutdown stops every runtime and waits for
   them (a cycle cut short is still recorded, marked cancelled): under daphne it runs on the reactor's
@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 # How long a runtime asked to stop has before it is cancelled (see RuntimeRegistry.stop).
 STOP_SECONDS = 5.0
 
-# Sends a wake to a session's group: True if it was sent (chat.runtime.wake_session).
+# Sends a wake to a session's group: True if it was sent (chat.runtime.wake_session, the notifier's).
 GroupWake = Callable[[int, str], Awaitable[bool]]
 
 

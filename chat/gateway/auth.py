@@ -14,7 +14,7 @@ only for a platform that has no token: a platform with a token is reachable with
 tokens configured, loopback and the ALLOW_FROM networks are admitted, as any platform. A wrong token
 is refused wherever it comes from. So a connection's platform is its identity: only a holder of
 platform X's token (or, for a platform without one, an admitted address) can be X, receive X's
-messages, send as X, echo X's deliveries or replace X's connection (chat.gateway.registry).
+messages, send as X, echo X's deliveries or replace X's connection (chat.gateway.connections).
 Refusals are logged once per address and reason per minute (RefusalLog): a refused adapter retries
 every few seconds.
 """

@@ -36,7 +36,7 @@ async def plain_adapter_app(scope, receive, send) -> None:
         return
     conn = PlainAdapterConnection(platform=hello.platform, remote=f"{client[0]}:{client[1]}", send=send)
     conn.api_server, conn.client_uuid = hello.api_server, headers.get("x-uuid", "")[:128]
-    await gateway.adapter_connected(conn)
+    await gateway.connections.adapter_connected(conn)
     code = None
     try:
         while True:
@@ -51,9 +51,9 @@ async def plain_adapter_app(scope, receive, send) -> None:
                     except UnicodeDecodeError:
                         logger.warning("binary frame from %r dropped: not UTF-8 JSON", conn)
                         continue
-                await gateway.frame_text(conn, text)
+                await gateway.frames.frame_text(conn, text)
             elif kind == "websocket.disconnect":
                 code = event.get("code")
                 break
     finally:
-        await gateway.adapter_disconnected(conn, code)
+        await gateway.connections.adapter_disconnected(conn, code)

@@ -70,14 +70,14 @@ async def connect(sid: str, environ: dict, auth: Any = None) -> None:
     conn = SocketIOAdapterConnection(platform=hello.platform, remote=f"{client[0]}:{client[1]}", sid=sid, server=sio)
     conn.api_server, conn.client_uuid = hello.api_server, headers.get("x-uuid", "")[:128]
     _sio_conns[sid] = conn
-    await gateway.adapter_connected(conn)
+    await gateway.connections.adapter_connected(conn)
 
 
 @sio.event
 async def disconnect(sid: str, reason: Any = None) -> None:
     conn = _sio_conns.pop(sid, None)
     if conn is not None:
-        await get_gateway().adapter_disconnected(conn, None)
+        await get_gateway().connections.adapter_disconnected(conn, None)
 
 
 @sio.on("message")
@@ -87,9 +87,9 @@ async def message(sid: str, data: Any) -> None:
         return
     gateway = get_gateway()
     if isinstance(data, str | bytes):
-        await gateway.frame_text(conn, data.decode("utf-8", "replace") if isinstance(data, bytes) else data)
+        await gateway.frames.frame_text(conn, data.decode("utf-8", "replace") if isinstance(data, bytes) else data)
     else:
-        await gateway.frame_data(conn, data)
+        await gateway.frames.frame_data(conn, data)
 
 
 socketio_app = socketio.ASGIApp(sio, socketio_path="ws")

@@ -43,8 +43,8 @@ class FrameKind(StrEnum):
     COMMAND_RESPONSE = "command_response"
 
 
-# Frames decoded between two yields to the event loop (a batch's decoding must not hold the loop for
-# long: ~40 us each).
+# Frames decoded between two yields to the event loop: a batch's decoding must not hold the loop for
+# long (the cost of one: docs/benchmarks.md, `bench/ingest.py`).
 DECODE_SLICE = 100
 
 Decode = Callable[[Connection, str, float], "tuple[FrameKind, Any] | None"]
@@ -63,8 +63,8 @@ class IngestWriter:
     """The queue of frames (parsed, or a plain frame's text) and the task that stores them, in arrival
     order."""
 
-    def __init__(self, decode: Decode) -> None:
-        # What a TEXT frame becomes (the gateway's decode_text).
+    def __init__(self, decode: Decode, executor: ThreadPoolExecutor) -> None:
+        # What a TEXT frame becomes (chat.gateway.frames.FrameReader.decode_text).
         self._decode = decode
         # A deque and an event rather than an asyncio.Queue: a burst puts thousands of frames a second and
         # the writer takes whatever is there at once, so the queue's per-item waiter bookkeeping was
@@ -72,8 +72,8 @@ class IngestWriter:
         self._queue: deque[_Queued] = deque()
         self._queued = asyncio.Event()
         # One thread, one database connection, for the writer's batches and the gateway's connection
-        # records (chat.gateway.registry runs those here too).
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest")
+        # records (chat.gateway.connections runs those here too).
+        self.executor = executor
         self._store = db_call(self.executor, adapter_frames_store)
         self.stored_total = 0
 

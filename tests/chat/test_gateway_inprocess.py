@@ -162,11 +162,11 @@ async def test_frames_waiting_for_the_writer_are_kept_as_text_and_decoded_in_ord
             raise RuntimeError("a bug in decoding")
         return real_parse(data, **kwargs)
 
-    monkeypatch.setattr("chat.gateway.registry.parse_envelope", parse)
+    monkeypatch.setattr("chat.gateway.frames.parse_envelope", parse)
     try:
         await comm.send_json_to(envelope(text="first 第一"))
 
-        conn = get_gateway().adapters["qq"]
+        conn = get_gateway().connections.adapters["qq"]
 
         async def taken() -> bool:
             return conn.backlog == 1 and not writer._queue
@@ -313,7 +313,7 @@ class RecordingLayer:
         RecordingLayer.done.set()
 
 
-def test_a_send_from_sync_code_publishes_the_wake_on_a_loop_of_its_own(settings, make_session):
+def test_a_send_from_sync_code_publishes_the_wake_on_the_background_loop(settings, make_session):
     # As in a qcluster worker: no event loop in the calling thread, and none of a gateway in the process.
     settings.REDIS_URL = "redis://wake-test.invalid"
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": f"{__name__}.RecordingLayer"}}
@@ -322,4 +322,4 @@ def test_a_send_from_sync_code_publishes_the_wake_on_a_loop_of_its_own(settings,
     session = make_session()
     message_send(session=session, source_kind="proactive", text="wake the servers")  # commits: the hook runs
     assert RecordingLayer.done.wait(10)
-    assert RecordingLayer.published == [("outbox-wake", "maibot.outbox", {"type": "outbox.wake"})]
+    assert RecordingLayer.published == [("maibot-background", "maibot.outbox", {"type": "outbox.wake"})]

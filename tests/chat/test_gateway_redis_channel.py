@@ -11,8 +11,8 @@ import time
 import pytest
 from channels.layers import get_channel_layer
 
-from chat.gateway.registry import CLOSE_SECONDS, Gateway
-from chat.outbox import OUTBOX_GROUP
+from chat.gateway.registry import Gateway
+from chat.notify import CLOSE_SECONDS, OUTBOX_GROUP, ChannelLayerNotifier
 
 pytestmark = pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="the gateway's channel needs REDIS_URL")
 
@@ -27,12 +27,11 @@ async def members() -> set[str]:
 async def test_closing_ends_the_receive_at_once_and_leaves_the_outbox_group(caplog):
     gateway = Gateway()
     gateway.loop = asyncio.get_running_loop()
-    gateway._channel_ready = asyncio.Event()
-    gateway._start_listener()
-    thread = gateway._listen_thread
-    async with asyncio.timeout(10):
-        await gateway._channel_ready.wait()
-    assert gateway.channel_name in await members()
+    listener = ChannelLayerNotifier().listen(gateway)
+    assert listener.open() == "woken via Redis"
+    receive = listener.receive
+    assert await listener.ready(10)
+    assert listener.channel_name in await members()
     # The receive is in its blocking pop now; a wake-up through the group reaches the gateway's deliverer.
     woken = asyncio.Event()
     gateway.deliverer.wake = lambda: gateway.loop.call_soon_threadsafe(woken.set)
@@ -40,12 +39,12 @@ async def test_closing_ends_the_receive_at_once_and_leaves_the_outbox_group(capl
     async with asyncio.timeout(10):
         await woken.wait()
 
-    caplog.set_level(logging.WARNING, logger="chat.gateway.registry")
+    caplog.set_level(logging.WARNING, logger="chat.notify")
     started = time.monotonic()
-    await gateway._stop_listener()
+    await listener.close()
     took = time.monotonic() - started
-    assert not thread.is_alive()
+    assert receive.done() and not receive.cancelled()
     # A cancelled receive ends only when its blocking pop does (up to 5 s after it began).
     assert took < CLOSE_SECONDS / 2, f"close took {took:.2f} s: the receive was cancelled, not stopped"
-    assert not [r for r in caplog.records if r.name == "chat.gateway.registry"], caplog.text
-    assert gateway.channel_name not in await members()
+    assert not [r for r in caplog.records if r.name == "chat.notify"], caplog.text
+    assert listener.channel_name not in await members()

@@ -67,7 +67,9 @@ def test_a_plugins_life_loop_tool_runs_in_the_cluster_worker(make_session, start
         fake.script(fake.tool_call("write_diary", {"line": "a quiet evening"}))
         cluster = start_qcluster(OPENAI_BASE_URL=fake.base_url)
         timer_create(spec="1s", label="evening", payload="write your diary", session=make_session(), acted_by=SYSTEM)
-        assert wait_for(lambda: ToolCallRecord.objects.filter(name="write_diary").exists(), timeout=60)
+        # Its cycle's end too: the cycle's action is written then, after the call's record.
+        calls = ToolCallRecord.objects.filter(name="write_diary", cycle__ended_at__isnull=False)
+        assert wait_for(calls.exists, timeout=60)
         offered = {t["function"]["name"] for t in fake.requests[0]["tools"]}
     assert {"write_diary", "send_message"} <= offered and "get_weather" not in offered
     record = ToolCallRecord.objects.get(name="write_diary")
