@@ -17,8 +17,8 @@ from chat.models import ApiScope, ApiToken
 from scheduling.life.memory import inner_state_update
 from scheduling.life.models import InnerState
 from scheduling.models import ScheduledMessage
+from tests.api.mcp_client import call, mcp_session
 from tests.conftest import db
-from tests.mcp.client import call, mcp_session
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 

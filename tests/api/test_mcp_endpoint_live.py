@@ -16,9 +16,9 @@ from api.access import api_token_create, api_token_revoke
 from chat.models import ApiScope, ApiToken, ChatSession, Message
 from scheduling.life.models import InnerState, InnerStateRevision, MemorySlot, Timer
 from scheduling.models import ScheduledMessage
+from tests.api.mcp_client import call, mcp_session
 from tests.chat.gateway_helpers import Adapter06
 from tests.conftest import db, shared_adapter_token
-from tests.mcp.client import call, mcp_session
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 

@@ -17,7 +17,7 @@ from django.contrib.auth.models import User
 from django.test import Client, override_settings
 
 from tests.conftest import ROOT, subprocess_env, wait_for
-from tests.test_behind_proxy import PROXY_SOURCE, EdgeProxy
+from tests.maibot.test_behind_proxy import PROXY_SOURCE, EdgeProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -29,8 +29,8 @@ from plugins import host as plugin_host
 from plugins import manifest as mf
 from plugins.host import PluginState
 from tests.conftest import ROOT, subprocess_env
+from tests.console.test_console_config_editor import form_data_from
 from tests.plugins.conftest import FIXTURES, copy_plugins
-from tests.test_console_config_editor import form_data_from
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -55,7 +55,7 @@ def test_records_at_info_and_above_are_stored_with_their_origin(handler):
     assert wait_for(lambda: LogEntry.objects.count() == 2)
     info, error = LogEntry.objects.order_by("id")
     assert (info.level, info.level_name, info.message) == (20, "INFO", "定时消息 scheduled sm_abc")
-    assert info.logger == "tests.console.logdb" and info.module == "test_console_logdb" and info.line > 0
+    assert info.logger == "tests.console.logdb" and info.module == "test_logdb" and info.line > 0
     assert info.process == "cluster" and abs((datetime.now(UTC) - info.created_at).total_seconds()) < 30
     assert error.level_name == "ERROR" and "ValueError: boom" in error.message and "Traceback" in error.message
 

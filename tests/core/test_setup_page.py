@@ -1,6 +1,6 @@
 """The set-up page attacked in-process: wrong codes are counted and locked out (per client, for everyone,
 across processes), an operator made any other way closes the page, and the model *Test* never shows what
-the remote end sent. Through a real reverse proxy: tests/test_behind_proxy.py."""
+the remote end sent. Through a real reverse proxy: tests/maibot/test_behind_proxy.py."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ A dead process's claims die with it, in-process: the rule that takes claims back
 dispatcher's recovery) on heartbeat rows the test writes — a dead claimer's rows at once, a live one's
 never, however long it has held them —, two peers taking back and claiming the same rows at once, the
 heartbeat's epochs, and a server paused while handing over that hands over nothing it may have lost.
-The same with real processes: tests/test_cluster_faults.py (a server SIGKILLed behind HAProxy) and
+The same with real processes: tests/maibot/test_cluster_faults.py (a server SIGKILLed behind HAProxy) and
 tests/scheduling/test_claim_race.py (a cluster dying after its claim)."""
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ def test_adding_a_model_or_moving_its_provider_needs_the_provider_permission(con
     assert change.user.username == "op"
     assert change.provider == {"llm.models": [[], [["cheap", "https://llm.example/v1", "OPENAI_API_KEY"]]]}
     # The form editor leaves the tables alone when saving other keys.
-    from tests.test_console_config_editor import form_data
+    from tests.console.test_console_config_editor import form_data
 
     operator.post("/admin/config/", form_data(operator) | {"chat__max_rounds": "4"})
     after = config_file.read_text(encoding="utf-8")

@@ -1,6 +1,6 @@
 """The single file's parts without building it: the data dir's version stamp and the refusal, the secrets file,
 the set-up page's gate (the one-time code, always), the `maibot` command and the supervisor's children.
-The built file itself is tested live in tests/test_pyz.py."""
+The built file itself is tested live in tests/maibot/test_pyz.py."""
 
 from __future__ import annotations
 

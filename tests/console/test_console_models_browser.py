@@ -8,8 +8,8 @@ import pytest
 from django.contrib.auth.models import User
 
 from tests.conftest import CHROMIUM_ARGS, require_chromium
+from tests.console.test_console_models import answer_by_model
 from tests.fake_llm import FakeLLM
-from tests.test_console_models import answer_by_model
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.live]
 

@@ -1,4 +1,4 @@
-"""The bot as an MCP client: a server written with the SDK (tests/mcp/tool_server.py) over stdio and over
+"""The bot as an MCP client: a server written with the SDK (tests/scheduling/mcp/tool_server.py) over stdio and over
 streamable HTTP, its tools offered to the planner of a live daphne through the real openai client and
 the scripted LLM server, called and recorded; killed mid-call, restarted, reconfigured."""
 

@@ -1,4 +1,4 @@
-"""An MCP server's tool that never answers (tests/mcp/tool_server.py over stdio, the real mcp client
+"""An MCP server's tool that never answers (tests/scheduling/mcp/tool_server.py over stdio, the real mcp client
 in-process), called by the planner of several chats at once through chat's real session runtime and
 FakeLLM: another chat's planner call and reply come at once, and each stalled call is cut at the
 server's call_timeout_seconds with the error result the model sees, recorded."""

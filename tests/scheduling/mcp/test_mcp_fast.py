@@ -13,8 +13,8 @@ from core import reload
 from core.config import ConfigError, get_config, mcp_secret_resolve, parse_config
 from scheduling.mcp.client import offered_name
 from scheduling.mcp.models import McpServerState
-from tests import test_console_config_editor as editor_tests
-from tests.test_console_config_editor import form_data
+from tests.console import test_console_config_editor as editor_tests
+from tests.console.test_console_config_editor import form_data
 
 # The config editor's fixtures: a config file of the test's own, a superuser, staff with change_config only.
 config_file, operator, config_editor = editor_tests.config_file, editor_tests.operator, editor_tests.config_editor

@@ -1,6 +1,6 @@
 """`manage.py run_cluster`'s pieces, in-process: the servers' command line behind the balancer, the
 balancer's variables, the refusal without haproxy. The processes themselves run in
-tests/test_cluster_faults.py (live)."""
+tests/maibot/test_cluster_faults.py (live)."""
 
 from __future__ import annotations
 

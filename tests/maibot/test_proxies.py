@@ -1,5 +1,5 @@
 """The one client-address rule (maibot.proxies), in-process: which X-Forwarded-For entry is believed, and
-from whom. Through a real HAProxy and a real server: tests/test_behind_proxy.py."""
+from whom. Through a real HAProxy and a real server: tests/maibot/test_behind_proxy.py."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from django.test import Client
 
 from core import config, deployment_env, reload
 from core.redaction import PLACEHOLDER
-from tests.test_console_config_editor import form_data_from
+from tests.console.test_console_config_editor import form_data_from
 
 OPENAI_KEY = "sk-live-openai-0123456789"
 FILE_KEY = "sk-from-deployment-file-777"

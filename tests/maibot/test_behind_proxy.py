@@ -25,8 +25,8 @@ from core import setup
 from tests.chat.gateway_helpers import Adapter06, Adapter07, RawSocket, envelope
 from tests.cluster_support import listening, require
 from tests.conftest import Proc, free_port, subprocess_env, wait_for, wait_for_async
+from tests.core.test_setup_page import FORM
 from tests.internal_service import SECRET, InternalService
-from tests.test_setup_page import FORM
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 

@@ -1,5 +1,5 @@
 """An MCP server written with the SDK (MCPServer, formerly FastMCP) for the client tests; run as
-`python tests/mcp/tool_server.py stdio` or `python tests/mcp/tool_server.py http PORT`.
+`python tests/scheduling/mcp/tool_server.py stdio` or `python tests/scheduling/mcp/tool_server.py http PORT`.
 
 Tools: `add` (a + b), `shout` (text in capitals, with the header the HTTP client sent), `slow`
 (waits `seconds`, then answers: a call to kill the server in), `fail` (a tool error). With
