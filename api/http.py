@@ -27,7 +27,7 @@ from api.messages import (
     Origin,
     proactive_message_as_dict,
     proactive_message_cancel,
-    proactive_message_create,
+    proactive_message_from,
     proactive_message_get,
     proactive_messages_as_dicts,
     proactive_messages_list,
@@ -383,20 +383,7 @@ def message_create(request: HttpRequest, payload: MessageIn, idempotency_key: st
     token = request.auth
 
     def operation() -> tuple[int, dict[str, Any]]:
-        task = proactive_message_create(
-            token=token,
-            origin=str(payload.origin),
-            conversation_id=payload.conversation_id,
-            channel_type=payload.channel_type,
-            channel_thread_id=payload.channel_thread_id,
-            channel_user_id=payload.channel_user_id,
-            type=payload.type,
-            text=payload.text,
-            format=payload.format,
-            segments=[s.model_dump() for s in payload.segments] if payload.segments is not None else None,
-            image=payload.image.model_dump() if payload.image is not None else None,
-            send_at=payload.send_at,
-        )
+        task = proactive_message_from(token, str(payload.origin), payload)
         return 201, _message(task)
 
     fingerprint = request_fingerprint(method="POST", path=request.path, body=request.body)

@@ -62,6 +62,25 @@ def _api_error(exc: SchedulingError) -> ApiError:
 # --- services -------------------------------------------------------------------------------------
 
 
+def proactive_message_from(token: ApiToken, origin: str, request: Any) -> ScheduledMessage:
+    """`proactive_message_create` for a validated request (the HTTP API's body, the MCP tool's
+    arguments): its anchor fields, type, text, format, segments, image and send_at."""
+    return proactive_message_create(
+        token=token,
+        origin=origin,
+        conversation_id=request.conversation_id,
+        channel_type=request.channel_type,
+        channel_thread_id=request.channel_thread_id,
+        channel_user_id=request.channel_user_id,
+        type=request.type,
+        text=request.text,
+        format=request.format,
+        segments=[s.model_dump() for s in request.segments] if request.segments is not None else None,
+        image=request.image.model_dump() if request.image is not None else None,
+        send_at=request.send_at,
+    )
+
+
 def proactive_message_create(
     *,
     token: ApiToken,

@@ -53,7 +53,7 @@ from api.messages import (
     Origin,
     proactive_message_as_dict,
     proactive_message_cancel,
-    proactive_message_create,
+    proactive_message_from,
     proactive_message_get,
     proactive_messages_as_dicts,
     proactive_messages_list,
@@ -144,20 +144,7 @@ def _slot(slot: Any) -> Result:
 
 
 def send_message(token: ApiToken, args: SendMessageArgs) -> Result:
-    task = proactive_message_create(
-        token=token,
-        origin=Origin.MCP,
-        conversation_id=args.conversation_id,
-        channel_type=args.channel_type,
-        channel_thread_id=args.channel_thread_id,
-        channel_user_id=args.channel_user_id,
-        type=args.type,
-        text=args.text,
-        format=args.format,
-        segments=[s.model_dump() for s in args.segments] if args.segments is not None else None,
-        image=args.image.model_dump() if args.image is not None else None,
-        send_at=args.send_at,
-    )
+    task = proactive_message_from(token, Origin.MCP, args)
     return _message(task)
 
 
