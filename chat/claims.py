@@ -8,10 +8,10 @@ The invariants, for every model run on it:
 - States. A row is `pending` (anyone may claim it once it is due), `sending` (claimed: it carries a
   claim token, its claimer's instance id and a lease), or out of the machine (sent, failed, …).
 - Claiming is one conditional UPDATE, pending → sending, that stamps a fresh token, the claimer and
-  the lease, and counts the attempt. Candidates are chosen first (on PostgreSQL with FOR UPDATE SKIP
-  LOCKED inside the claim's transaction, so concurrent claimers pick disjoint rows; on SQLite by a plain
-  read, the UPDATE's `status = pending` condition alone deciding); a claimer owns exactly the rows its
-  UPDATE moved, read back by token.
+  the lease, and counts the attempt. Candidates are chosen first by a plain read (no row locks: a
+  claim never skips a due row because another statement holds it for a moment); the UPDATE's
+  `status = pending` condition alone decides, so of two claimers picking the same rows each row goes to
+  one. A claimer owns exactly the rows its UPDATE moved, read back by token.
 - Who writes a claimed row: only its claimer, and only through `finish` (or `finish_each`), whose
   UPDATE is conditional on the row still being `sending` under that claimer's token; and the release of
   abandoned claims (`end` on `abandoned`), whose UPDATE names the dead claimers. Every write that ends a claim
@@ -36,23 +36,21 @@ The invariants, for every model run on it:
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection, models, transaction
+from django.db import connection, models
 from django.db.models import F, Q, QuerySet
 from django.db.models.functions import Now
 
 from core.models import ProcessHeartbeat
 from core.process import instance_id
 
-Locking = Callable[[QuerySet], QuerySet]
-# What a claim takes: a function choosing the candidates' keys (given `Locking`), or the keys.
-Pick = Callable[[Locking], Iterable[Any]] | Collection[Any]
+# What a claim takes: a function choosing the candidates' keys, or the keys.
+Pick = Callable[[], Iterable[Any]] | Collection[Any]
 
 
 @dataclass(frozen=True)
@@ -78,15 +76,6 @@ class ClaimSpec:
         return {self.token: "", self.lease: None}
 
 
-def _locking(rows: QuerySet) -> QuerySet:
-    """Candidates read inside the claim's transaction: locked, skipping those another claimer holds."""
-    return rows.select_for_update(skip_locked=True, of=("self",))
-
-
-def _plain(rows: QuerySet) -> QuerySet:
-    return rows
-
-
 def claim(
     spec: ClaimSpec,
     pick: Pick,
@@ -96,25 +85,22 @@ def claim(
     claimer: str | None = None,
 ) -> tuple[str, int]:
     """Claim the pending rows `pick` names for `claimer` (this process, unless a test stands in for
-    another); the claim's token. `pick(lock)` chooses the candidates' primary keys, passing each
-    queryset it reads through `lock`; or `pick` is the keys themselves. Returns the claim's token and
-    how many rows it took; read them with `held(spec, token)`."""
-    token, taken = uuid.uuid4().hex, 0
-    skip_locked = connection.features.has_select_for_update_skip_locked
-    # No savepoint: nested in a caller's transaction the claim is part of it (and costs no statements).
-    with transaction.atomic(savepoint=False) if skip_locked and callable(pick) else contextlib.nullcontext():
-        ids = list(pick(_locking if skip_locked else _plain) if callable(pick) else pick)
-        if ids:
-            taken = spec.model.objects.filter(pk__in=ids, **{spec.status: spec.pending}).update(
-                **{
-                    spec.status: spec.sending,
-                    spec.token: token,
-                    spec.claimer: claimer or instance_id(),
-                    spec.lease: now + timedelta(seconds=lease_seconds),
-                    spec.attempts: F(spec.attempts) + 1,
-                },
-                **spec.stamp(now),
-            )
+    another); the claim's token. `pick()` chooses the candidates' primary keys, or `pick` is the keys
+    themselves. Returns the claim's token and how many rows it took; read them with `held(spec, token)`."""
+    token = uuid.uuid4().hex
+    ids = list(pick() if callable(pick) else pick)
+    if not ids:
+        return token, 0
+    taken = spec.model.objects.filter(pk__in=ids, **{spec.status: spec.pending}).update(
+        **{
+            spec.status: spec.sending,
+            spec.token: token,
+            spec.claimer: claimer or instance_id(),
+            spec.lease: now + timedelta(seconds=lease_seconds),
+            spec.attempts: F(spec.attempts) + 1,
+        },
+        **spec.stamp(now),
+    )
     return token, taken
 
 

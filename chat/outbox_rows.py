@@ -120,15 +120,15 @@ def outbox_claim(
     ).order_by("id")
     platforms = [p for p in adapter_platforms if p != WEB_PLATFORM]
 
-    def pick(lock: claims.Locking) -> list[int]:
+    def pick() -> list[int]:
         ids: list[int] = []
         if platforms or web_users:
             target = Q(session__platform__in=platforms)
             if web_users:
                 target |= Q(session__platform=WEB_PLATFORM, session__user_id__in=list(web_users))
-            ids = list(lock(due.filter(target)).values_list("id", flat=True)[:limit])
+            ids = list(due.filter(target).values_list("id", flat=True)[:limit])
         for platform in probing:
-            first = lock(due.filter(session__platform=platform)).values_list("id", flat=True).first()
+            first = due.filter(session__platform=platform).values_list("id", flat=True).first()
             if first is not None:
                 ids.append(first)
         return ids

@@ -130,9 +130,9 @@ def claim_due(
     returned: a concurrent claimer's rows fail the `status='pending'` condition and are skipped.
     `claimer`: the instance the claim is made for (this process's, unless a test stands in for another)."""
 
-    def pick(lock: claims.Locking) -> list[str]:
+    def pick() -> list[str]:
         due = ScheduledMessage.objects.filter(status=ScheduledStatus.PENDING, due_at__lte=now).order_by("due_at")
-        return list(lock(due).values_list("pk", flat=True)[:limit])
+        return list(due.values_list("pk", flat=True)[:limit])
 
     return _claim(pick, now=now, lease_seconds=lease_seconds, claimer=claimer)
 

@@ -353,9 +353,9 @@ def user(request) -> ClaimUser:
 
 
 def pending(spec: claims.ClaimSpec):
-    def pick(lock):
+    def pick():
         rows = spec.model.objects.filter(**{spec.status: spec.pending}).order_by("pk")
-        return list(lock(rows).values_list("pk", flat=True))
+        return list(rows.values_list("pk", flat=True))
 
     return pick
 
