@@ -35,7 +35,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from chat.components import CHAT, LIFE, ToolContext, ToolErrorCode, error, ok, register_tool, registry
-from core.aio import db, wait_event
+from core.aio import background_loop, db, wait_event
 from core.config import BotConfig, McpServerEntry, get_config, mcp_secret_resolve
 from core.reload import register_reload_callback
 from scheduling.mcp.models import McpLinkState, McpServerState
@@ -323,7 +323,7 @@ clients = McpClients(CHAT)
 
 class LifeMcpClients(McpClients):
     """The life loop's servers in a cluster worker (sync code, no event loop of its own): the links
-    live in a loop on a daemon thread of the worker, started by the first turn that needs them."""
+    live on the worker's background loop (core.aio), from the first turn that needs them."""
 
     def __init__(self) -> None:
         super().__init__(LIFE)
@@ -339,8 +339,7 @@ class LifeMcpClients(McpClients):
         with self._lock:
             if self._pid != os.getpid():  # first use in this (forked) worker
                 self._pid, self.links = os.getpid(), {}
-                self.loop = asyncio.new_event_loop()
-                threading.Thread(target=self.loop.run_forever, name="maibot-mcp-life", daemon=True).start()
+                self.loop = background_loop()
             future = concurrent.futures.Future()
             self.loop.call_soon_threadsafe(lambda: future.set_result(self.apply(config)))
             started = future.result(timeout=10)
