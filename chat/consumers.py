@@ -9,7 +9,7 @@ from typing import Any
 
 from chat.gateway import BrowserConnection, get_gateway
 from chat.ingest import InboundItem
-from chat.outbox import WEB_PLATFORM
+from chat.outbox_rows import WEB_PLATFORM
 from chat.wire.inbound import InboundMessage, MessageInfo, UserInfo
 from core.config import get_config
 from core.text import is_blank, text_problem

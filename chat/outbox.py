@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from asgiref.sync import sync_to_async
-from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from chat import events
@@ -30,7 +28,7 @@ from chat.delivery_gate import DeliveryGate, confirm_window, outbox_confirm_over
 from chat.models import Message
 from chat.notify import get_notifier
 from chat.outbox_rows import BATCH_SIZE, WEB_PLATFORM, Delivery, outbox_claim, outbox_finish, outbox_sweep
-from core.aio import wait_event
+from core.aio import db, wait_event
 from core.config import get_config
 from core.process import Heartbeat, heartbeat_acquire, heartbeat_release
 
@@ -48,20 +46,6 @@ class Sink:
     async def deliver(self, delivery: Delivery) -> bool:
         """Write the frame; False when the connection is gone (the row waits again)."""
         ...
-
-
-def db_call(executor: ThreadPoolExecutor, fn: Callable) -> Callable:
-    """`fn` (sync, ORM) as an awaitable that runs in `executor`: one long-lived thread, one connection."""
-
-    def run(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except DatabaseError:
-            # A broken connection in this long-lived thread must not poison every later call.
-            connection.close()
-            raise
-
-    return sync_to_async(run, thread_sensitive=False, executor=executor)
 
 
 @dataclass
@@ -86,10 +70,10 @@ class Deliverer:
         self._loop: asyncio.AbstractEventLoop | None = None
         # One thread keeps one database connection for the deliverer's short statements.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox")
-        self._claim = db_call(self.executor, outbox_claim)
-        self._finish = db_call(self.executor, outbox_finish)
-        self._sweep = db_call(self.executor, outbox_sweep)
-        self._overdue = db_call(self.executor, outbox_confirm_overdue)
+        self._claim = db(outbox_claim, executor=self.executor)
+        self._finish = db(outbox_finish, executor=self.executor)
+        self._sweep = db(outbox_sweep, executor=self.executor)
+        self._overdue = db(outbox_confirm_overdue, executor=self.executor)
         self.sent_total = 0
         self.rounds = 0  # claim rounds run (tests wait for rounds to prove that nothing was handed over)
         # The loop time of the earliest confirm deadline of a row this process handed over: the

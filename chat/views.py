@@ -7,7 +7,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from chat.models import ChatSession, ChatType, make_session_id
-from chat.outbox import WEB_PLATFORM
+from chat.outbox_rows import WEB_PLATFORM
 from chat.wire.outbound import browser_frame
 
 HISTORY = 50

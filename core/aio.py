@@ -18,7 +18,7 @@ from functools import wraps
 from typing import Any, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections, connection
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -30,7 +30,9 @@ def db(fn: Callable[P, R], *, executor: Executor | None = None, fresh: bool = Fa
     By default it runs in the caller's DB thread (asgiref's thread-sensitive hop): inside sync code
     that awaits async code, that code's own thread, connection and transaction; elsewhere the process's
     one shared DB thread, whose connection the chat runtimes' queries take in turn. `executor`: that
-    executor's threads instead, for work that must not queue behind the chat runtimes. `fresh`:
+    executor's threads instead (long-lived ones, each with its own connection), for work that must not
+    queue behind the chat runtimes; a DatabaseError closes that thread's connection, so a broken one
+    never poisons its later calls. `fresh`:
     connections that broke or outlived CONN_MAX_AGE are closed before and after the call (Channels'
     rule for consumers; with CONN_MAX_AGE=0 a new connection per call), for code that hops now and
     then from a long-lived task and must recover from a database restart by itself."""
@@ -44,6 +46,17 @@ def db(fn: Callable[P, R], *, executor: Executor | None = None, fresh: bool = Fa
                 return inner(*args, **kwargs)
             finally:
                 close_old_connections()
+
+    if executor is not None:
+        inner_call = fn
+
+        @wraps(inner_call)
+        def fn(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return inner_call(*args, **kwargs)
+            except DatabaseError:
+                connection.close()
+                raise
 
     return sync_to_async(fn, thread_sensitive=executor is None, executor=executor)
 

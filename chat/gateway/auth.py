@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from chat.outbox import WEB_PLATFORM
+from chat.outbox_rows import WEB_PLATFORM
 from core.adapter_tokens import AdapterToken
 from core.networks import address_in
 

@@ -17,8 +17,10 @@ from chat import outbox
 from chat.delivery_gate import DeliveryGate
 from chat.ingest import adapter_connection_close, adapter_connection_open, adapter_connection_set_accept_format
 from chat.notify import GatewayListener, get_notifier
-from chat.outbox import WEB_PLATFORM, Deliverer, Delivery, db_call
+from chat.outbox import Deliverer
+from chat.outbox_rows import WEB_PLATFORM, Delivery
 from chat.wire.outbound import api_server_package, plain_text_frame
+from core.aio import db
 
 if TYPE_CHECKING:
     import socketio
@@ -149,9 +151,9 @@ class Connections(outbox.Sink):
         # Connection records are written on the ingest writer's thread (one thread, one database
         # connection): `records` is that executor.
         self.records = records
-        self._open = db_call(records, adapter_connection_open)
-        self._close = db_call(records, adapter_connection_close)
-        self._set_accept = db_call(records, adapter_connection_set_accept_format)
+        self._open = db(adapter_connection_open, executor=records)
+        self._close = db(adapter_connection_close, executor=records)
+        self._set_accept = db(adapter_connection_set_accept_format, executor=records)
         self._background: set[asyncio.Task] = set()
         self.deliverer = Deliverer(self, self.gate)
 

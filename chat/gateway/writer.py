@@ -19,9 +19,9 @@ from django.db import connection
 from chat.gateway.connections import BrowserConnection, Connection
 from chat.ingest import AdapterFrames, InboundItem, adapter_frames_store
 from chat.models import Message
-from chat.outbox import db_call
 from chat.services import inbound_stored
 from chat.wire.outbound import browser_frame
+from core.aio import db
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class IngestWriter:
         # One thread, one database connection, for the writer's batches and the gateway's connection
         # records (chat.gateway.connections runs those here too).
         self.executor = executor
-        self._store = db_call(self.executor, adapter_frames_store)
+        self._store = db(adapter_frames_store, executor=self.executor)
         self.stored_total = 0
 
     def enqueue(self, conn: Connection, kind: FrameKind, payload: Any) -> None:
