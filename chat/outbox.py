@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -42,7 +42,11 @@ class Sink:
     """Where a claimed row goes: the registry of live connections in this process (chat.gateway)."""
 
     def web_users(self) -> Collection[str]: ...
-    def accept_formats(self) -> dict[str, list[str]]: ...
+    def accept_formats(self) -> Mapping[str, list[str]]:
+        """What each platform accepts, live: the claim reads it when it builds the frames, after its
+        rows are read, so a row written after an adapter said what it accepts is built accordingly."""
+        ...
+
     async def deliver(self, delivery: Delivery) -> bool:
         """Write the frame; False when the connection is gone (the row waits again)."""
         ...
@@ -169,7 +173,7 @@ class Deliverer:
             adapter_platforms=platforms,
             web_users=users,
             probing=probing,
-            accept_formats=dict(self.sink.accept_formats()),
+            accept_formats=self.sink.accept_formats(),
         )
         if not batch:
             return False

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -95,7 +95,7 @@ def outbox_claim(
     *,
     adapter_platforms: Collection[str],
     web_users: Collection[str],
-    accept_formats: dict[str, list[str]],
+    accept_formats: Mapping[str, list[str]],
     probing: Collection[str] = (),
     limit: int = BATCH_SIZE,
     lease_seconds: float | None = None,
@@ -144,7 +144,7 @@ def outbox_claim(
     return token, _deliveries(rows, accept_formats)
 
 
-def _deliveries(rows: list[OutboundRow], accept_formats: dict[str, list[str]]) -> list[Delivery]:
+def _deliveries(rows: list[OutboundRow], accept_formats: Mapping[str, list[str]]) -> list[Delivery]:
     """The claimed rows with their frames (a row whose frame cannot be built carries its error)."""
     # Only what the frames need: a session's other columns (times) cost a conversion per row read.
     sessions = ChatSession.objects.only(*FRAME_SESSION_FIELDS).in_bulk({row.session_id for row in rows})

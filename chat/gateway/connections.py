@@ -253,7 +253,7 @@ class Connections(outbox.Sink):
         return list(self.browsers)
 
     def accept_formats(self) -> dict[str, list[str]]:
-        return self.accept
+        return self.accept  # live: changed only by replacing a platform's list, never in place
 
     async def deliver(self, delivery: Delivery) -> bool:
         if delivery.platform == WEB_PLATFORM:

@@ -5,6 +5,7 @@ and the real maim_message clients are in test_gateway_mm06.py / test_gateway_mm0
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import uuid
@@ -18,6 +19,7 @@ from django.test.utils import CaptureQueriesContext
 
 from chat.consumers import ChatPageConsumer
 from chat.delivery_errors import DeliveryError
+from chat.gateway import get_gateway
 from chat.ingest import InboundItem, inbound_messages_store
 from chat.models import AdapterConnection, ChatSession, DeliveryStatus, Message
 from chat.outbox_rows import outbox_claim, outbox_finish, outbox_sweep
@@ -98,6 +100,44 @@ async def test_a_reply_goes_out_as_the_exact_text_frame_adapters_expect(app):
     )
     assert text == expected
     assert sent.sent_at is not None and sent.delivered_at is None
+
+
+async def test_a_waiting_claim_builds_its_frames_with_what_the_platform_accepts_by_then(app):
+    """A deliverer round can start (woken by the connection) and its claim wait on the outbox's thread
+    (a busy database) while the adapter's first message says what the platform accepts and a reply is
+    written. The reply the claim picks up is built for that accept_format: no voice, no quote."""
+    comm = await _connected(app)
+    deliverer = get_gateway().deliverer
+    claim, claim_made = deliverer._claim, asyncio.Event()
+
+    async def claim_waiting_on_the_thread(**kwargs):
+        claim_made.set()
+        return await claim(**kwargs)
+
+    release = threading.Event()
+    deliverer.executor.submit(release.wait, 2 * TIMEOUT)  # a claim made from now on waits behind this
+    deliverer._claim = claim_waiting_on_the_thread
+    try:
+        deliverer.wake()
+        await asyncio.wait_for(claim_made.wait(), TIMEOUT)  # made, and queued behind the blocker
+        await comm.send_json_to(envelope(user_id=10001, text="hi", accept_format=["text"]))
+        stored = await wait_for_async(
+            lambda: Message.objects.filter(direction="in").select_related("session").first(), what="stored"
+        )
+        out = await db(
+            message_send,
+            session=stored.session,
+            source_kind="reply",
+            segments=[{"type": "text", "data": "look"}, {"type": "voice", "data": "AAAA"}],
+            reply_to_platform_id="123",
+        )
+        release.set()
+        frame = json.loads(await comm.receive_from(timeout=TIMEOUT))
+    finally:
+        release.set()
+        await comm.disconnect(timeout=TIMEOUT)
+    assert frame["message_info"]["message_id"] == str(out.uid)
+    assert frame["message_segment"]["data"] == [{"type": "text", "data": "look"}]
 
 
 @pytest.mark.parametrize("token", ["wrong", None])
