@@ -102,6 +102,7 @@ async def test_adapter_reconnects_through_the_balancer_when_its_server_is_killed
     platform = "qq-lb-kill"
     session = await db(make_session, platform=platform)
     adapter = await NapCatStandIn(deployment.base, platform=platform).start()
+    killed = None
     try:
 
         async def holding() -> int:
@@ -125,6 +126,7 @@ async def test_adapter_reconnects_through_the_balancer_when_its_server_is_killed
         # A burst in flight when its server dies, then more while the adapter is away.
         burst = await send([f"burst {i}" for i in range(50)])
         deployment.kill_server(holder)
+        killed = holder
         during = await send([f"during {i}" for i in range(20)])
 
         # The real client notices the closed socket and reconnects (2 s later) through the balancer,
@@ -146,6 +148,10 @@ async def test_adapter_reconnects_through_the_balancer_when_its_server_is_killed
             lambda: Message.objects.filter(session=session, direction="in", text="after the failover").exists(),
             what="the inbound message stored",
         )
+    except BaseException:
+        if killed is not None and deployment.servers[killed].popen.poll() is not None:
+            deployment.start_server(killed)  # failed midway: the module's next scenarios need both servers
+        raise
     finally:
         await adapter.stop()
 
