@@ -1,34 +1,55 @@
-"""The docs site builds without a warning, loads nothing from another host, and the README's links to
-files in the repository (the docs pages among them) lead somewhere."""
+"""The docs site builds without a warning, loads nothing from another host (checked in the HTML, and in
+headless Chromium, where its search must work offline), and the README stays an operator's page whose
+links to files in the repository (the docs pages among them) lead somewhere."""
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 import subprocess
 import sys
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+import pytest
+
+from tests.conftest import CHROMIUM_ARGS, require_chromium
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_docs_site_builds_strictly_with_its_picture(tmp_path):
-    site = tmp_path / "site"
+def build_site(site: Path) -> subprocess.CompletedProcess:
+    """`mkdocs build --strict` into `site`, from the repository's folder (the snippets' base path).
+    NO_MKDOCS_2_WARNING silences Material's notice of its end of life (May 2027), which is no build
+    warning; any other WARNING fails."""
     command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml")]
-    done = subprocess.run(
+    return subprocess.run(
         [*command, "--site-dir", str(site)],
         capture_output=True,
         text=True,
         timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
+
+
+def test_docs_site_builds_strictly_with_its_picture(tmp_path):
+    site = tmp_path / "site"
+    done = build_site(site)
     assert done.returncode == 0, done.stderr
     assert "WARNING" not in done.stderr, done.stderr
     page = (site / "architecture" / "index.html").read_text()
     assert "architecture.svg" in page
     assert (site / "architecture.svg").is_file()
-    # Nothing from a CDN: every script, stylesheet and picture comes with the site.
+    # Nothing from a CDN: every script, stylesheet and picture comes with the site; no web font.
     for html in site.rglob("*.html"):
-        loads = re.findall(r'<(?:script|img)[^>]*\bsrc="(https?:)?//|<link[^>]*\bhref="(https?:)?//', html.read_text())
+        text = html.read_text()
+        loads = re.findall(r'<(?:script|img)[^>]*\bsrc="(https?:)?//|<link[^>]*\bhref="(https?:)?//', text)
         assert not loads, f"{html.relative_to(site)} loads from another host"
+        assert "fonts.googleapis" not in text and "fonts.gstatic" not in text, html
+    assert (site / "search" / "search_index.json").is_file()
 
 
 def test_readme_links_lead_to_files_in_the_repository():
@@ -37,3 +58,59 @@ def test_readme_links_lead_to_files_in_the_repository():
     assert any(t.startswith("docs/") for t in targets)
     missing = [t for t in targets if not (ROOT / t.split("#")[0]).exists()]
     assert not missing
+    # Every docs page is on the site's navigation.
+    nav = (ROOT / "mkdocs.yml").read_text()
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")}
+    assert pages == set(re.findall(r"^\s+- [^:]+: ([\w-]+\.md)$", nav, re.M))
+
+
+class QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.mark.live
+@pytest.mark.browser
+def test_site_in_chromium_loads_nothing_from_another_host_and_searches_offline(tmp_path):
+    """Every page opened in headless Chromium from a local server, with every request elsewhere recorded
+    and refused; the theme's search (its index and web worker) answers a query."""
+    site = tmp_path / "site"
+    done = build_site(site)
+    assert done.returncode == 0, done.stderr
+    handler = functools.partial(QuietHandler, directory=str(site))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}/"
+    outside: list[str] = []
+
+    def route(route) -> None:
+        if route.request.url.startswith(base):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    from playwright.sync_api import sync_playwright
+
+    pages = sorted(str(p.parent.relative_to(site)) for p in site.rglob("index.html"))
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=require_chromium(), args=CHROMIUM_ARGS, headless=True)
+            try:
+                page = browser.new_page()
+                page.set_default_timeout(20_000)
+                page.route("**/*", route)
+                for path in pages:
+                    page.goto(base + ("" if path == "." else f"{path}/"), wait_until="load")
+                    assert page.locator("article h1").first.inner_text().strip(), path
+                page.goto(base)
+                page.fill("input[data-md-component=search-query]", "heartbeat")
+                page.locator(".md-search-result__item").first.wait_for()
+                assert "heartbeat" in page.locator(".md-search-result").inner_text().lower()
+            finally:
+                browser.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(pages) >= 5
+    assert outside == []
