@@ -24,6 +24,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def never_echoes(*platforms: str) -> None:
+    """Record the platforms of a benchmark's adapters as shown never to echo (chat.delivery_gate): the
+    clients they run answer nothing, and a fresh platform would get one message at a time for its first
+    confirm window, which is not what a benchmark measures. Before the adapters connect."""
+    from django.utils import timezone
+
+    from chat.models import AdapterPlatform
+
+    for platform in platforms:
+        AdapterPlatform.objects.update_or_create(platform=platform, defaults={"no_echo_at": timezone.now()})
+
+
 def embedded_default(
     prefix: str, *, bot_config: str = "", unset: tuple[str, ...] = (), **env: str
 ) -> tuple[Path, dict]:

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import embedded_default, free_port, fresh_postgres, pct  # noqa: E402
+from bench.common import embedded_default, free_port, fresh_postgres, never_echoes, pct  # noqa: E402
 
 TOKEN = "bench"
 PLATFORM = "bench"
@@ -64,6 +64,7 @@ class Adapter:
             self.received.setdefault(text, now)
 
     async def start(self) -> None:
+        await asyncio.to_thread(never_echoes, PLATFORM)
         self.task = asyncio.create_task(self.router.run())
         while not self.router.check_connection(PLATFORM):
             await asyncio.sleep(0.05)

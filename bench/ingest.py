@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import embedded_default, free_port, gc_summary, pct, with_gc_probe  # noqa: E402
+from bench.common import embedded_default, free_port, gc_summary, never_echoes, pct, with_gc_probe  # noqa: E402
 
 
 def cpu_seconds(pid: int) -> float:
@@ -67,6 +67,7 @@ async def run(n: int, base: str, server_pid: int, gc_log: Path) -> None:
             last_received_at = time.time()
             all_received.set()
 
+    await sync_to_async(never_echoes)("qq")
     router = Router(
         RouteConfig(route_config={"qq": TargetConfig(url=base.replace("http", "ws") + "/ws", token="bench")})
     )

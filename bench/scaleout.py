@@ -50,7 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import free_port, pct  # noqa: E402
+from bench.common import free_port, never_echoes, pct  # noqa: E402
 
 BENCH_CONFIG = (
     "[chat]\ndebounce_seconds = 0.0\n"
@@ -206,6 +206,7 @@ class Adapter:
             waiter.set_result(time.time())
 
     async def start(self) -> Adapter:
+        await db(never_echoes, self.platform)
         self.task = asyncio.create_task(self.router.run())
         deadline = time.monotonic() + 30
         while not self.router.check_connection(self.platform):

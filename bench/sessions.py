@@ -41,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import embedded_default, free_port, gc_summary, pct, with_gc_probe  # noqa: E402
+from bench.common import embedded_default, free_port, gc_summary, never_echoes, pct, with_gc_probe  # noqa: E402
 
 FAKE_LLM_SERVER = """
 import time
@@ -126,6 +126,7 @@ async def run(args, base: str, pid: int, cookie: str, debounce: float, gc_log: P
         if len(latency) == expected:
             all_in.set()
 
+    await asyncio.to_thread(never_echoes, "qq")
     router = Router(RouteConfig(route_config={"qq": TargetConfig(url=base.replace("http", "ws") + "/ws", token=TOKEN)}))
     router.register_class_handler(on_message)
     task = asyncio.create_task(router.run())

@@ -1,11 +1,12 @@
 """The delivery gate: how far an adapter connection is trusted with outbound rows, and when a row handed
 over without an echo goes again.
 
-Whether a platform echoes has one source of truth, its AdapterPlatform row (`first_echo_at`, set by
-chat.ingest when it stores the platform's first `message_id_echo`): `platforms_that_echo` reads it for
-the sweep, and a `DeliveryGate` keeps, for the platforms connected to its process, the same fact as it
-read it when the connection opened (`connected`), updated by the echoes that come over the process's
-own connections (which chat.ingest records in that row as they are stored).
+What a platform's adapter has shown has one source of truth, its AdapterPlatform row: `first_echo_at`
+(it echoes; set by chat.ingest when it stores the platform's first `message_id_echo`) or `no_echo_at`
+(a connection that stayed up showed it never echoes; set here). Neither: the platform is unproven.
+`platforms_that_echo` reads it for the sweep, and a `DeliveryGate` keeps, for the platforms connected
+to its process, the same facts as it read them when the connection opened (`connected`), updated by
+what happens over the process's own connections.
 
 For a platform that echoes:
 - Probation. A new connection is unproven: it takes one row at a time (the oldest due, `probing`)
@@ -19,6 +20,19 @@ For a platform that echoes:
   `unconfirmed` (`no_echo`) after `gateway.max_delivery_attempts` hand-overs (`outbox_confirm_overdue`).
   A new connection makes the rows awaiting an echo from an earlier one due at once
   (`outbox_platform_reconnected`).
+
+For an unproven platform (a fresh install): its connections are on probation too, one row at a time,
+each with its confirm deadline, until either
+- an echo arrives: the platform echoes (above), and the backlog flows; or
+- the probe's deadline passes on the connection it went to, still up: the adapter delivers without
+  echoing (`outbox_unanswered_probes`). The platform is remembered as one that never echoes: its rows
+  flow at once and at most once from then on (the probe stays `sent`, never handed over twice). That
+  first message costs the platform one confirm window, once.
+- An outage before either (the connection goes while its probe awaits an echo) keeps the rest queued.
+  The probe's fate is unknown and it is not sent twice (`outbox_unproven_reconnected`). The next
+  connection is `wary`: an adapter reconnects before its own platform side (NapCat comes back 1.4-2.1 s
+  after a restarted adapter, which drops what it is handed meanwhile), so its first unanswered probe
+  is handed over again rather than taken as the verdict; the next unanswered one is the verdict.
 """
 
 from __future__ import annotations
@@ -28,6 +42,7 @@ from collections.abc import Collection
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, Protocol
 
+from django.db import transaction
 from django.db.models import Case, DateTimeField, Value, When
 from django.utils import timezone
 
@@ -127,6 +142,47 @@ def outbox_platform_reconnected(*, platform: str, now: datetime | None = None) -
     ).update(next_attempt_at=now)
 
 
+def outbox_unproven_reconnected(*, platform: str) -> int:
+    """A new connection of an unproven platform: rows handed to an earlier one and still awaiting their
+    echo (its probe) lost that echo with it. Whether they reached the platform is unknown, and the
+    platform is not known to echo: they stay `sent` and await nothing more (never handed over twice).
+    Their number: more than none means an outage came before the platform showed what it does."""
+    return Message.objects.filter(
+        session__platform=platform, delivery_status=DeliveryStatus.SENT, next_attempt_at__isnull=False
+    ).update(next_attempt_at=None)
+
+
+def outbox_unanswered_probes(*, platforms: Collection[str], now: datetime | None = None) -> list[str]:
+    """Of these unproven platforms (each on a live connection of the calling process, which handed their
+    rows over), those whose probe's confirm deadline passed with no echo: their adapter does not echo.
+    Their overdue rows stay `sent` (at most once, as on any platform that does not echo) and the
+    platforms are remembered (`no_echo_at`). A platform whose echo came meanwhile is left out."""
+    now = now or timezone.now()
+    if not platforms:
+        return []
+    overdue = Message.objects.filter(delivery_status=DeliveryStatus.SENT, next_attempt_at__lte=now)
+    with transaction.atomic():
+        found = set(overdue.filter(session__platform__in=list(platforms)).values_list("session__platform", flat=True))
+        found -= set(
+            AdapterPlatform.objects.filter(platform__in=found, first_echo_at__isnull=False).values_list(
+                "platform", flat=True
+            )
+        )
+        if not found:
+            return []
+        overdue.filter(session__platform__in=list(found)).update(next_attempt_at=None)
+        for platform in sorted(found):
+            if not AdapterPlatform.objects.filter(platform=platform).update(no_echo_at=now, updated_at=now):
+                AdapterPlatform.objects.get_or_create(platform=platform, defaults={"no_echo_at": now})
+    for platform in sorted(found):
+        logger.warning(
+            "platform %s: no echo within the confirm window on a connection that stayed up: its adapter does "
+            "not confirm deliveries; its messages go out at once and at most once from now on",
+            platform,
+        )
+    return sorted(found)
+
+
 class GatedConnection(Protocol):
     """What the gate reads and keeps on an adapter connection (chat.gateway.connections.Connection)."""
 
@@ -135,6 +191,9 @@ class GatedConnection(Protocol):
     opened_at: datetime | None
     proven: bool  # an echo came over it since it opened (or since it last missed a confirm deadline)
     probe_id: int | None  # the one row handed to it while unproven
+    # Of an unproven platform, opened after an outage came before the verdict: its first unanswered
+    # probe is handed over again rather than taken to show that the platform never echoes.
+    wary: bool
 
 
 class DeliveryGate:
@@ -143,18 +202,32 @@ class DeliveryGate:
 
     def __init__(self, adapters: dict[str, Any]) -> None:
         self.adapters = adapters
-        # Connected platforms whose adapter echoes: the AdapterPlatform row as read at connect, and the
-        # echoes seen here since.
+        # Connected platforms whose adapter echoes, and those whose adapter never does: their
+        # AdapterPlatform row as read at connect, and what was seen here since. In neither: unproven.
         self.echoing: set[str] = set()
+        self.silent: set[str] = set()
 
-    def connected(self, conn: GatedConnection, *, echoes: bool) -> None:
-        """`conn` is recorded; `echoes`: its platform's row says it echoes (an operator may reset it)."""
+    def connected(
+        self, conn: GatedConnection, *, echoes: bool, never_echoes: bool = False, after_outage: bool = False
+    ) -> None:
+        """`conn` is recorded; `echoes` / `never_echoes`: what its platform's row says (an operator may
+        reset it); `after_outage`: an unproven platform's earlier connection went with its probe out."""
+        self.echoing.discard(conn.platform)
+        self.silent.discard(conn.platform)
         if echoes:
             self.echoing.add(conn.platform)
-        else:
-            self.echoing.discard(conn.platform)
+        elif never_echoes:
+            self.silent.add(conn.platform)
+        conn.wary = after_outage and self._unproven(conn.platform)
         conn.ready = True
-        if self._gated(conn):
+        if self._unproven(conn.platform):
+            logger.info(
+                "adapter %r connected; its platform has not shown whether it confirms deliveries: one message at a"
+                " time until an echo comes, or a confirm window passes without one%s",
+                conn,
+                " (twice: it reconnected before showing it)" if conn.wary else "",
+            )
+        elif self._gated(conn):
             logger.info("adapter %r connected: one message at a time until it echoes a delivery", conn)
         else:
             logger.info("adapter %r connected", conn)
@@ -165,14 +238,29 @@ class DeliveryGate:
         if not isinstance(content, dict) or content.get("actual_id") in (None, "") or conn.proven:
             return False
         self.echoing.add(conn.platform)
-        conn.proven, conn.probe_id = True, None
+        self.silent.discard(conn.platform)
+        conn.proven, conn.probe_id, conn.wary = True, None, False
         if self.adapters.get(conn.platform) is not conn:
             return False
         logger.info("adapter %r echoed a delivery: its backlog goes out", conn)
         return True
 
+    def never_echoes(self, platforms: Collection[str]) -> None:
+        """These unproven platforms showed that their adapter never echoes (outbox_unanswered_probes):
+        their connections take whatever is due from now on (an echo seen here meanwhile wins)."""
+        for platform in platforms:
+            if platform in self.echoing:
+                continue
+            self.silent.add(platform)
+            conn = self.adapters.get(platform)
+            if conn is not None:
+                conn.probe_id, conn.wary = None, False
+
+    def _unproven(self, platform: str) -> bool:
+        return platform not in self.echoing and platform not in self.silent
+
     def _gated(self, conn: GatedConnection) -> bool:
-        return conn.platform in self.echoing and not conn.proven
+        return conn.platform not in self.silent and not conn.proven
 
     def adapter_platforms(self) -> Collection[str]:
         """Connected platforms that take whatever is due."""
@@ -182,9 +270,28 @@ class DeliveryGate:
         """Connected platforms that take one row now (a connection that has not shown it can deliver)."""
         return [p for p, conn in self.adapters.items() if conn.ready and self._gated(conn) and conn.probe_id is None]
 
-    def echoing_platforms(self) -> Collection[str]:
-        """Connected platforms whose adapter echoes: their rows await an echo once sent."""
-        return [p for p in self.adapters if p in self.echoing]
+    def confirming_platforms(self) -> Collection[str]:
+        """Connected platforms whose hand-overs await an echo (the platform echoes, or has not shown
+        that it never does)."""
+        return [p for p in self.adapters if p not in self.silent]
+
+    def overdue_platforms(self) -> Collection[str]:
+        """Connected platforms whose rows may be past their confirm deadline: those that echo, and the
+        unproven ones with a probe out (their only row awaiting an echo)."""
+        return [
+            p
+            for p, conn in self.adapters.items()
+            if p in self.echoing or (self._unproven(p) and conn.probe_id is not None)
+        ]
+
+    def concluding_platforms(self) -> Collection[str]:
+        """Connected unproven platforms whose probe, unanswered by its deadline, shows that they never
+        echo (outbox_unanswered_probes); the other confirming platforms' rows go again instead."""
+        return [
+            p
+            for p, conn in self.adapters.items()
+            if conn.ready and self._unproven(p) and not conn.wary and conn.probe_id is not None
+        ]
 
     def take(self, conn: GatedConnection, message_id: int) -> bool:
         """Whether `conn` may be handed the row now (an unproven one: as its probe, if none is out)."""
@@ -208,6 +315,9 @@ class DeliveryGate:
                 continue
             if conn.probe_id == row.id:
                 conn.probe_id = None  # the next oldest due (most likely this row again) is the next probe
+                if conn.wary:
+                    conn.wary = False  # handed over again once; the next unanswered probe is the verdict
+                    logger.info("adapter %r: no echo for message %s yet; handing it over again", conn, row.id)
             elif conn.proven and row.sent_at is not None and conn.opened_at and row.sent_at >= conn.opened_at:
                 conn.proven, conn.probe_id = False, None
                 logger.warning(

@@ -17,7 +17,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from chat.accounts import bot_account_learn
-from chat.delivery_gate import outbox_platform_reconnected
+from chat.delivery_gate import outbox_platform_reconnected, outbox_unproven_reconnected
 from chat.media import MediaError, decode_base64, media_store
 from chat.models import (
     AdapterConnection,
@@ -302,7 +302,7 @@ def adapter_platforms_echoed(*, platforms: set[str], now: datetime | None = None
     now = now or timezone.now()
     for platform in platforms:
         known = AdapterPlatform.objects.filter(platform=platform).update(
-            last_echo_at=now, first_echo_at=Coalesce(F("first_echo_at"), Value(now)), updated_at=now
+            last_echo_at=now, first_echo_at=Coalesce(F("first_echo_at"), Value(now)), no_echo_at=None, updated_at=now
         )
         if not known:
             AdapterPlatform.objects.get_or_create(
@@ -361,8 +361,12 @@ class AdapterOpened:
     record_id: int
     # The segment types the platform's adapter last said it accepts (empty: not known yet).
     accept_format: list[str]
-    # Its adapter has echoed before: the new connection is gated until it echoes (chat.gateway).
+    # Its adapter has echoed before: the new connection is gated until it echoes (chat.delivery_gate).
     echoes: bool
+    # Its adapter was shown never to echo: the connection takes whatever is due. Neither: unproven.
+    never_echoes: bool
+    # Unproven, and an earlier connection went while a message handed to it awaited its echo.
+    after_outage: bool
     # (id, channel) of replaced records held by other processes, whose sockets they should close.
     elsewhere: list[tuple[int, str]]
 
@@ -370,7 +374,7 @@ class AdapterOpened:
 def adapter_connection_open(*, platform: str, protocol: str, remote: str, channel_name: str = "") -> AdapterOpened:
     """Record a new connection; earlier open records of the platform are closed (it replaced them).
     For a platform that echoes, rows handed to an earlier connection and still awaiting their echo
-    become due at once."""
+    become due at once; for one not known to echo or not, they await it no more (chat.delivery_gate)."""
     now = timezone.now()
     with transaction.atomic():
         previous = list(
@@ -391,11 +395,21 @@ def adapter_connection_open(*, platform: str, protocol: str, remote: str, channe
         record = AdapterConnection.objects.create(
             platform=platform, protocol=protocol, remote=remote[:255], channel_name=channel_name, accept_format=accept
         )
-        echoes = bool(known and known.echoes)
+        echoes, never_echoes = bool(known and known.echoes), bool(known and known.never_echoes)
+        after_outage = False
         if echoes:
             outbox_platform_reconnected(platform=platform, now=now)
+        elif not never_echoes:
+            after_outage = outbox_unproven_reconnected(platform=platform) > 0
     elsewhere = [(pk, channel) for pk, channel in previous if channel and channel != channel_name]
-    return AdapterOpened(record_id=record.id, accept_format=accept, echoes=echoes, elsewhere=elsewhere)
+    return AdapterOpened(
+        record_id=record.id,
+        accept_format=accept,
+        echoes=echoes,
+        never_echoes=never_echoes,
+        after_outage=after_outage,
+        elsewhere=elsewhere,
+    )
 
 
 def adapter_connection_close(*, record_id: int, close_code: int | None) -> None:

@@ -228,6 +228,9 @@ class AdapterPlatform(models.Model):
     # Set by the first message_id_echo: from then on a hand-over without an echo is redelivered.
     first_echo_at = models.DateTimeField(null=True, blank=True)
     last_echo_at = models.DateTimeField(null=True, blank=True)
+    # Set when a connection that stayed up showed the adapter does not echo (chat.delivery_gate): from
+    # then on its connections take whatever is due, at most once. An echo wins over it.
+    no_echo_at = models.DateTimeField(null=True, blank=True)
     # The segment types the adapter last said it accepts (format_info.accept_format), kept across
     # reconnects until it says otherwise.
     accept_format = models.JSONField(default=list, blank=True)
@@ -244,6 +247,10 @@ class AdapterPlatform(models.Model):
     @property
     def echoes(self) -> bool:
         return self.first_echo_at is not None
+
+    @property
+    def never_echoes(self) -> bool:
+        return self.first_echo_at is None and self.no_echo_at is not None
 
 
 class AdapterConnection(models.Model):

@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from chat import events
 from chat.delivery_errors import DeliveryError
-from chat.delivery_gate import DeliveryGate, confirm_window, outbox_confirm_overdue
+from chat.delivery_gate import DeliveryGate, confirm_window, outbox_confirm_overdue, outbox_unanswered_probes
 from chat.models import Message
 from chat.notify import get_notifier
 from chat.outbox_rows import BATCH_SIZE, WEB_PLATFORM, Delivery, outbox_claim, outbox_finish, outbox_sweep
@@ -78,6 +78,7 @@ class Deliverer:
         self._finish = db(outbox_finish, executor=self.executor)
         self._sweep = db(outbox_sweep, executor=self.executor)
         self._overdue = db(outbox_confirm_overdue, executor=self.executor)
+        self._unanswered = db(outbox_unanswered_probes, executor=self.executor)
         self.sent_total = 0
         self.rounds = 0  # claim rounds run (tests wait for rounds to prove that nothing was handed over)
         # The loop time of the earliest confirm deadline of a row this process handed over: the
@@ -152,15 +153,10 @@ class Deliverer:
         """Settle overdue confirms, claim what this process may deliver, hand it over, mark it. True
         when a full batch went out (claim again at once)."""
         self.rounds += 1
-        echoing = set(self.gate.echoing_platforms())
         if self._loop.time() >= self._next_deadline:
             self._next_deadline = float("inf")
-        if echoing:
-            # Rows past their confirm deadline go back (or are unconfirmed) before anything is claimed:
-            # one indexed query, only while a platform that echoes is connected here.
-            overdue = await self._overdue(platforms=echoing)
-            if overdue:
-                self.gate.confirm_missed(overdue)
+        await self._settle_overdue()
+        echoing = set(self.gate.confirming_platforms())  # its rows await an echo once handed over
         platforms = list(self.gate.adapter_platforms())
         probing = list(self.gate.probing_platforms())
         users = list(self.sink.web_users())
@@ -198,6 +194,24 @@ class Deliverer:
         if done.sent:
             events.emit_background(events.Point.AFTER_SEND, lambda: _after_send_kwargs(done.sent))
         return len(batch) >= BATCH_SIZE and not done.gone and not done.lapsed
+
+    async def _settle_overdue(self) -> None:
+        """Rows past their confirm deadline, before anything is claimed (an indexed query, only while a
+        platform that echoes is connected here, or an unproven one's probe is out): an unproven
+        platform's unanswered probe shows that it never echoes; other such rows go back (or are
+        unconfirmed)."""
+        checking = set(self.gate.overdue_platforms())
+        if not checking:
+            return
+        concluding = set(self.gate.concluding_platforms())
+        if concluding:
+            silent = await self._unanswered(platforms=concluding)
+            if silent:
+                self.gate.never_echoes(silent)
+        if checking - concluding:
+            overdue = await self._overdue(platforms=checking - concluding)
+            if overdue:
+                self.gate.confirm_missed(overdue)
 
     async def _hand_over(self, batch: list[Delivery], epoch: int, done: HandOver) -> None:
         for delivery in batch:

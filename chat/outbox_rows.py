@@ -13,6 +13,9 @@ offline adapter longer than `gateway.offline_expiry_seconds` fail with `adapter_
 Two delivery guarantees, by what the platform's adapter has shown (chat.delivery_gate):
 - A platform whose adapter has never echoed: at most once. A row whose claimer died mid-send (or ran
   out its lease) fails with `delivery_interrupted` rather than risk a second copy on the platform.
+  (While such a platform is unproven its rows go one at a time with a confirm deadline, which shows
+  whether it echoes; the one exception to at most once is a probe handed over again on a connection
+  that followed an outage: chat.delivery_gate.)
 - A platform whose adapter echoes: a sent row carries its confirm deadline in `next_attempt_at`; with
   no echo by then it is pending again and handed over again, oldest first, `gateway.max_delivery_attempts`
   hand-overs in all, then `unconfirmed` (`no_echo`). A row left `sending` by a dead claimer is treated
@@ -215,8 +218,9 @@ def outbox_sweep(*, now=None) -> tuple[int, int]:
     """Fail rows that waited past the offline expiry. Take back the abandoned claims (chat.claims:
     dead claimers, claims past their lease): such a row fails too, or, on a platform that echoes,
     counts as sent without an echo (handed over again within the attempt limit).
-    Rows whose echo is overdue on a platform with no open adapter connection are settled here too, one
-    lease after their deadline (a process holding the platform's connection settles them at once)."""
+    Rows whose echo is overdue on a platform that echoes and has no open adapter connection are settled
+    here too, one lease after their deadline (a process holding the platform's connection settles them
+    at once); an unproven platform's are settled by its next connection (chat.delivery_gate)."""
     now = now or timezone.now()
     config = get_config().gateway
     expired = claims.expire(
@@ -233,7 +237,10 @@ def outbox_sweep(*, now=None) -> tuple[int, int]:
     overdue = Message.objects.filter(delivery_status=DeliveryStatus.SENT, next_attempt_at__lte=grace)
     if overdue.exists():
         connected = AdapterConnection.objects.filter(disconnected_at__isnull=True).values_list("platform", flat=True)
-        orphans = overdue.exclude(session__platform__in=list(connected))
+        # An unproven platform's probe is not handed over again: its next connection settles it.
+        orphans = overdue.exclude(session__platform__in=list(connected)).filter(
+            session__platform__in=platforms_that_echo()
+        )
         if orphans.exists():
             outbox_confirm_overdue(platforms=set(orphans.values_list("session__platform", flat=True)), now=grace)
     if expired:

@@ -168,12 +168,16 @@ def _platform_count(counts: dict, part: str, state: str, description: str):
 class AdapterPlatformAdmin(ReadOnlyAdmin):
     """What we know of each platform's adapter, and how its outbound messages fared."""
 
-    fields = ["platform", "echoes", "first_echo_at", "last_echo_at", "accept_format", "bot_account", "updated_at"]
+    fields = [
+        "platform", "echoes", "first_echo_at", "last_echo_at", "no_echo_at", "accept_format", "bot_account",
+        "updated_at",
+    ]  # fmt: skip
     readonly_fields = fields
 
     @admin.display(boolean=True, description="echoes deliveries")
-    def echoes(self, obj: AdapterPlatform) -> bool:
-        return obj.echoes
+    def echoes(self, obj: AdapterPlatform) -> bool | None:
+        """Yes, no (shown never to echo: chat.delivery_gate), or unknown yet (unproven)."""
+        return True if obj.echoes else (False if obj.never_echoes else None)
 
     @admin.display(description="last echo", ordering="last_echo_at")
     def last_echo_local(self, obj: AdapterPlatform) -> str:

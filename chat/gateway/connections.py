@@ -47,7 +47,7 @@ class Connection:
     client_uuid: str = ""
     # The code we closed it with (replaced, flood, bad token), which is what the record keeps.
     close_code: int | None = None
-    # The delivery gate, for a platform whose adapter echoes (Connections): when it opened,
+    # The delivery gate, for a platform whose adapter echoes or may (Connections): when it opened,
     # whether an echo came over it since (or since it last missed a confirm deadline), and the one row
     # handed to it meanwhile.
     opened_at: datetime | None = None
@@ -56,6 +56,8 @@ class Connection:
     ready: bool = False
     proven: bool = False
     probe_id: int | None = None
+    # Of a platform not yet known to echo or not, opened after an outage came before it showed which.
+    wary: bool = False
 
     async def send(self, frame: dict[str, Any]) -> bool:
         raise NotImplementedError
@@ -202,7 +204,9 @@ class Connections(outbox.Sink):
             self._remember_accept_soon(opened.record_id, conn.platform, self.accept[conn.platform])
         if opened.elsewhere:
             await get_notifier().close_replaced_elsewhere(opened.elsewhere)
-        self.gate.connected(conn, echoes=opened.echoes)
+        self.gate.connected(
+            conn, echoes=opened.echoes, never_echoes=opened.never_echoes, after_outage=opened.after_outage
+        )
         self.deliverer.wake()
 
     async def adapter_disconnected(self, conn: Connection, code: int | None) -> None:

@@ -62,7 +62,8 @@ class GatewaySection(Section):
         ge=1,
         le=3600,
         description="For a platform whose adapter echoes deliveries: a message handed over with no echo within "
-        "this is handed over again (the wait doubles with each attempt).",
+        "this is handed over again (the wait doubles with each attempt). On a platform not yet known to echo, "
+        "one window without an echo shows that its adapter does not (learned once).",
     )
     max_delivery_attempts: int = Field(
         5,

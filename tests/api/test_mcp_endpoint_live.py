@@ -17,7 +17,7 @@ from chat.models import ApiScope, ApiToken, ChatSession, Message
 from scheduling.life.models import InnerState, InnerStateRevision, MemorySlot, Timer
 from scheduling.models import ScheduledMessage
 from tests.api.mcp_client import call, mcp_session
-from tests.chat.gateway_helpers import Adapter06
+from tests.chat.gateway_helpers import Adapter06, never_echoes
 from tests.conftest import db, shared_adapter_token
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
@@ -43,6 +43,7 @@ async def test_messages_now_and_scheduled_reach_the_real_adapter(shared_server, 
     _, base = shared_server
     raw = await token("mcp-messages", scopes=ALL_SCOPES)
     group = await db(make_session, chat_type="group", platform=PLATFORM)
+    await db(never_echoes, PLATFORM)  # known not to echo: "later" goes at once (chat.delivery_gate)
     adapter = await Adapter06(base, platform=PLATFORM, token=shared_adapter_token(PLATFORM)).start()
     try:
         async with mcp_session(base, raw) as mcp:

@@ -165,6 +165,20 @@ def write_bot_config(data_dir: Path, text: str) -> None:
     (data_dir / "bot_config.toml").write_text(text, encoding="utf-8")
 
 
+def never_echoes(*platforms: str) -> None:
+    """Record these platforms as shown never to echo (AdapterPlatform.no_echo_at, chat.delivery_gate), as
+    a connection that stayed up through a confirm window would have: their adapters take whatever is due
+    at once, each message once. For a test whose adapter does not echo and which is about something else
+    than the gate (an unproven platform gets one message at a time). Before the adapter connects: the
+    gateway reads it then."""
+    from django.utils import timezone
+
+    from chat.models import AdapterPlatform
+
+    for platform in platforms:
+        AdapterPlatform.objects.update_or_create(platform=platform, defaults={"no_echo_at": timezone.now()})
+
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 MM07_PYTHON = ROOT / ".venv-mm07" / "bin" / "python"
 

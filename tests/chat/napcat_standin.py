@@ -16,6 +16,13 @@ What it copies from the adapter's source (facts, not code):
   `return_exceptions=True`, so the frame is gone without a trace. Only on `status: ok` does the
   adapter send `message_id_echo` with content {"type": "echo", "echo": <our message_id>,
   "actual_id": <NapCat's message_id>}; otherwise it logs a warning and says nothing.
+- main.py: the adapter dials us (mmc_start_com) at start, whether or not NapCat (a client of the
+  adapter) is connected to it yet, and tells us nothing when NapCat connects (lifecycle and heartbeat
+  meta events are only logged). A frame that comes before NapCat does raises on the missing socket
+  (AttributeError on None) and is gone as above: nothing is queued for NapCat's return, nothing echoed.
+- NapCat answers a send once QQ's server took it, which can take a while (`answer_delay`); the echo
+  waits for that answer, so an adapter stopped meanwhile (a restart) loses the echo of a message its
+  NapCat delivered.
 - Reconnects: the maim_message 0.6.8 client reconnects by itself (2 s after a lost connection, then
   doubling to 10 s; its Router re-creates a client it finds disconnected every 5 s). NapCat, a client
   of the adapter, comes back 1.4–2.1 s after the adapter restarts (measured, issue 12): the tests bring
@@ -65,22 +72,40 @@ class Delivered:
 
 @dataclass
 class NapCat:
-    """The platform side: answers send_private_msg / send_group_msg as NapCat does, when connected."""
+    """The platform side: answers send_private_msg / send_group_msg as NapCat does, when connected.
+
+    One NapCat (one QQ account: what its users see) may serve one adapter after another: a test that
+    restarts the adapter passes the same NapCat to the new stand-in and takes it down (`up = False`:
+    its socket to the old adapter closed) until it reconnects."""
 
     up: bool = True
     # Delivers but its answer never comes (the adapter times out after 10 s and echoes nothing): an echo
     # lost although the user got the message.
     answers: bool = True
+    # Seconds between accepting an action and its answer reaching the adapter (NapCat answers a send
+    # once QQ's server took it). An answer due over a socket that closed meanwhile (NapCat went down, or
+    # the adapter process was stopped: the stand-in cancels its handlers) never arrives.
+    answer_delay: float = 0.0
     delivered: list[Delivered] = field(default_factory=list)
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1_000_001))
+    # Counts NapCat's connections to an adapter: an answer goes over the one its request came on.
+    link: int = 0
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "up" and value and not getattr(self, "up", True):
+            object.__setattr__(self, "link", self.link + 1)  # reconnected: a new socket
+        object.__setattr__(self, name, value)
 
     async def call(self, action: str, params: dict) -> dict:
         if not self.up:
             raise NapCatGone("no connection from NapCat")
+        link = self.link
         message_id = next(self._ids)
         target = params.get("group_id", params.get("user_id"))
         self.delivered.append(Delivered(action, target, params["message"], message_id))
-        if not self.answers:
+        if self.answer_delay:
+            await asyncio.sleep(self.answer_delay)
+        if not self.answers or not self.up or self.link != link:
             await asyncio.Event().wait()  # never answered; the caller's timeout ends the wait
         return {"status": "ok", "retcode": 0, "data": {"message_id": message_id}, "echo": "request-uuid"}
 
@@ -127,6 +152,8 @@ class NapCatStandIn:
         self.router = Router(RouteConfig(route_config={platform: TargetConfig(url=ws_url(base), token=None)}))
         self.router.register_class_handler(self.handle_message)
         self._task: asyncio.Task | None = None
+        # The send handlers running (each frame's, in a task of maim_message's client).
+        self._handlers: set[asyncio.Task] = set()
 
     # --- lifecycle
     async def start(self, timeout: float = 20.0) -> NapCatStandIn:
@@ -141,6 +168,11 @@ class NapCatStandIn:
         return self
 
     async def stop(self) -> None:
+        """The adapter process ends: what its handlers were doing (an answer awaited from NapCat, the
+        echo after it) ends with it."""
+        for handler in list(self._handlers):
+            handler.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
         await self.router.stop()
         if self._task is not None:
             self._task.cancel()
@@ -151,11 +183,16 @@ class NapCatStandIn:
         from maim_message import MessageBase
 
         self.received.append(raw)
-        message = MessageBase.from_dict(raw)
-        if message.message_segment.type == "command":
-            await self._send_command(message)
-        else:
-            await self._send_normal_message(message)
+        task = asyncio.current_task()
+        self._handlers.add(task)
+        try:
+            message = MessageBase.from_dict(raw)
+            if message.message_segment.type == "command":
+                await self._send_command(message)
+            else:
+                await self._send_normal_message(message)
+        finally:
+            self._handlers.discard(task)
 
     async def _send_normal_message(self, message) -> None:
         info = message.message_info

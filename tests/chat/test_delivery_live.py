@@ -1,6 +1,7 @@
 """Delivery confirmed by the platform against a real daphne, with the NapCat stand-in (the real
 maim_message 0.6.8 client behaving as MaiBot-Napcat-Adapter 0.7.0 does): an adapter restart while
-NapCat is still away, a NapCat-only outage, an echo that never comes, a server that died with a row
+NapCat is still away (on a platform that echoed, and on a fresh one before its first echo), a
+NapCat-only outage, an echo that never comes, a server that died with a row
 `sending`, and a frozen (SIGSTOP) adapter. Small confirm windows in the servers' bot configs keep them
 short; the in-process twins with an injected clock are in test_delivery.py."""
 
@@ -100,6 +101,52 @@ async def test_an_adapter_restart_with_three_due_messages_delivers_each_once_aft
         assert second.napcat.texts() == ["due 0", "due 1", "due 2"]  # each once, in order
         assert [r.delivery_attempts for r in rows] == [2, 1, 1]
         assert all(r.delivered_at >= r.sent_at for r in rows)
+    finally:
+        await second.stop()
+
+
+async def test_a_fresh_platform_whose_adapter_restarts_before_its_first_echo_delivers_every_due_message_once(
+    start_server, tmp_path, make_session
+):
+    # The issue's scenario: fresh data, the bot's first reply, and the adapter restarted before that
+    # reply's echo came (NapCat delivered it but answers slowly), back before NapCat. 4 s confirm
+    # windows (hand-overs at 0, 4, 12 s): the restart comes well inside the first reply's window.
+    write_bot_config(tmp_path / "data-fresh", FAST_CONFIRM.replace("confirm_seconds = 2.0", "confirm_seconds = 4.0"))
+    _, base = start_server("fresh")
+    platform = "qq-fresh"
+    session = await db(make_session, platform=platform)
+    napcat = NapCat(answer_delay=2.0)
+    first = await NapCatStandIn(base, platform=platform, napcat=napcat).start()
+    reply = await db(message_send, session=session, source_kind="reply", text="first reply")
+    await until(lambda: napcat.texts() == ["first reply"], "NapCat delivered the first reply")
+
+    # The adapter restarts; NapCat's socket to it closes with it, the answer (and so the echo) is lost.
+    napcat.up = False
+    await first.stop()
+    await wait_for_async(
+        lambda: not AdapterConnection.objects.filter(platform=platform, disconnected_at__isnull=True).exists(),
+        what="the adapter gone",
+    )
+    assert (await db(status_of, reply)).delivery_status == "sent"  # no echo came: the platform is unproven
+    due = [await db(message_send, session=session, source_kind="scheduled_send", text=f"due {i}") for i in range(3)]
+
+    second = await NapCatStandIn(base, platform=platform, napcat=napcat).start()
+    try:
+        await until(lambda: second.dropped, "a hand-over dropped by the adapter while NapCat is away")
+        assert second.dropped == [("napcat_down", str(due[0].uid))]
+        # One message on trial: the others were never handed to an adapter not yet shown to deliver.
+        assert [r.delivery_attempts for r in await db(lambda: [status_of(m) for m in due])] == [1, 0, 0]
+
+        napcat.answer_delay, napcat.up = 0.0, True  # NapCat reconnects to the new adapter
+        rows = await delivered(*due)
+        assert napcat.texts() == ["first reply", "due 0", "due 1", "due 2"]  # each once, in order
+        assert [r.delivery_attempts for r in rows] == [2, 1, 1]
+        assert second.received_ids() == [str(due[0].uid), *[str(m.uid) for m in due]]
+        # The first reply's fate is unknown to us (its echo was lost): it was not handed over twice.
+        first_row = await db(status_of, reply)
+        assert (first_row.delivery_status, first_row.delivery_attempts, first_row.next_attempt_at) == ("sent", 1, None)
+        known = await db(lambda: AdapterPlatform.objects.get(platform=platform))
+        assert known.echoes and known.no_echo_at is None
     finally:
         await second.stop()
 

@@ -304,7 +304,8 @@ def test_adapter_platform_admin_shows_echoes_and_per_platform_counts(operator, m
     AdapterPlatform.objects.create(
         platform="qq", first_echo_at=now, last_echo_at=now, accept_format=["text", "image"], bot_account="123456"
     )
-    AdapterPlatform.objects.create(platform="wechat")
+    AdapterPlatform.objects.create(platform="wechat", no_echo_at=now)  # shown never to echo
+    AdapterPlatform.objects.create(platform="line")  # has shown neither yet (chat.delivery_gate)
     for status, n in ((DeliveryStatus.DELIVERED, 3), (DeliveryStatus.UNCONFIRMED, 2), (DeliveryStatus.FAILED, 1)):
         for _ in range(n):
             _outbound(make_session, status)
@@ -313,7 +314,7 @@ def test_adapter_platform_admin_shows_echoes_and_per_platform_counts(operator, m
     page = operator.get(PLATFORMS).content.decode()
     qq, wechat = row(page, ">qq<"), row(page, ">wechat<")
     assert "123456" in qq and "image" in qq and 'alt="True"' in qq
-    assert 'alt="False"' in wechat
+    assert 'alt="False"' in wechat and 'alt="None"' in row(page, ">line<")
     cells = lambda line: [int(n) for n in re.findall(r'<a href="[^"]*delivery=\w+[^"]*">(\d+)</a>', line)]  # noqa: E731
     assert cells(qq) == [3, 2, 1]
     assert cells(wechat) == [0, 0, 1]

@@ -12,7 +12,7 @@ from django.conf import settings
 
 from chat.models import AdapterConnection, ChatSession, CommandResponse, DeliveryStatus, Media, Message
 from chat.services import Outbound, message_send, messages_send
-from tests.chat.gateway_helpers import Adapter06, RawSocket, envelope
+from tests.chat.gateway_helpers import Adapter06, RawSocket, envelope, never_echoes
 from tests.conftest import SHARED_ADAPTER_TOKENS, db, shared_adapter_token, wait_for_async
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
@@ -155,6 +155,7 @@ async def test_second_connection_replaces_the_first_which_is_closed_1000(server)
 
 
 async def test_offline_messages_wait_and_go_out_on_reconnect_in_order(server, make_session):
+    await db(never_echoes, "qq")  # an adapter that does not echo, known as one (chat.delivery_gate)
     session = await db(make_session, user_id="30003")
     first = await db(message_send, session=session, source_kind="scheduled_send", text="one")
     second = await db(message_send, session=session, source_kind="reply", text="two")
@@ -184,6 +185,7 @@ async def test_offline_messages_wait_and_go_out_on_reconnect_in_order(server, ma
 async def test_with_redis_a_send_from_another_process_is_delivered_at_once(server, make_session):
     # This test process is "another process" (like qcluster): its sends reach the server only through
     # the channel layer group; the server's own safety poll is 5 s, so each prompt arrival is the wake-up.
+    await db(never_echoes, "qq")  # known not to echo: each message goes at once (chat.delivery_gate)
     adapter = await Adapter06(server, token=TOKEN).start()
     try:
         session = await db(make_session, user_id="50005")
@@ -200,7 +202,9 @@ async def test_with_redis_a_send_from_another_process_is_delivered_at_once(serve
 
 async def test_outbound_follows_the_adapters_accept_format_and_inlines_media(server, make_session):
     png = b"\x89PNG\r\n\x1a\n" + b"outbound image" * 10
-    # A platform of its own: the server keeps a platform's accept_format across connections.
+    # A platform of its own: the server keeps a platform's accept_format across connections. Known not
+    # to echo: its second message goes at once (chat.delivery_gate).
+    await db(never_echoes, "narrow")
     adapter = await Adapter06(server, platform="narrow", token=shared_adapter_token("narrow")).start()
     try:
         # This adapter cannot quote and takes no voice: it says so in its messages' format_info. Its
@@ -258,6 +262,7 @@ async def test_two_server_processes_never_send_a_message_twice(start_server, mak
             close_codes.append(exc.rcvd.code if exc.rcvd else None)
 
     session = await db(make_session, user_id="80008")
+    await db(never_echoes, "qq")  # known not to echo: the burst flows at once (chat.delivery_gate)
     async with RawSocket(first_base, token=TOKEN) as one:
         await wait_for_async(lambda: AdapterConnection.objects.filter(disconnected_at__isnull=True).exists())
         async with RawSocket(second_base, token=TOKEN) as two:

@@ -22,8 +22,8 @@ from chat.models import Message
 from chat.offline import run_offline_cycle
 from chat.wire.inbound import EnvelopeError, json_text_is_storable, parse_custom, parse_envelope
 from core import config
-from tests.chat.gateway_helpers import Adapter06, RawSocket, envelope
-from tests.conftest import SHARED_ADAPTER_TOKENS, wait_for
+from tests.chat.gateway_helpers import Adapter06, RawSocket, envelope, never_echoes
+from tests.conftest import SHARED_ADAPTER_TOKENS, db, wait_for
 
 # --- the offline planner ---------------------------------------------------------------------------
 
@@ -236,6 +236,7 @@ async def test_the_offline_planner_answers_impossible_times_to_a_real_adapter(sh
     """The red-team's four messages, each from its own person, through the real 0.6.8 client: each one
     gets an answer saying the time cannot be read (before: no reply and an empty cycle)."""
     _, base = shared_server
+    await db(never_echoes, "qq")  # known not to echo: the four answers go at once (chat.delivery_gate)
     adapter = await Adapter06(base, token=SHARED_ADAPTER_TOKENS[0]).start()
     texts = [
         "/schedule 十十分钟后 喝水",
