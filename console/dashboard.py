@@ -14,7 +14,7 @@ from typing import Any
 from django.apps import apps
 from django.db import connection
 from django.db.models import Count, F, Max, Q, Sum
-from django.db.models.functions import TruncDate
+from django.db.models.functions import Now, TruncDate
 from django.utils import timezone
 
 from chat.agent.budget import budget_states
@@ -280,8 +280,15 @@ def recent_errors(limit: int = 10) -> dict[str, list]:
 
 
 def processes() -> list[ProcessHeartbeat]:
-    """Processes seen lately (a server stopped without a clean shutdown leaves a row that ages out)."""
-    return list(ProcessHeartbeat.objects.filter(beat_at__gte=timezone.now() - timedelta(minutes=10)))
+    """The processes running now: those whose heartbeat still vouches for them. A process stopped cleanly
+    deletes its row; one that died leaves a row until the others sweep it, past its `alive_until`, and is
+    not listed as running meanwhile. (A row without `alive_until`, of an older version's process, counts
+    while it beat within the last minute.)"""
+    return list(
+        ProcessHeartbeat.objects.filter(
+            Q(alive_until__gte=Now()) | Q(alive_until__isnull=True, beat_at__gte=timezone.now() - timedelta(minutes=1))
+        )
+    )
 
 
 # --- health ---------------------------------------------------------------------------------------

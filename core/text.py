@@ -33,5 +33,17 @@ def is_blank(text: str) -> bool:
 
 
 def format_instant(value: datetime, tz: tzinfo) -> str:
-    """An instant as ISO 8601 with the offset of `tz`, to the second (how every time is shown)."""
+    """An instant as ISO 8601 with the offset of `tz`, to the second: how times are exchanged (the API,
+    MCP, the model's prompts and tool results, the bot's own messages)."""
     return value.astimezone(tz).isoformat(timespec="seconds")
+
+
+# How the console shows an instant: date, time, and the zone's offset (`2026-12-24 08:00:00 +0800`).
+# Django's DATETIME_FORMAT (console/formats) is the same format, so a page whose times come from the
+# admin's own rendering and from this function shows one format.
+SHOWN_FORMAT = "%Y-%m-%d %H:%M:%S %z"
+
+
+def format_shown(value: datetime, tz: tzinfo) -> str:
+    """An instant as the console shows it, in `tz` (the bot's time zone) with its offset visible."""
+    return value.astimezone(tz).strftime(SHOWN_FORMAT)

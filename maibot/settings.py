@@ -106,6 +106,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # On the single file's first run (no operator yet), pages lead to the browser set-up (core.setup).
     "core.setup.setup_middleware",
+    # Times on pages and in forms in the bot's time zone (bot.time_zone), not the server's.
+    "console.middleware.bot_time_zone_middleware",
     # Last: turns a login refused by the failed-password limit into its page (core.login_lock).
     "axes.middleware.AxesMiddleware",
 ]
@@ -202,6 +204,8 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = os.environ.get("MAIBOT_TIME_ZONE", "Asia/Shanghai")
 USE_I18N = True
 USE_TZ = True
+# One numeric date format with the zone's offset on every console page, in every language.
+FORMAT_MODULE_PATH = ["console.formats"]
 
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
@@ -300,6 +304,9 @@ LOGGING = {
             "format": "%(asctime)s %(levelname)-7s %(name)s %(module)s:%(lineno)d %(message)s",
         },
     },
+    "filters": {
+        "health_probes": {"()": "core.logs.HealthProbeFilter"},
+    },
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "line"},
         # Copies INFO+ records to the live log page; inactive until the server or the cluster starts
@@ -309,6 +316,7 @@ LOGGING = {
     "root": {"handlers": ["console", "console_db"], "level": LOG_LEVEL},
     "loggers": {
         "django": {"level": "INFO"},
+        "django.request": {"filters": ["health_probes"]},
         "daphne": {"level": "WARNING"},
         "django_q": {"level": "INFO"},
         # Failures and lock-outs are warnings; its INFO lines narrate every login.

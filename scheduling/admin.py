@@ -3,21 +3,24 @@ cancel, reschedule, send now, retry, and resend the ones whose delivery came to 
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import ValidationError
-from django.db.models import QuerySet
+from django.db.models import Case, F, QuerySet, Value, When
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 from django_q import admin as q_admin
 from django_q.models import Failure, Success
 
 from chat.admin import fate_badge
 from chat.fate import Fate, sender_fate, sender_fate_expression, sender_fate_q
-from core.config import format_instant, get_config
+from core.config import format_shown, get_config
 from scheduling.admin_actions import ServiceActionsMixin, operator
 from scheduling.error_codes import SchedulingError
 from scheduling.models import ScheduledMessage, ScheduledStatus
@@ -31,6 +34,27 @@ from scheduling.services import (
     scheduled_message_send_now,
     validate_text,
 )
+
+
+def _shown(value, tz) -> str:
+    """A history value as the page shows it: an instant (stored as ISO 8601 text) in the bot's time zone
+    in the console's one format; anything else as it is."""
+    if isinstance(value, str) and len(value) >= 19 and value[4:5] == "-" and value[10:11] == "T":
+        try:
+            instant = datetime.fromisoformat(value)
+        except ValueError:
+            return value
+        if instant.tzinfo is not None:
+            return format_shown(instant, tz)
+    return str(value)
+
+
+# Upcoming first (pending, the next due at the top), then everything else newest first.
+UPCOMING_FIRST = [
+    Case(When(status=ScheduledStatus.PENDING, then=Value(0)), default=Value(1)).asc(),
+    Case(When(status=ScheduledStatus.PENDING, then=F("send_at"))).asc(nulls_last=True),
+    F("send_at").desc(),
+]
 
 
 class PlatformFilter(admin.SimpleListFilter):
@@ -114,7 +138,7 @@ class ScheduledMessageAdmin(ServiceActionsMixin, admin.ModelAdmin):
     date_hierarchy = "send_at"
     search_fields = ["id", "message_text", "session__session_id", "session__user_id", "session__user_nickname"]
     list_select_related = ["session", "sent_message"]
-    ordering = ["-send_at"]
+    ordering = UPCOMING_FIRST
     actions = [
         "cancel_selected", "reschedule_selected", "send_now_selected", "retry_failed_selected", "resend_selected",
     ]  # fmt: skip
@@ -165,7 +189,7 @@ class ScheduledMessageAdmin(ServiceActionsMixin, admin.ModelAdmin):
 
     @admin.display(description="send at (bot time)", ordering="send_at")
     def send_at_local(self, obj: ScheduledMessage) -> str:
-        return format_instant(obj.send_at, get_config().tzinfo) if obj.send_at else "-"
+        return format_shown(obj.send_at, get_config().tzinfo) if obj.send_at else "-"
 
     @admin.display(description="session")
     def session_link(self, obj: ScheduledMessage) -> str:
@@ -182,20 +206,26 @@ class ScheduledMessageAdmin(ServiceActionsMixin, admin.ModelAdmin):
         return "-" if late is None else f"{late * 1000:.0f} ms"
 
     @admin.display(description="history")
-    def history_table(self, obj: ScheduledMessage) -> str:
+    def history_table(self, obj: ScheduledMessage) -> SafeString | str:
         if not obj.history:
             return "-"
-        rows = "".join(
-            format_html(
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                event.get("at", ""),
-                event.get("event", ""),
-                event.get("by", ""),
-                ", ".join(f"{k}={v}" for k, v in event.items() if k not in {"at", "event", "by"}),
-            )
-            for event in obj.history
+        tz = get_config().tzinfo
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    _shown(event.get("at", ""), tz),
+                    event.get("event", ""),
+                    event.get("by", ""),
+                    ", ".join(f"{k}={_shown(v, tz)}" for k, v in event.items() if k not in {"at", "event", "by"}),
+                )
+                for event in obj.history
+            ),
         )
-        return format_html("<table><tr><th>at</th><th>event</th><th>by</th><th>details</th></tr>{}</table>", rows)
+        return format_html(
+            '<table class="history"><tr><th>at</th><th>event</th><th>by</th><th>details</th></tr>{}</table>', rows
+        )
 
     # --- editing: only pending tasks, only through the services -----------------------------------
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -244,7 +274,7 @@ class ScheduledMessageAdmin(ServiceActionsMixin, admin.ModelAdmin):
                     request,
                     queryset,
                     lambda t: scheduled_message_reschedule(task_id=t.pk, send_at=when, acted_by=by),
-                    f"Rescheduled to {format_instant(when, get_config().tzinfo)}:",
+                    f"Rescheduled to {format_shown(when, get_config().tzinfo)}:",
                 )
                 return None
         else:

@@ -7,6 +7,7 @@ from django.db import models
 from django.db.models import Q
 
 from chat.models import ApiToken, ChatSession, ChatType, Message
+from core.config import format_shown, get_config
 from scheduling.base import Actor, short_id
 
 
@@ -105,7 +106,8 @@ class ScheduledMessage(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.id} → {self.session} at {self.send_at:%Y-%m-%d %H:%M}"
+        # In the bot's time zone with its offset, as the rest of the console shows times.
+        return f"{self.id} → {self.session} at {format_shown(self.send_at, get_config().tzinfo)}"
 
     @property
     def lateness_seconds(self) -> float | None:

@@ -34,6 +34,17 @@ def fate_badge(fate: str, *, reason: str = "") -> SafeString:
     return pill
 
 
+ERROR_COLOUR = "#c62828"
+
+
+def error_badge(error: str) -> SafeString | str:
+    """A record's error column: a red "error" pill with the error on hover, or "-" when there was none
+    (never the admin's boolean icons, whose green tick reads as "fine")."""
+    if not error:
+        return "-"
+    return badge(ERROR_COLOUR, "error", error[:500])
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Records, not documents: operators read them; services write them."""
 

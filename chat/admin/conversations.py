@@ -22,7 +22,7 @@ from chat.fate import (
 )
 from chat.models import AdapterPlatform, ChatSession, DeliveryStatus, Message
 from chat.services import messages_resend
-from core.config import format_instant, get_config
+from core.config import format_shown, get_config
 
 CONVERSATION_TAIL = 200
 
@@ -43,7 +43,7 @@ class ChatSessionAdmin(ReadOnlyAdmin):
 
     @admin.display(description="last active", ordering="last_active_at")
     def last_active_local(self, obj: ChatSession) -> str:
-        return format_instant(obj.last_active_at, get_config().tzinfo)
+        return format_shown(obj.last_active_at, get_config().tzinfo)
 
     @admin.display(description="messages")
     def messages_link(self, obj: ChatSession) -> str:
@@ -69,7 +69,7 @@ class ChatSessionAdmin(ReadOnlyAdmin):
             (
                 (
                     m.direction,
-                    format_instant(m.time, tz),
+                    format_shown(m.time, tz),
                     nickname if m.direction == "out" else (m.sender_nickname or m.sender_id),
                     m.source_kind if m.direction == "out" else "",
                     m.text,
@@ -140,7 +140,7 @@ class MessageAdmin(ReadOnlyAdmin):
 
     @admin.display(description="time", ordering="time")
     def time_local(self, obj: Message) -> str:
-        return format_instant(obj.time, get_config().tzinfo)
+        return format_shown(obj.time, get_config().tzinfo)
 
     @admin.display(description="from")
     def who(self, obj: Message) -> str:
@@ -181,7 +181,7 @@ class AdapterPlatformAdmin(ReadOnlyAdmin):
 
     @admin.display(description="last echo", ordering="last_echo_at")
     def last_echo_local(self, obj: AdapterPlatform) -> str:
-        return format_instant(obj.last_echo_at, get_config().tzinfo) if obj.last_echo_at else "-"
+        return format_shown(obj.last_echo_at, get_config().tzinfo) if obj.last_echo_at else "-"
 
     def get_list_display(self, request: HttpRequest):
         # The counts of every platform on the page come from one grouped query per request.

@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
-from chat.admin.base import ReadOnlyAdmin, ReadOnlyInline, json_block
+from chat.admin.base import ReadOnlyAdmin, ReadOnlyInline, error_badge, json_block
 from chat.models import LLMCall, PlannerCycle, ToolCallRecord
 
 
@@ -75,9 +75,9 @@ class PlannerCycleAdmin(ReadOnlyAdmin):
     )
     readonly_fields = fields
 
-    @admin.display(boolean=True, description="Error")
-    def has_error(self, obj: PlannerCycle) -> bool:
-        return bool(obj.error)
+    @admin.display(description="Error", ordering="error")
+    def has_error(self, obj: PlannerCycle) -> SafeString | str:
+        return error_badge(obj.error)
 
     @admin.display(description="Total ms")
     def total_ms(self, obj: PlannerCycle):

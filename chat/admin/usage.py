@@ -12,7 +12,7 @@ from django.urls import path
 from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 
-from chat.admin.base import ReadOnlyAdmin
+from chat.admin.base import ReadOnlyAdmin, error_badge
 from chat.models import ChatSession, LLMCall
 from core.config import get_config
 
@@ -121,9 +121,9 @@ class LLMCallAdmin(ReadOnlyAdmin):
     list_select_related = ("session", "cycle")
     date_hierarchy = "created_at"
 
-    @admin.display(boolean=True, description="Error")
-    def has_error(self, obj: LLMCall) -> bool:
-        return bool(obj.error)
+    @admin.display(description="Error", ordering="error")
+    def has_error(self, obj: LLMCall) -> SafeString | str:
+        return error_badge(obj.error)
 
     def get_urls(self):
         view = self.admin_site.admin_view(self.usage_view)

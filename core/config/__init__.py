@@ -49,7 +49,7 @@ from core.config.services import (
     mcp_secret_variables,
 )
 from core.config.template import field_help, raw_only, render_template, requires_restart
-from core.text import format_instant
+from core.text import format_instant, format_shown
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -80,6 +80,7 @@ __all__ = [
     "ensure_config_file",
     "field_help",
     "format_instant",
+    "format_shown",
     "get_config",
     "llm_key_variables",
     "load_config",
