@@ -19,16 +19,27 @@ from django.db import transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
+from django.utils.translation import gettext_lazy as _
 from django.views.decorators.cache import never_cache
+from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from chat.agent import llm
 from console.config_editor import read_config_file, toml_with_values
-from core import deployment_env, reload, setup
+from core import deployment_env, hosts, reload, setup
 from core.adapter_tokens import DEFAULT_PLATFORM, parse_adapter_tokens
 from core.config import BotConfig, LLMModel, get_config
 
 WRONG_CODE = "This is not the code printed in the console."
+# How the QQ adapter is admitted (chat.gateway.auth): without a token from this machine only (the
+# standalone MaiBot-Napcat-Adapter in its legacy mode never sends one), or with a token from anywhere
+# (its API-Server mode, `enable_api_server = true`, sends it as `x-apikey`). A platform with a token is
+# reachable with the token alone, so the two exclude each other for qq.
+LOCAL, TOKEN = "local", "token"
+ADAPTER_MODES = [
+    (LOCAL, _("On this machine, without a token (the standalone NapCat adapter in legacy mode)")),
+    (TOKEN, _("With a token, from this machine or another (the NapCat adapter in API-Server mode)")),
+]
 
 
 def locked_message(retry_after: int) -> str:
@@ -58,9 +69,13 @@ class SetupForm(forms.Form):
     llm_model = forms.CharField(required=False, max_length=256, label="Model name (empty: offline mode)")
     nickname = forms.CharField(max_length=64, label="Bot nickname")
     persona = forms.CharField(max_length=8000, widget=forms.Textarea(attrs={"rows": 3}), label="Persona")
-    adapter_token = forms.CharField(
-        required=False, max_length=256, label="Adapter token (empty: only loopback adapters)"
+    adapter_mode = forms.ChoiceField(
+        required=False,
+        choices=ADAPTER_MODES,
+        widget=forms.RadioSelect,
+        label=_("How your QQ adapter connects"),
     )
+    adapter_token = forms.CharField(required=False, max_length=256, label=_("Adapter token"))
 
     def __init__(self, *args, client: str | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -91,6 +106,13 @@ class SetupForm(forms.Form):
 
     def clean(self) -> dict:
         data = super().clean()
+        # Without a choice (an older form), a token given means the token mode.
+        mode = data.get("adapter_mode") or (TOKEN if data.get("adapter_token") else LOCAL)
+        data["adapter_mode"] = mode
+        if mode == LOCAL:
+            data["adapter_token"] = ""  # a token would lock out the token-less adapter on this machine
+        elif not data.get("adapter_token") and "adapter_token" not in self.errors:
+            self.add_error("adapter_token", _("Give the token your adapter will send, or choose the first way."))
         if data.get("password") and data.get("password") != data.get("password2"):
             self.add_error("password2", "The passwords differ.")
         elif data.get("password"):
@@ -124,6 +146,10 @@ def _apply_secrets(data: dict) -> None:
         settings.MAIBOT_ADAPTER_TOKENS = parse_adapter_tokens(tokens, name="MAIBOT_ADAPTER_TOKENS")
 
 
+# Not CSRF-checked: every POST must carry the one-time code, which a cross-site page cannot know, and
+# while the set-up is pending no session exists to ride on. (Django's check would also refuse the first
+# visit through a TLS proxy this server does not trust yet: core.hosts.)
+@csrf_exempt
 @never_cache
 def setup_view(request: HttpRequest) -> HttpResponse:
     if not setup.setup_pending():
@@ -138,11 +164,11 @@ def setup_view(request: HttpRequest) -> HttpResponse:
             except (ValueError, ValidationError) as exc:
                 form.add_error(None, f"Invalid bot settings: {exc}")
             else:
-                user = _finish(data, cfg)
+                user = _finish(data, cfg, request)
                 if user is None:  # another request finished it meanwhile
                     return redirect("/admin/")
                 login(request, user, backend="django.contrib.auth.backends.ModelBackend")
-                return redirect("/admin/")
+                return redirect("home")
         elif form.locked_for:
             status = 429
         elif "code" in form.errors:
@@ -155,30 +181,48 @@ def setup_view(request: HttpRequest) -> HttpResponse:
                 "persona": cfg.bot.persona,
                 "llm_base_url": cfg.llm.base_url,
                 "llm_model": cfg.llm.model,
+                "adapter_mode": LOCAL,
                 "adapter_token": secrets.token_urlsafe(24),
             },
         )
-    return TemplateResponse(request, "setup/setup.html", {"form": form}, status=status)
+    context = {"form": form, **adapter_snippets(request, form)}
+    return TemplateResponse(request, "setup/setup.html", context, status=status)
 
 
-def _finish(data: dict, cfg):
+def adapter_snippets(request: HttpRequest, form: SetupForm) -> dict:
+    """What to write in the NapCat adapter's config.toml (`[maibot_server]`, MaiBot-Napcat-Adapter 0.7's
+    keys) for each way: on this machine, this server's own port; with a token, the address the operator's
+    browser used (through a TLS proxy: wss)."""
+    scheme = "wss" if request.is_secure() else "ws"
+    token = form["adapter_token"].value() or "<token>"
+    return {
+        "snippet_local": f'[maibot_server]\nhost = "127.0.0.1"\nport = {settings.PORT}',
+        "snippet_token": "[maibot_server]\nenable_api_server = true\n"
+        f'base_url = "{scheme}://{request.get_host()}/ws"\napi_key = "{token}"',
+    }
+
+
+def _finish(data: dict, cfg, request: HttpRequest):
     """Save the settings and create the operator, once: under the set-up's lock, and only while it is
     still pending (None when another request or `createsuperuser` got there first)."""
     with setup.exclusive():
         if not setup.setup_pending():
             return None
-        text, _, _ = read_config_file()
+        text, _file_cfg, _file_error = read_config_file()
         reload.config_save_text(text=toml_with_values(text, cfg), source="set-up page")
         _apply_secrets(data)
+        hosts.remember_setup_host(request, Path(settings.DATA_DIR) / deployment_env.FILE_NAME)
         with transaction.atomic():
             user = get_user_model().objects.create_superuser(
                 username=data["username"], email="", password=data["password"]
             )
         # Last: until here a failure leaves the set-up open to be done again.
         setup.close()
+    hosts.close_first_run()
     return user
 
 
+@csrf_exempt  # the one-time code is asked for, as on the form
 @never_cache
 @require_POST
 def test_model_view(request: HttpRequest) -> JsonResponse:

@@ -5,11 +5,16 @@ in core.reload; they hold no logic of their own."""
 from __future__ import annotations
 
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.contrib.auth import REDIRECT_FIELD_NAME
+from django.core.exceptions import DisallowedHost, PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.translation import gettext as _
+from django.views import defaults
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
@@ -184,6 +189,41 @@ def _report_saved(request: HttpRequest, result: reload.ReloadResult) -> None:
 def logs_view(request: HttpRequest) -> HttpResponse:
     _require(request, VIEW_CONSOLE)
     return TemplateResponse(request, "admin/maibot/logs.html", _context(request, "Live logs"))
+
+
+def home(request: HttpRequest) -> HttpResponse:
+    """`/` (the admin's "View site"): the dashboard for an operator who may see it, else the admin's index
+    (which asks for a login first)."""
+    if request.user.is_active and request.user.is_staff and request.user.has_perm(VIEW_CONSOLE):
+        return redirect("console-dashboard")
+    return redirect("admin:index")
+
+
+def console_login(request: HttpRequest) -> HttpResponse:
+    """The admin's login, landing on `/` (so on the dashboard) unless it was sent elsewhere (`next`)."""
+    if REDIRECT_FIELD_NAME not in request.GET and REDIRECT_FIELD_NAME not in request.POST:
+        request.GET = request.GET.copy()
+        request.GET[REDIRECT_FIELD_NAME] = reverse("home")
+    return admin.site.login(request)
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """400: for a host this server does not answer to, what its operator can configure (core.hosts);
+    otherwise Django's plain answer. Nothing here may ask the request for its host again."""
+    if isinstance(exception, DisallowedHost):
+        host = request.META.get("HTTP_HOST", "")
+        body = format_html(
+            "<!doctype html><title>{}</title><h1>{}</h1><p>{}</p>",
+            _("Bad Request (400)"),
+            _("This server does not answer to the name “%(host)s”.") % {"host": host},
+            _(
+                "If you run this server: add the name to ALLOWED_HOSTS (comma-separated) in the environment or "
+                "in deployment.env in its data dir, and restart it. Names the set-up page was opened with are "
+                "allowed already."
+            ),
+        )
+        return HttpResponseBadRequest(body)
+    return defaults.bad_request(request, exception)
 
 
 @never_cache

@@ -4,8 +4,9 @@ Its label stays "maibot" (the project package's historical app label), so its ta
 history, content types, permissions and /admin/maibot/ URLs are unchanged.
 """
 
+import sys
+
 from django.apps import AppConfig
-from django.core.exceptions import ImproperlyConfigured
 
 
 class CoreConfig(AppConfig):
@@ -16,8 +17,10 @@ class CoreConfig(AppConfig):
     def ready(self) -> None:
         from core.config import ConfigError, get_config
 
-        # An invalid bot_config.toml stops start-up with a message naming the key and the problem.
+        # An invalid bot_config.toml stops start-up with one line naming the file, the key and the problem:
+        # the operator's fix, not a trace of Django's start-up (which every command would print first).
         try:
             get_config()
         except ConfigError as exc:
-            raise ImproperlyConfigured(f"Invalid bot configuration: {exc}") from None
+            sys.stderr.write(f"Invalid bot configuration: {exc}\n")
+            raise SystemExit(2) from None

@@ -1,5 +1,6 @@
-"""Secrets the browser set-up page keeps in the data dir (`deployment.env`): the model's API key and the
-adapter tokens. They are read like environment variables, and the real environment always wins.
+"""Deployment settings the browser set-up page keeps in the data dir (`deployment.env`): the model's API
+key, the adapter tokens, and the host and origin the operator used (core.hosts); an operator may add
+ALLOWED_HOSTS there too. They are read like environment variables, and the real environment always wins.
 
 Only these names are read from the file (a line naming anything else is ignored), it is written atomically
 with mode 0600, and its values never appear in a page or a log. `serve` restarts the cluster when it
@@ -13,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 FILE_NAME = "deployment.env"
-KEYS = ("OPENAI_API_KEY", "MAIBOT_ADAPTER_TOKENS")
+KEYS = ("OPENAI_API_KEY", "MAIBOT_ADAPTER_TOKENS", "MAIBOT_SETUP_HOST", "MAIBOT_SETUP_ORIGIN", "ALLOWED_HOSTS")
 MAX_VALUE_LENGTH = 4096
 
 

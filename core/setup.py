@@ -39,11 +39,12 @@ from django.shortcuts import redirect
 from django.utils.decorators import sync_and_async_middleware
 
 from core.aio import db
+from core.hosts import SETUP_CODE_FILE
 from core.networks import client_block
 
 logger = logging.getLogger(__name__)
 
-CODE_FILE = "setup-code"
+CODE_FILE = SETUP_CODE_FILE
 ATTEMPTS_FILE = "setup-attempts.json"
 LOCK_FILE = "setup.lock"
 SETUP_PATH = "/setup/"

@@ -13,7 +13,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from core import datadir, deployment_env
+from core import datadir, deployment_env, hosts
 from core.adapter_tokens import parse_adapter_tokens
 from core.networks import parse_networks
 
@@ -66,8 +66,10 @@ DEBUG = os.environ.get("DEBUG", "").lower() in {"1", "true", "yes"}
 # HAProxy): only from them are X-Forwarded-For and X-Forwarded-Proto believed (maibot.proxies). Empty:
 # the peer is the client. A bad entry stops start-up naming it.
 MAIBOT_TRUSTED_PROXIES = parse_networks(os.environ.get("MAIBOT_TRUSTED_PROXIES", ""), name="MAIBOT_TRUSTED_PROXIES")
-ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",") if h]
-CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+# The host names answered (default loopback), plus the one the operator opened the set-up page with;
+# any host only while the first-run set-up is pending (core.hosts).
+ALLOWED_HOSTS, MAIBOT_FIRST_RUN_ANY_HOST = hosts.allowed_hosts(os.environ, data_dir=DATA_DIR)
+CSRF_TRUSTED_ORIGINS = hosts.csrf_trusted_origins(os.environ)
 
 INSTALLED_APPS = [
     "daphne",
@@ -97,6 +99,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: the first run's "any host" ends in every process once the set-up is done (core.hosts).
+    "core.hosts.first_run_hosts_middleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

@@ -9,6 +9,9 @@ from console import setup, views
 from plugins.views import plugin_action_view, plugin_config_view, plugins_view
 
 urlpatterns = [
+    path("", views.home, name="home"),
+    # The admin's login, landing on the dashboard (its own route below is never reached).
+    path("admin/login/", views.console_login, name="console-login"),
     # The console's own admin pages: admin_view() gives them the admin's login, staff check and CSRF.
     path("admin/console/", admin.site.admin_view(views.dashboard_view), name="console-dashboard"),
     path("admin/config/", admin.site.admin_view(views.config_form_view), name="console-config"),
@@ -33,3 +36,6 @@ urlpatterns = [
     path("setup/", setup.setup_view, name="setup"),
     path("setup/test-model/", setup.test_model_view, name="setup-test-model"),
 ]
+
+# A host this server does not answer to: a 400 saying what to configure (core.hosts).
+handler400 = views.bad_request

@@ -49,9 +49,11 @@ def test_an_invalid_file_stops_start_up_with_the_message(tmp_path):
         text=True,
         timeout=60,
     )
-    assert result.returncode != 0
-    assert "Invalid bot configuration" in result.stderr
-    assert "bot.time_zone" in result.stderr and "Nowhere/Land" in result.stderr
+    assert result.returncode == 2
+    # One line naming the file and the key, no traceback before it.
+    assert result.stderr.splitlines() == [result.stderr.strip()]
+    assert result.stderr.startswith(f"Invalid bot configuration: {tmp_path / 'bot_config.toml'}: bot.time_zone")
+    assert "Nowhere/Land" in result.stderr and "Traceback" not in result.stderr
 
 
 def _leaf_fields(model=BotConfig, prefix=""):

@@ -58,7 +58,7 @@ def test_after_five_wrong_codes_a_client_is_locked_out_even_with_the_right_code(
     assert test.status_code == 429 and "Too many wrong codes" in test.json()["error"]
     assert not get_user_model().objects.exists()
     # Another client still may, with the code.
-    assert client.post("/setup/", {**FORM, "code": code}, **far("198.51.100.4")).url == "/admin/"
+    assert client.post("/setup/", {**FORM, "code": code}, **far("198.51.100.4")).url == "/"
     assert get_user_model().objects.get().username == "op"
 
 
@@ -66,7 +66,7 @@ def test_an_ipv6_client_counts_as_its_whole_64(code, client):
     for i in range(setup.MAX_FAILURES_PER_CLIENT):
         client.post("/setup/", {**FORM, "code": "x"}, **far(f"2001:db8:1:2::{i + 1}"))
     assert client.post("/setup/", {**FORM, "code": code}, **far("2001:db8:1:2::ffff")).status_code == 429
-    assert client.post("/setup/", {**FORM, "code": code}, **far("2001:db8:1:3::1")).url == "/admin/"
+    assert client.post("/setup/", {**FORM, "code": code}, **far("2001:db8:1:3::1")).url == "/"
 
 
 def test_wrong_codes_from_many_addresses_lock_everyone_out_until_the_window_passes(code, client, monkeypatch):
@@ -79,7 +79,7 @@ def test_wrong_codes_from_many_addresses_lock_everyone_out_until_the_window_pass
     assert client.post("/setup/test-model/", {"code": code}, **far("192.0.2.77")).status_code == 429
     assert client.post("/setup/", {**FORM, "code": code}, **far("192.0.2.77")).status_code == 429
     clock[0] += setup.FAILURE_WINDOW + 1
-    assert client.post("/setup/", {**FORM, "code": code}, **far("192.0.2.77")).url == "/admin/"
+    assert client.post("/setup/", {**FORM, "code": code}, **far("192.0.2.77")).url == "/"
 
 
 def test_the_model_tests_wrong_codes_are_counted_like_the_forms(code, client):
@@ -146,9 +146,9 @@ def test_a_form_that_passed_its_checks_makes_no_operator_once_one_exists(code, c
 
     real_finish = setup_page._finish
 
-    def operator_first(data, cfg):
+    def operator_first(data, cfg, request):
         get_user_model().objects.create_superuser(username="first", email="", password="x-long-password")
-        return real_finish(data, cfg)
+        return real_finish(data, cfg, request)
 
     monkeypatch.setattr(setup_page, "_finish", operator_first)
     done = client.post("/setup/", {**FORM, "code": code}, **far())

@@ -159,7 +159,7 @@ def test_with_the_proxy_trusted_the_real_client_is_counted_and_a_forged_header_i
     # The operator, elsewhere, is not locked out by the attacker.
     operator = Browser(proxy.url("operator"))
     done = operator.post("/setup/", {**FORM, "code": CODE})
-    assert done.status_code == 302 and done.headers["Location"] == "/admin/", done.text
+    assert done.status_code == 302 and done.headers["Location"] == "/", done.text
     assert _operators() == ["op"]
 
     # X-Forwarded-Proto from the trusted proxy: a browser's https Origin passes Django's CSRF check

@@ -146,7 +146,7 @@ def test_from_another_machine_the_code_is_needed_and_a_wrong_one_creates_nothing
 
 def test_finishing_set_up_creates_the_operator_saves_the_settings_and_closes_the_page(pending, client, data_dir):
     done = client.post("/setup/", {**FORM, "code": pending}, **FAR)
-    assert done.url == "/admin/"
+    assert done.url == "/"
     user = get_user_model().objects.get(username="op")
     assert user.is_superuser and client.get("/admin/").status_code == 200  # logged in
     assert not setup.setup_pending()

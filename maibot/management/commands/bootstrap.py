@@ -14,6 +14,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from core import datadir, setup
+from plugins.host_base import plugins_dir
 
 
 class Command(BaseCommand):
@@ -34,6 +35,8 @@ class Command(BaseCommand):
             raise CommandError(f"Refusing to start: {exc}") from None
         call_command("migrate", interactive=False, verbosity=0)
         datadir.write_stamp()
+        # There from the first run, so that a plugin copied in later is seen (the server watches it).
+        plugins_dir().mkdir(mode=datadir.PRIVATE_DIR_MODE, exist_ok=True)
         User = get_user_model()
         if setup.operator_exists():
             setup.close()  # an operator made meanwhile (`createsuperuser`) ends a pending set-up
