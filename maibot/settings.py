@@ -213,7 +213,7 @@ FORMAT_MODULE_PATH = ["console.formats"]
 
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
-# The project's own static folder holds nothing yet (an installed build leaves the empty folder out).
+# The project's own static files (the console's icon).
 STATICFILES_DIRS = [d for d in [BASE_DIR / "templates" / "static"] if d.is_dir()]
 LOGIN_URL = "/admin/login/"
 
@@ -300,11 +300,14 @@ MAIBOT_CONSOLE_SERVICES = os.environ.get("MAIBOT_CONSOLE_SERVICES", "1") != "0"
 
 # --- logging --------------------------------------------------------------------------------------
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
+# A line per HTTP request and websocket (the ASGI server's access log, and runserver's): off unless set.
+MAIBOT_ACCESS_LOG = os.environ.get("MAIBOT_ACCESS_LOG", "").lower() in {"1", "true", "yes"}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
         "line": {
+            "()": "core.logs.ZonedFormatter",
             "format": "%(asctime)s %(levelname)-7s %(name)s %(module)s:%(lineno)d %(message)s",
         },
     },
@@ -322,6 +325,8 @@ LOGGING = {
         "django": {"level": "INFO"},
         "django.request": {"filters": ["health_probes"]},
         "daphne": {"level": "WARNING"},
+        # `manage.py runserver`'s access log (daphne's runserver logs each request here).
+        "django.channels.server": {"level": "INFO" if MAIBOT_ACCESS_LOG else "WARNING"},
         "django_q": {"level": "INFO"},
         # Failures and lock-outs are warnings; its INFO lines narrate every login.
         "axes": {"level": "WARNING"},

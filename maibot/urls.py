@@ -1,7 +1,9 @@
 """HTTP routes: the admin (operator console), the API, the chat page, /healthz."""
 
 from django.contrib import admin
+from django.templatetags.static import static
 from django.urls import path
+from django.views.generic import RedirectView
 
 from api.http import api as proactive_api
 from chat.views import chat_page
@@ -33,6 +35,8 @@ urlpatterns = [
     path("api/v1/", proactive_api.urls),
     path("chat/", chat_page, name="chat"),
     path("healthz", views.healthz, name="healthz"),
+    # Browsers ask for /favicon.ico on pages that name no icon (the API docs): the console's icon, no 404.
+    path("favicon.ico", RedirectView.as_view(url=static("maibot/favicon.svg"), permanent=True)),
     path("setup/", setup.setup_view, name="setup"),
     path("setup/test-model/", setup.test_model_view, name="setup-test-model"),
 ]
