@@ -1,10 +1,11 @@
-"""Template context for every page: the last failed config reload and the LLM budgets reached today
-(shown as banners in the admin; the budgets are read only when a page shows the banner)."""
+"""Template context for every page: the last failed config reload, the LLM budgets reached today and the
+models failing now (shown as banners in the admin; the last two are read only when a page shows them)."""
 
 from django.http import HttpRequest
 
+from console.model_health import failing_models
 from core import reload
-from core.config import format_instant, get_config
+from core.config import format_shown, get_config
 
 
 def config_reload(request: HttpRequest) -> dict:
@@ -18,11 +19,11 @@ def _budgets_reached() -> list[str]:
     if not cfg.llm.budgets:
         return []
     return [
-        f"{s.cap.label} ({s.cap.limits()}): calls under it wait until {format_instant(s.resets, cfg.tzinfo)}"
+        f"{s.cap.label} ({s.cap.limits()}): calls under it wait until {format_shown(s.resets, cfg.tzinfo)}"
         for s in budget_states(cfg, only_reached=True)
     ]
 
 
 def llm_budgets(request: HttpRequest) -> dict:
     # A callable: the template calls it only where the banner is rendered (staff pages).
-    return {"llm_budgets_reached": _budgets_reached}
+    return {"llm_budgets_reached": _budgets_reached, "llm_models_failing": failing_models}

@@ -19,6 +19,7 @@ from chat.agent.engine import AgentTurn, ToolOutcome, abandon_cycle, close_cycle
 from chat.agent.prompt import prompt_manager
 from chat.components import Tool, context_blocks
 from chat.models import ChatSession, CycleKind, Message, PlannerCycle
+from chat.planner.failure_reply import failure_reply_send
 from chat.planner.history import HistoryCache, history_read, recent_cycles_read
 from chat.planner.prompts import SYSTEM_PROMPT, TURN_PROMPT, chat_description, instruction
 from chat.planner.rules import content_as_reply
@@ -379,6 +380,10 @@ async def _ended_without_tools(run: CycleRun, result: llm.LLMResult) -> bool:
     if not result.ok:
         # A daily cap reached mid-cycle (another process spent the rest): no call was made.
         run.end("over_budget" if result.budget_exceeded else "error", result.error)
+        if not result.budget_exceeded:
+            told = await db(failure_reply_send)(session=run.turn.session, cycle=run.turn.cycle)
+            if told is not None:
+                run.outcome.append(f"the model failed; told the user: {told.text}"[:500])
         return True
     if result.content and result.tool_calls:
         run.reasoning.append(result.content.strip())

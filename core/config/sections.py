@@ -265,6 +265,18 @@ class ChatSection(Section):
     )
     history_window: int = Field(30, ge=1, le=500, description="Recent messages shown to the planner.")
     cycle_records: int = Field(5, ge=0, le=50, description="Previous cycle records shown to the planner.")
+    model_failure_reply: str = Field(
+        "抱歉，我现在脑子转不动了，过一会儿再来找我吧。",
+        max_length=500,
+        description="Private chats: what the user is told when the model cannot answer (a wrong key, the provider "
+        "down), instead of silence. Empty: say nothing.",
+    )
+    model_failure_reply_interval: float = Field(
+        600.0,
+        ge=0,
+        le=86_400,
+        description="Seconds after telling a chat that the model failed before telling it again.",
+    )
     talk_frequency: float = Field(
         0.5,
         ge=0,

@@ -144,18 +144,19 @@ async def test_wake_from_a_worker_thread(fake_llm, runtimes, private):
     assert [m.text for m in await outbound(private)] == ["woken"]
 
 
-async def test_llm_500_is_recorded_nothing_is_sent_and_the_loop_goes_on(fake_llm, runtimes, private):
+async def test_llm_500_is_recorded_the_user_is_told_and_the_loop_goes_on(fake_llm, runtimes, private):
     fake_llm.script(fake_llm.error(500), fake_llm.tool_call("reply", {"text": "back again"}))
     await say(private, "hello?")
     [failed] = await finished_cycles(private)
     assert failed.action == "error" and "HTTP 500" in failed.error
-    assert await outbound(private) == []
+    sorry = config.get_config().chat.model_failure_reply
+    assert [m.text for m in await outbound(private)] == [sorry]  # not silence (chat.model_failure_reply)
     await say(private, "hello again")
     await finished_cycles(private, 2)
-    assert [m.text for m in await outbound(private)] == ["back again"]
+    assert [m.text for m in await outbound(private)] == [sorry, "back again"]
 
 
-async def test_llm_timeout_is_recorded_and_nothing_is_sent(fake_llm, runtimes, private):
+async def test_llm_timeout_is_recorded_and_only_the_failure_reply_is_sent(fake_llm, runtimes, private):
     fake_llm.script(fake_llm.delay(1.2, fake_llm.tool_call("reply", {"text": "too late"})))
     with config.override(llm={"timeout": 0.4}):
         await say(private, "are you there")
@@ -167,7 +168,7 @@ async def test_llm_timeout_is_recorded_and_nothing_is_sent(fake_llm, runtimes, p
 
     await wait_for_async(late_answer_served, timeout=10, what="the model's late answer")
     await settled(runtimes, private)
-    assert await outbound(private) == []
+    assert [m.text for m in await outbound(private)] == [config.get_config().chat.model_failure_reply]
 
 
 async def test_malformed_arguments_and_unknown_tools_go_back_to_the_model(fake_llm, runtimes, private):
@@ -300,4 +301,5 @@ async def test_malformed_provider_answer_is_an_error_not_a_message(fake_llm, run
     await say(private, "hi")
     [cycle] = await finished_cycles(private)
     assert cycle.action == "error" and cycle.error == "not a chat-completions answer"
-    assert await outbound(private) == []
+    # Nothing of the broken answer is sent; the user is told the bot cannot think right now.
+    assert [m.text for m in await outbound(private)] == [config.get_config().chat.model_failure_reply]

@@ -62,7 +62,7 @@ def test_a_reached_budget_shows_on_the_dashboard_and_as_a_banner_on_admin_pages(
         day = budget.local_day(budget.clock(), tz)
         LLMSpend.objects.create(day=day, scope="task", target="planner", tokens=1200)
         LLMSpend.objects.create(day=day, scope="task", target="life", cost=Decimal("1.25"))
-        midnight = config.format_instant(budget.resets_at(day, tz), tz)
+        midnight = config.format_shown(budget.resets_at(day, tz), tz)  # the console's one time format
         for url in ("/admin/", "/admin/console/", "/admin/chat/message/"):
             page = operator.get(url).content.decode()
             banner = page.split('id="llm-budget-reached"', 1)[1].split("</ul>", 1)[0]

@@ -6,6 +6,7 @@ it); only for those with the permission. (The page in headless Chromium: test_co
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -72,6 +73,10 @@ def test_each_model_is_tested_with_one_tool_and_the_outcome_shown(provider):
     found = rows(page)
     assert 'class="tool-calling">works<' in found["good"] and ">answered<" in found["good"]
     assert 'class="tool-calling">no tool call<' in found["chatty"] and ">answered<" in found["chatty"]
+    # Answering without calling the tool is no "OK": the row warns, and the page says why.
+    assert 'class="outcome console-ok"' in found["good"] and 'class="outcome console-warn"' in found["chatty"]
+    warnings = re.findall(r'data-warning-model="(\w+)">\s*Warning: “\w+” answered but did not call', page)
+    assert warnings == ["chatty"]
     assert ">failed: HTTP 500<" in found["broken"]
     assert all(" ms</td>" in row for row in found.values())
     # What came back is not on the page: not the words, not the call, not the provider's message.
@@ -141,7 +146,8 @@ def test_a_model_pointed_at_an_internal_service_shows_how_it_went_never_what_it_
     page = response.content.decode()
     assert internal.hits == 1 and response.status_code == 200
     assert SECRET not in page
-    assert f'class="outcome console-{"ok" if outcome == "answered" else "down"}">{outcome}<' in rows(page)["probe"]
+    # A chat answer without the tool call is a warning: the bot cannot act through that model.
+    assert f'class="outcome console-{"warn" if outcome == "answered" else "down"}">{outcome}<' in rows(page)["probe"]
 
 
 def test_one_model_may_be_tested_alone(provider):
