@@ -10,7 +10,7 @@ REDIS_TEST_URL ?= redis://127.0.0.1:6379/1
 # compiles the project's modules afresh at every start costs every server, cluster and test a share.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: dist run run-cluster test test-fast test-live test-postgres lint bench venv venv-dev venv-mm07 clean
+.PHONY: messages dist run run-cluster test test-fast test-live test-postgres lint bench venv venv-dev venv-mm07 clean
 
 # Environments are made with pip; with UV=<path to uv> (CI does this) uv installs the same pins in a
 # fraction of the time (leaving byte-compilation to the first import). Either way the environment keeps
@@ -107,3 +107,11 @@ bench: venv-dev
 
 clean:
 	rm -rf .test-data .test-data-pg build dist *.egg-info
+
+# The console's translations (console/locale): every marked string into both catalogs (then translate the
+# new ones in zh_Hans; en is the source text, filled by msgen), compiled. Needs GNU gettext.
+MESSAGES_IGNORE = $(foreach d,tests bench docs locale data dist build config site maibot-data,--ignore=$(d))
+messages: venv
+	$(BIN)/python manage.py makemessages -l zh_Hans -l en --no-obsolete --no-location $(MESSAGES_IGNORE)
+	msgen -o console/locale/en/LC_MESSAGES/django.po console/locale/en/LC_MESSAGES/django.po
+	$(BIN)/python manage.py compilemessages -l zh_Hans -l en

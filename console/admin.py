@@ -5,12 +5,17 @@ failed attempts (django-axes' page, its one action held to a permission)."""
 from axes.admin import AccessAttemptAdmin
 from axes.models import AccessAttempt
 from django.contrib import admin
+from django.utils.translation import gettext_lazy
 
 from chat.admin import ReadOnlyAdmin
 from core.login_lock import SerializedLoginForm
 from core.models import ConfigChange
 
 admin.site.login_form = SerializedLoginForm
+# The console's name, not Django's (the pages are a bot's console).
+admin.site.site_header = gettext_lazy("maibot console")
+admin.site.site_title = gettext_lazy("maibot")
+admin.site.index_title = gettext_lazy("Administration")
 
 
 @admin.register(ConfigChange)

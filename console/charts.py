@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from html import escape
 
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.translation import gettext as _
 
 PALETTE = ["#417690", "#e0a030", "#70a050", "#c05050", "#8060b0", "#40a0a0", "#b07040", "#808080"]
 WIDTH, HEIGHT = 640, 260
@@ -94,7 +95,7 @@ def bar_chart(
     if not series or peak == 0:
         parts.append(
             f'<text x="{LEFT + plot_w / 2}" y="{TOP + plot_h / 2}" text-anchor="middle" font-size="13" '
-            f'fill="#999">no data yet</text>'
+            f'fill="#999">{escape(_("no data yet"))}</text>'
         )
     parts.append("</svg>")
     return mark_safe("".join(parts))  # every interpolated text is escaped above
@@ -149,7 +150,7 @@ def line_chart(*, title: str, labels: list[str], series: list[Series], unit: str
     if not values:
         parts.append(
             f'<text x="{LEFT + plot_w / 2}" y="{TOP + plot_h / 2}" text-anchor="middle" font-size="13" '
-            f'fill="#999">no data yet</text>'
+            f'fill="#999">{escape(_("no data yet"))}</text>'
         )
     parts.append("</svg>")
     return mark_safe("".join(parts))  # every interpolated text is escaped above

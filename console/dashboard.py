@@ -16,6 +16,7 @@ from django.db import connection
 from django.db.models import Count, F, Max, Q, Sum
 from django.db.models.functions import Now, TruncDate
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from chat.agent.budget import budget_states
 from chat.fate import (
@@ -55,7 +56,7 @@ def active_runtimes() -> dict[str, Any]:
         registry = getattr(importlib.import_module("chat.runtime"), "registry", None)
         runtimes = getattr(registry, "runtimes", None)
         if isinstance(runtimes, dict):
-            return {"count": len(runtimes), "source": "runtime registry of this server"}
+            return {"count": len(runtimes), "source": _("runtime registry of this server")}
     since = timezone.now() - timedelta(seconds=get_config().chat.idle_evict_seconds)
     count = (
         PlannerCycle.objects.filter(kind=CycleKind.CHAT, started_at__gte=since, session__isnull=False)
@@ -63,7 +64,7 @@ def active_runtimes() -> dict[str, Any]:
         .distinct()
         .count()
     )
-    return {"count": count, "source": "sessions with a planner cycle in the idle window"}
+    return {"count": count, "source": _("sessions with a planner cycle in the idle window")}
 
 
 SCHEDULED_SHOWN = ("pending", "sending", "unconfirmed", "failed")
@@ -153,10 +154,13 @@ def lateness_charts(stats: dict[str, Any], now: datetime | None = None) -> list:
     labels = [(now - timedelta(hours=23 - i)).strftime("%H:00") for i in range(24)]
     return [
         charts.bar_chart(
-            title="Delivery lateness (sent_at − send_at), ms", categories=["last hour", "last day"], series=ms, unit=""
+            title=_("Delivery lateness (sent_at − send_at), ms"),
+            categories=[_("last hour"), _("last day")],
+            series=ms,
+            unit="",
         ),
         charts.line_chart(
-            title="Delivery lateness per hour, ms",
+            title=_("Delivery lateness per hour, ms"),
             labels=labels,
             series=[
                 charts.Series(name, [None if v is None else round(v * 1000, 1) for v in stats[key]])
@@ -247,13 +251,13 @@ def llm_charts(usage: dict[str, Any]) -> list:
     models = sorted(usage["tokens"])
     return [
         charts.bar_chart(
-            title="LLM tokens per day and model",
+            title=_("LLM tokens per day and model"),
             categories=labels,
             series=[charts.Series(m, [usage["tokens"][m][d] for d in usage["days"]]) for m in models],
             stacked=True,
         ),
         charts.bar_chart(
-            title="LLM cost per day and model",
+            title=_("LLM cost per day and model"),
             categories=labels,
             series=[charts.Series(m, [float(usage["cost"][m][d]) for d in usage["days"]]) for m in models],
             stacked=True,

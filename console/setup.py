@@ -30,7 +30,7 @@ from core import deployment_env, hosts, reload, setup
 from core.adapter_tokens import DEFAULT_PLATFORM, parse_adapter_tokens
 from core.config import BotConfig, LLMModel, get_config
 
-WRONG_CODE = "This is not the code printed in the console."
+WRONG_CODE = _("This is not the code printed in the console.")
 # How the QQ adapter is admitted (chat.gateway.auth): without a token from this machine only (the
 # standalone MaiBot-Napcat-Adapter in its legacy mode never sends one), or with a token from anywhere
 # (its API-Server mode, `enable_api_server = true`, sends it as `x-apikey`). A platform with a token is
@@ -43,12 +43,13 @@ ADAPTER_MODES = [
 
 
 def locked_message(retry_after: int) -> str:
+    """Why the code was not even compared, and the way round it (in the request's language)."""
     minutes = max(1, -(-retry_after // 60))
-    return (
-        f"Too many wrong codes: the set-up is locked for about {minutes} min. The code is printed in the "
+    return _(
+        "Too many wrong codes: the set-up is locked for about %(minutes)s min. The code is printed in the "
         "console where maibot started; the operator account can also be made there with "
         "`maibot manage createsuperuser`, which closes this page."
-    )
+    ) % {"minutes": minutes}
 
 
 def _client(request: HttpRequest) -> str | None:
@@ -58,17 +59,17 @@ def _client(request: HttpRequest) -> str | None:
 
 class SetupForm(forms.Form):
     # First: a wrong code is counted before anything else is looked at.
-    code = forms.CharField(max_length=64, label="One-time code (printed in the console)")
-    username = forms.CharField(max_length=150, initial="admin", label="Operator user name")
-    password = forms.CharField(max_length=128, widget=forms.PasswordInput, label="Password")
-    password2 = forms.CharField(max_length=128, widget=forms.PasswordInput, label="Password again")
-    llm_base_url = forms.URLField(required=False, max_length=2048, label="Model API base URL", assume_scheme="https")
+    code = forms.CharField(max_length=64, label=_("One-time code (printed in the console)"))
+    username = forms.CharField(max_length=150, initial="admin", label=_("Operator user name"))
+    password = forms.CharField(max_length=128, widget=forms.PasswordInput, label=_("Password"))
+    password2 = forms.CharField(max_length=128, widget=forms.PasswordInput, label=_("Password again"))
+    llm_base_url = forms.URLField(required=False, max_length=2048, label=_("Model API base URL"), assume_scheme="https")
     llm_api_key = forms.CharField(
-        required=False, max_length=512, widget=forms.PasswordInput(render_value=True), label="API key"
+        required=False, max_length=512, widget=forms.PasswordInput(render_value=True), label=_("API key")
     )
-    llm_model = forms.CharField(required=False, max_length=256, label="Model name (empty: offline mode)")
-    nickname = forms.CharField(max_length=64, label="Bot nickname")
-    persona = forms.CharField(max_length=8000, widget=forms.Textarea(attrs={"rows": 3}), label="Persona")
+    llm_model = forms.CharField(required=False, max_length=256, label=_("Model name (empty: offline mode)"))
+    nickname = forms.CharField(max_length=64, label=_("Bot nickname"))
+    persona = forms.CharField(max_length=8000, widget=forms.Textarea(attrs={"rows": 3}), label=_("Persona"))
     adapter_mode = forms.ChoiceField(
         required=False,
         choices=ADAPTER_MODES,
@@ -95,13 +96,13 @@ class SetupForm(forms.Form):
     def clean_username(self) -> str:
         name = self.cleaned_data["username"].strip()
         if get_user_model().objects.filter(username=name).exists():
-            raise ValidationError("A user with this name exists already.")
+            raise ValidationError(_("A user with this name exists already."))
         return name
 
     def clean_adapter_token(self) -> str:
         token = self.cleaned_data["adapter_token"].strip()
         if token and ("," in token or any(c.isspace() for c in token)):
-            raise ValidationError("One token, without commas or spaces.")
+            raise ValidationError(_("One token, without commas or spaces."))
         return token
 
     def clean(self) -> dict:
@@ -114,14 +115,14 @@ class SetupForm(forms.Form):
         elif not data.get("adapter_token") and "adapter_token" not in self.errors:
             self.add_error("adapter_token", _("Give the token your adapter will send, or choose the first way."))
         if data.get("password") and data.get("password") != data.get("password2"):
-            self.add_error("password2", "The passwords differ.")
+            self.add_error("password2", _("The passwords differ."))
         elif data.get("password"):
             try:
                 validate_password(data["password"])
             except ValidationError as exc:
                 self.add_error("password", exc)
         if data.get("llm_model") and not data.get("llm_base_url"):
-            self.add_error("llm_base_url", "A model needs its API base URL.")
+            self.add_error("llm_base_url", _("A model needs its API base URL."))
         return data
 
 
@@ -162,7 +163,7 @@ def setup_view(request: HttpRequest) -> HttpResponse:
             try:
                 cfg = _bot_config(data)
             except (ValueError, ValidationError) as exc:
-                form.add_error(None, f"Invalid bot settings: {exc}")
+                form.add_error(None, _("Invalid bot settings: %(error)s") % {"error": exc})
             else:
                 user = _finish(data, cfg, request)
                 if user is None:  # another request finished it meanwhile
@@ -230,7 +231,7 @@ def test_model_view(request: HttpRequest) -> JsonResponse:
     how it went (OK, or the HTTP status / kind of failure), how long it took and whether the model
     called the offered tool: never what the remote end sent, so it cannot read another service."""
     if not setup.setup_pending():
-        return JsonResponse({"ok": False, "error": "The set-up is done."}, status=404)
+        return JsonResponse({"ok": False, "error": _("The set-up is done.")}, status=404)
     check = setup.code_attempt(request.POST.get("code", ""), client=_client(request))
     if check.retry_after:
         return JsonResponse({"ok": False, "error": locked_message(check.retry_after)}, status=429)
@@ -239,9 +240,9 @@ def test_model_view(request: HttpRequest) -> JsonResponse:
     base_url = request.POST.get("llm_base_url", "").strip()[:2048]
     model = request.POST.get("llm_model", "").strip()[:256]
     if not base_url or not model:
-        return JsonResponse({"ok": False, "error": "Fill in the base URL and the model name first."}, status=400)
+        return JsonResponse({"ok": False, "error": _("Fill in the base URL and the model name first.")}, status=400)
     if urlsplit(base_url).scheme not in ("http", "https"):
-        return JsonResponse({"ok": False, "error": "The base URL must start with http:// or https://."}, status=400)
+        return JsonResponse({"ok": False, "error": _("The base URL must start with http:// or https://.")}, status=400)
     result = llm.model_test(
         LLMModel(
             name="default",

@@ -52,7 +52,7 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
         "admin/maibot/dashboard.html",
         _context(
             request,
-            "Dashboard",
+            _("Dashboard"),
             adapters=dashboard.connected_adapters(),
             runtimes=dashboard.active_runtimes(),
             scheduled=dashboard.scheduled_counts(),
@@ -98,7 +98,7 @@ def config_form_view(request: HttpRequest) -> HttpResponse:
         "admin/maibot/config_form.html",
         _context(
             request,
-            "Bot configuration",
+            _("Bot configuration"),
             form=form,
             file_error=secrets.redact_text(file_error),
             notices=file_notices(text),
@@ -111,7 +111,7 @@ def config_raw_view(request: HttpRequest) -> HttpResponse:
     """The file's text with its secrets redacted; a save gives each placeholder left where it was its
     secret back (core.redaction)."""
     _require(request, CHANGE_CONFIG)
-    text, _, file_error = read_config_file()
+    text, _file_cfg, file_error = read_config_file()
     secrets = file_secrets(text)
     digest = reload.text_digest(text)
     shown = redaction.redact_toml(text, secrets)
@@ -136,7 +136,7 @@ def config_raw_view(request: HttpRequest) -> HttpResponse:
         "admin/maibot/config_raw.html",
         _context(
             request,
-            "Bot configuration (TOML)",
+            _("Bot configuration (TOML)"),
             toml=shown,
             base_digest=digest,
             error=error,
@@ -163,7 +163,7 @@ def models_view(request: HttpRequest) -> HttpResponse:
     return TemplateResponse(
         request,
         "admin/maibot/models.html",
-        _context(request, "Models", models=models, results=results, routes=routes),
+        _context(request, _("Models"), models=models, results=results, routes=routes),
     )
 
 
@@ -188,7 +188,7 @@ def _report_saved(request: HttpRequest, result: reload.ReloadResult) -> None:
 
 def logs_view(request: HttpRequest) -> HttpResponse:
     _require(request, VIEW_CONSOLE)
-    return TemplateResponse(request, "admin/maibot/logs.html", _context(request, "Live logs"))
+    return TemplateResponse(request, "admin/maibot/logs.html", _context(request, _("Live logs")))
 
 
 def home(request: HttpRequest) -> HttpResponse:

@@ -103,6 +103,8 @@ MIDDLEWARE = [
     "core.hosts.first_run_hosts_middleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    # The console's language: the operator's choice (a cookie, set_language), else the browser's.
+    "django.middleware.locale.LocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -204,7 +206,12 @@ else:
     Q_CLUSTER["orm"] = "default"
 
 # --- i18n / time ----------------------------------------------------------------------------------
-LANGUAGE_CODE = "en-us"
+# Without a choice or a browser preference: English. Each language is named in itself.
+LANGUAGE_CODE = "en"
+LANGUAGES = [("zh-hans", "简体中文"), ("en", "English")]
+# The console's catalogs (makemessages writes every string there; tests/console/test_translations.py).
+LOCALE_PATHS = [BASE_DIR / "console" / "locale"]
+LANGUAGE_COOKIE_AGE = 365 * 24 * 3600  # the operator's choice is remembered
 TIME_ZONE = os.environ.get("MAIBOT_TIME_ZONE", "Asia/Shanghai")
 USE_I18N = True
 USE_TZ = True

@@ -2,7 +2,7 @@
 
 from django.contrib import admin
 from django.templatetags.static import static
-from django.urls import path
+from django.urls import include, path
 from django.views.generic import RedirectView
 
 from api.http import api as proactive_api
@@ -39,6 +39,8 @@ urlpatterns = [
     path("favicon.ico", RedirectView.as_view(url=static("maibot/favicon.svg"), permanent=True)),
     path("setup/", setup.setup_view, name="setup"),
     path("setup/test-model/", setup.test_model_view, name="setup-test-model"),
+    # The language switch (Django's set_language: a cookie, then back to the page).
+    path("i18n/", include("django.conf.urls.i18n")),
 ]
 
 # A host this server does not answer to: a 400 saying what to configure (core.hosts).

@@ -70,3 +70,12 @@ def test_an_operators_test_call_is_not_the_bots_failure(operator, a_model):
 def test_no_banner_without_a_model(operator):
     call(5, WRONG_KEY)
     assert banner(operator) == ""
+
+
+def test_the_banner_speaks_chinese_to_a_chinese_browser(admin_user, a_model):
+    call(30, WRONG_KEY)
+    client = Client(HTTP_ACCEPT_LANGUAGE="zh-CN,zh;q=0.9")
+    client.force_login(admin_user)
+    shown = banner(client)
+    assert "模型“default”（deepseek-chat）调用失败：HTTP 401: Incorrect API key provided。" in shown
+    assert "已失败 1 次" in shown and "检查它的密钥和地址，并测试它" in shown

@@ -168,3 +168,10 @@ def test_plugins_folder_exists_from_the_first_run(settings, tmp_path):
     call_command("bootstrap", "--setup-page")
     plugins = tmp_path / "plugins"
     assert plugins.is_dir() and plugins.stat().st_mode & 0o777 == 0o700
+
+
+def test_the_refusal_says_what_to_do_in_the_browsers_language(first_run):
+    setup.close()
+    refused = Client(HTTP_ACCEPT_LANGUAGE="zh-CN,zh;q=0.9").get("/admin/login/", HTTP_HOST=EVIL_HOST)
+    assert refused.status_code == 400
+    assert "本服务器不响应名称“rebind.evil.example”" in refused.content.decode()
