@@ -26,7 +26,6 @@ in ALLOWED_HOSTS. X-Forwarded-Host is never believed (USE_X_FORWARDED_HOST stays
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -96,8 +95,8 @@ def remember_setup_host(request, env_file: Path) -> str | None:
         values[SETUP_ORIGIN] = origin
         settings.CSRF_TRUSTED_ORIGINS.append(origin)
     if values:
+        # Read at the next start of every process (deployment_env.load_into_environ); this one has them now.
         deployment_env.update(env_file, values)
-        os.environ.update(values)
     return values.get(SETUP_HOST)
 
 

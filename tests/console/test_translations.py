@@ -6,7 +6,6 @@ copy of the catalogs, never into the repository's."""
 
 from __future__ import annotations
 
-import contextlib
 import gettext
 import os
 import re
@@ -73,7 +72,7 @@ def extracted(tmp_path_factory) -> Path:
     cwd = os.getcwd()
     try:
         os.chdir(ROOT)
-        with override_settings(LOCALE_PATHS=[locale]), contextlib.redirect_stdout(None):
+        with override_settings(LOCALE_PATHS=[locale]):
             call_command(
                 "makemessages",
                 locale=list(LOCALES),
