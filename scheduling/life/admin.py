@@ -14,7 +14,7 @@ from django.utils.html import format_html, format_html_join
 
 from chat.admin import ReadOnlyAdmin, ReadOnlyInline
 from chat.models import CycleKind, LLMCall, ToolCallRecord
-from core.config import format_instant, get_config
+from core.config import format_shown, get_config
 from scheduling.admin_actions import ServiceActionsMixin, operator, status_badge
 from scheduling.life.error_codes import LifeError
 from scheduling.life.memory import inner_state_get, inner_state_update, memory_slot_forget, memory_slot_set
@@ -48,7 +48,7 @@ TIMER_COLOURS = {
 
 
 def local(value) -> str:
-    return format_instant(value, get_config().tzinfo) if value else "-"
+    return format_shown(value, get_config().tzinfo) if value else "-"
 
 
 def _table(headers: list[str], rows: list[list]) -> str:
