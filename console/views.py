@@ -157,7 +157,7 @@ def models_view(request: HttpRequest) -> HttpResponse:
         wanted = request.POST.get("model", "")
         chosen = [m for m in models if not wanted or m.name == wanted]
         if wanted and not chosen:
-            messages.error(request, f"There is no model named {wanted!r}.")
+            messages.error(request, _("There is no model named %(name)r.") % {"name": wanted})
         results = [llm.model_test(m) for m in chosen]
     routes = {task: [m.name for m in cfg.llm_route(task)] for task in LLM_TASKS}
     return TemplateResponse(
@@ -179,11 +179,11 @@ def _acting(request: HttpRequest) -> dict:
 
 def _report_saved(request: HttpRequest, result: reload.ReloadResult) -> None:
     if result.changed_keys:
-        messages.success(request, f"Saved and applied: {', '.join(result.changed_keys)}.")
+        messages.success(request, _("Saved and applied: %(keys)s.") % {"keys": ", ".join(result.changed_keys)})
     else:
-        messages.info(request, "Saved; no setting changed.")
+        messages.info(request, _("Saved; no setting changed."))
     for err in result.callback_errors:
-        messages.warning(request, f"A reload callback failed: {err}")
+        messages.warning(request, _("A reload callback failed: %(error)s") % {"error": err})
 
 
 def logs_view(request: HttpRequest) -> HttpResponse:
