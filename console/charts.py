@@ -19,6 +19,11 @@ class Series:
     values: list[float]
 
 
+def no_data() -> str:
+    """What an empty chart says (outside the f-strings: xgettext does not read inside them)."""
+    return _("no data yet")
+
+
 def _nice_max(value: float) -> float:
     """A round upper bound for the y axis (1, 2, 2.5, 5 × 10^n)."""
     if value <= 0:
@@ -95,7 +100,7 @@ def bar_chart(
     if not series or peak == 0:
         parts.append(
             f'<text x="{LEFT + plot_w / 2}" y="{TOP + plot_h / 2}" text-anchor="middle" font-size="13" '
-            f'fill="#999">{escape(_("no data yet"))}</text>'
+            f'fill="#999">{escape(no_data())}</text>'
         )
     parts.append("</svg>")
     return mark_safe("".join(parts))  # every interpolated text is escaped above
@@ -150,7 +155,7 @@ def line_chart(*, title: str, labels: list[str], series: list[Series], unit: str
     if not values:
         parts.append(
             f'<text x="{LEFT + plot_w / 2}" y="{TOP + plot_h / 2}" text-anchor="middle" font-size="13" '
-            f'fill="#999">{escape(_("no data yet"))}</text>'
+            f'fill="#999">{escape(no_data())}</text>'
         )
     parts.append("</svg>")
     return mark_safe("".join(parts))  # every interpolated text is escaped above
