@@ -19,3 +19,5 @@ class DeliveryError(StrEnum):
     BAD_MESSAGE = "bad_message"
     # Handed over gateway.max_delivery_attempts times to a platform whose adapter echoes, and no echo came.
     NO_ECHO = "no_echo"
+    # An adapter plugin's message gateway answered that it could not send (its reason follows the code).
+    GATEWAY_FAILED = "gateway_failed"

@@ -47,6 +47,9 @@ class InboundItem:
     message: InboundMessage
     # When the frame arrived (epoch seconds), for latency figures in logs and benchmarks.
     received_at: float = 0.0
+    # The adapter says the message addresses the bot (an adapter plugin's MessageDict `is_mentioned`);
+    # kept as extra["mentioned"], which chat.planner.rules.mentions_bot honours. A /ws frame cannot set it.
+    mentioned: bool = False
 
 
 @dataclass
@@ -149,6 +152,8 @@ def _build(item: InboundItem, session: ChatSession, now: datetime, media_cache: 
     extra: dict[str, Any] = {}
     if additional:
         extra["additional_config"] = additional
+    if item.mentioned:
+        extra["mentioned"] = True
     receiver = info.receiver_info.user_info if info.receiver_info else None
     values = {
         "uid": uuid.UUID(bytes=random, version=4),

@@ -27,7 +27,7 @@ from chat.delivery_errors import DeliveryError
 from chat.delivery_gate import DeliveryGate, confirm_window, outbox_confirm_overdue, outbox_unanswered_probes
 from chat.models import Message
 from chat.notify import get_notifier
-from chat.outbox_rows import BATCH_SIZE, WEB_PLATFORM, Delivery, outbox_claim, outbox_finish, outbox_sweep
+from chat.outbox_rows import BATCH_SIZE, WEB_PLATFORM, Answered, Delivery, outbox_claim, outbox_finish, outbox_sweep
 from core.aio import db, wait_event
 from core.config import get_config
 from core.process import Heartbeat, heartbeat_acquire, heartbeat_release
@@ -47,8 +47,9 @@ class Sink:
         rows are read, so a row written after an adapter said what it accepts is built accordingly."""
         ...
 
-    async def deliver(self, delivery: Delivery) -> bool:
-        """Write the frame; False when the connection is gone (the row waits again)."""
+    async def deliver(self, delivery: Delivery) -> bool | Answered:
+        """Write the frame; False when the connection is gone (the row waits again). An adapter that
+        answers the hand-over gives its answer, which is the row's fate."""
         ...
 
 
@@ -59,6 +60,7 @@ class HandOver:
     sent: list[int] = field(default_factory=list)
     released: list[int] = field(default_factory=list)
     failed: dict[int, DeliveryError] = field(default_factory=dict)
+    answered: dict[int, Answered] = field(default_factory=dict)  # by an adapter that answers (Answered)
     gone: set[tuple[str, str]] = field(default_factory=set)  # (platform, browser user) whose socket failed
     lapsed: bool = False  # the heartbeat stopped vouching for the claim midway
 
@@ -190,9 +192,10 @@ class Deliverer:
                 "handed over (they go to whoever holds them now, or wait for a later round)",
                 len(done.released),
             )
-        self.sent_total += len(done.sent)
-        if done.sent:
-            events.emit_background(events.Point.AFTER_SEND, lambda: _after_send_kwargs(done.sent))
+        handed = done.sent + [i for i, answer in done.answered.items() if answer.ok]
+        self.sent_total += len(handed)
+        if handed:
+            events.emit_background(events.Point.AFTER_SEND, lambda: _after_send_kwargs(handed))
         return len(batch) >= BATCH_SIZE and not done.gone and not done.lapsed
 
     async def _settle_overdue(self) -> None:
@@ -227,7 +230,11 @@ class Deliverer:
             elif key in done.gone:
                 # Keep per-session order: once a connection fails, the rest of its rows wait.
                 done.released.append(delivery.message_id)
-            elif await self.sink.deliver(delivery):
+            elif isinstance(outcome := await self.sink.deliver(delivery), Answered):
+                done.answered[delivery.message_id] = outcome
+                if not outcome.ok:
+                    done.gone.add(key)  # the rest of its rows wait for the retry, in order
+            elif outcome:
                 done.sent.append(delivery.message_id)
             else:
                 done.gone.add(key)
@@ -238,9 +245,10 @@ class Deliverer:
     ) -> list[Delivery]:
         """Record the round's outcome (rows not reached, when the round was cut short, wait again); the
         deliveries now awaiting an echo."""
-        reached = set(done.sent) | set(done.released) | set(done.failed)
+        reached = set(done.sent) | set(done.released) | set(done.failed) | set(done.answered)
         done.released.extend(d.message_id for d in batch if d.message_id not in reached)
         handed = set(done.sent)
+        platform_of = {d.message_id: d.platform for d in batch}
         awaiting = [d for d in batch if d.platform in echoing and d.message_id in handed]
         await self._finish(
             token=token,
@@ -248,6 +256,7 @@ class Deliverer:
             released=done.released,
             failed=done.failed,
             awaiting_echo=[d.message_id for d in awaiting],
+            answered={i: (platform_of[i], answer) for i, answer in done.answered.items()},
             now=handed_at,
         )
         return awaiting

@@ -80,6 +80,18 @@ class Delivery:
     attempts: int = 1
 
 
+@dataclass(frozen=True)
+class Answered:
+    """What an adapter that answers each hand-over (an adapter plugin's message gateway) said of one row:
+    `ok` with the platform's message id (delivered; an empty id: sent, unconfirmed), or the `reason` it
+    failed (the row is handed over again after its confirm window, within gateway.max_delivery_attempts,
+    then failed with that reason)."""
+
+    ok: bool
+    platform_id: str = ""
+    reason: str = ""
+
+
 class OutboundRow(NamedTuple):
     """The columns of an outbound message that delivery needs."""
 
@@ -184,11 +196,15 @@ def outbox_finish(
     released: Collection[int],
     failed: dict[int, DeliveryError],
     awaiting_echo: Collection[int] = (),
+    answered: Mapping[int, tuple[str, Answered]] | None = None,
     now: datetime | None = None,
 ) -> None:
     """Record a claimed batch's outcome: sent rows get sent_at (those in `awaiting_echo`, of platforms
-    that echo, also their confirm deadline), released rows wait again."""
+    that echo, also their confirm deadline), released rows wait again; `answered` rows (by id: their
+    platform and the adapter's answer) take the answer as their fate (`_finish_answered`)."""
     now = now or timezone.now()
+    if answered:
+        _finish_answered(token, answered, now)
     confirmed = set(awaiting_echo) & set(sent)
     handed = {"delivery_status": DeliveryStatus.SENT, "sent_at": now}
     claims.finish(CLAIMS, token, [i for i in sent if i not in confirmed], **handed, next_attempt_at=None)
@@ -212,6 +228,50 @@ def outbox_finish(
             next_attempt_at=None,
         )
         logger.warning("outbound message %s failed: %s", message_id, error)
+
+
+def _finish_answered(token: str, answered: Mapping[int, tuple[str, Answered]], now: datetime) -> None:
+    """The fate an answering adapter gave each row (Answered): delivered with the platform's id (which,
+    like an echo, marks its platform as one that confirms), sent without one, or pending again after
+    its confirm window with the reason kept, `failed` with it once gateway.max_delivery_attempts
+    hand-overs are spent."""
+    from chat.ingest import adapter_platforms_echoed  # chat.ingest imports the delivery gate, not this
+
+    confirmed: set[str] = set()
+    for message_id, (platform, answer) in answered.items():
+        if answer.ok:
+            fields: dict[str, Any] = {"delivery_status": DeliveryStatus.SENT, "sent_at": now, "next_attempt_at": None}
+            if answer.platform_id:
+                fields.update(
+                    delivery_status=DeliveryStatus.DELIVERED,
+                    delivered_at=now,
+                    platform_message_id=answer.platform_id[:128],
+                    delivery_error="",
+                )
+                confirmed.add(platform)
+            claims.finish(CLAIMS, token, [message_id], **fields)
+            continue
+        reason = f"{DeliveryError.GATEWAY_FAILED}: {answer.reason or 'no reason given'}"[:255]
+        retried, _ = claims.retry_or_fail(
+            claims.held(CLAIMS, token).filter(pk=message_id),
+            attempts=CLAIMS.attempts,
+            most=get_config().gateway.max_delivery_attempts,
+            retry={
+                **CLAIMS.released(),
+                "delivery_status": DeliveryStatus.PENDING,
+                "next_attempt_at": confirm_deadlines(now),
+                "delivery_error": reason,
+            },
+            fail={
+                **CLAIMS.released(),
+                "delivery_status": DeliveryStatus.FAILED,
+                "next_attempt_at": None,
+                "delivery_error": reason,
+            },
+        )
+        logger.warning("outbound message %s %s (%s)", message_id, "to be retried" if retried else "failed", reason)
+    if confirmed:
+        adapter_platforms_echoed(platforms=confirmed, now=now)
 
 
 def outbox_sweep(*, now=None) -> tuple[int, int]:

@@ -18,6 +18,7 @@ from django.db.models.functions import Now, TruncDate
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from chat.accounts import bot_account
 from chat.agent.budget import budget_states
 from chat.fate import (
     NEEDS_ATTENTION,
@@ -45,7 +46,12 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def connected_adapters() -> list[AdapterConnection]:
-    return list(AdapterConnection.objects.filter(disconnected_at__isnull=True).order_by("platform", "connected_at"))
+    """Open adapter connections (websocket clients and adapter plugins' gateways, protocol "plugin"), each
+    with `account`: the bot's account on its platform (chat.accounts; "" when none is known)."""
+    adapters = list(AdapterConnection.objects.filter(disconnected_at__isnull=True).order_by("platform", "connected_at"))
+    for adapter in adapters:
+        adapter.account = bot_account(adapter.platform)
+    return adapters
 
 
 def active_runtimes() -> dict[str, Any]:
@@ -322,12 +328,16 @@ def health_checks(now: datetime | None = None) -> tuple[bool, dict[str, Any]]:
     except Exception as exc:
         checks["cluster"] = {"ok": False, "error": type(exc).__name__}
     try:
-        platforms = sorted(
-            set(AdapterConnection.objects.filter(disconnected_at__isnull=True).values_list("platform", flat=True))
-        )
+        open_rows = AdapterConnection.objects.filter(disconnected_at__isnull=True)
+        platforms = sorted(set(open_rows.values_list("platform", flat=True)))
         checks["adapters"] = {
             "ok": bool(platforms) or not cfg.health_requires_adapter,
             "connected_platforms": platforms,
+            # How each platform is connected (ws, socketio, plugin) and the bot's account there.
+            "connections": [
+                {"platform": p, "protocol": protocol, "account": bot_account(p) or None}
+                for p, protocol in open_rows.order_by("platform", "connected_at").values_list("platform", "protocol")
+            ],
             "required": cfg.health_requires_adapter,
         }
     except Exception as exc:

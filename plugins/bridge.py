@@ -14,7 +14,9 @@
   (success, text, intercept) as in MaiBot. When it intercepts, the message never reaches the planner.
   The command is awaited as a tool is, and cut at `chat.tool_timeout`; one that fails or times out
   does not intercept.
-* Every other component type is listed in the admin and skipped with a note.
+* `@MessageGateway` of an adapter plugin → its platform's adapter (plugins.gateways).
+* A tool declared `enabled=False` is listed, not offered. Every other component type is listed in the
+  admin and skipped with a note.
 
 A cluster worker's host (`plugins.host.start_for_life_loop`) registers only the tools of scope "life".
 """
@@ -31,7 +33,7 @@ from chat.components import ToolErrorCode as Code
 from core.config import get_config
 from plugins import cache as plugin_cache
 from plugins import events as plugin_events
-from plugins import plugin_apis
+from plugins import gateways, plugin_apis
 
 if TYPE_CHECKING:
     from plugins.records import ComponentHost, ComponentInfo, PluginRecord
@@ -237,6 +239,9 @@ def register_components(host: ComponentHost, record: PluginRecord, *, life_only:
                     component.note = "not registered in a cluster worker (life-loop tools only)"
                     continue
                 _register_tool(host, record, component, scopes=frozenset({LIFE}))
+            elif kind == "TOOL" and component.metadata.get("enabled") is False:
+                component.note = "declared disabled (enabled=False): not offered"
+                continue
             elif kind == "TOOL":
                 _register_tool(host, record, component)
             elif kind == "COMMAND":
@@ -247,6 +252,10 @@ def register_components(host: ComponentHost, record: PluginRecord, *, life_only:
                 plugin_apis.register_api(host, record, component)
             elif kind in ("EVENT_HANDLER", "HOOK_HANDLER"):
                 if why := plugin_events.register(host, record, component):
+                    component.note = why
+                    continue
+            elif kind == "MESSAGE_GATEWAY":
+                if why := gateways.register(host, record, component):
                     component.note = why
                     continue
             else:

@@ -31,9 +31,10 @@ from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 # The MaiBot version whose plugins we declare to host: a plugin's `host_application` range must
-# contain it (patch-newer than `max_version` still loads, as in MaiBot). 1.0.0: the capabilities we
-# answer are the core of MaiBot 1.0's plugin API, and most of the index's plugins accept 1.0.
-HOST_APPLICATION_VERSION = "1.0.0"
+# contain it (patch-newer than `max_version` still loads, as in MaiBot). 1.2.1: MaiBot's adapter plugins
+# (message gateways, plugins.gateways) arrived with 1.2, and the official NapCat adapter plugin accepts
+# 1.2.0-1.2.99 only; what that costs and gains on the public index is in README (Plugins, host version).
+HOST_APPLICATION_VERSION = "1.2.1"
 SDK_DISTRIBUTION = "maibot-plugin-sdk"
 MANIFEST_FILE = "_manifest.json"
 ENTRY_FILE = "plugin.py"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from core.retry import backoff
-from plugins import bridge, protocol, sandbox
+from plugins import bridge, gateways, protocol, sandbox
 from plugins.capabilities import make_context
 from plugins.host_base import (
     CONFIG_FILE,
@@ -58,7 +58,7 @@ class RunnerLifecycle:
             data_dir=base / "plugin-data" / record.plugin_id,
             runtime_dir=base / "plugin-runtime" / record.plugin_id,
             limits=limits,
-            call_handler=lambda method, payload, timeout_ms: self._answer_call(record, method, payload, timeout_ms),
+            call_handler=lambda method, payload, timeout: self._answer_call(record, process, method, payload, timeout),
             on_exit=lambda proc: self._on_runner_exit(record, proc),
         )
         self._processes = [p for p in self._processes if not p.discarded] + [process]
@@ -77,7 +77,11 @@ class RunnerLifecycle:
             await process.stop(UNLOAD_TIMEOUT)
         return process, reply
 
-    async def _answer_call(self, record: PluginRecord, method: str, payload: dict, timeout_ms: Any) -> Any:
+    async def _answer_call(
+        self, record: PluginRecord, process: RunnerProcess, method: str, payload: dict, timeout_ms: Any
+    ) -> Any:
+        if method in gateways.HOST_METHODS:  # an adapter plugin's gateway (`process`: the runner that asks)
+            return await gateways.host_method(record, process, method, payload)
         # The capabilities module answers exactly as it did for in-process plugins.
         return await record.context._rpc_call(method, record.plugin_id, payload, timeout_ms)
 

@@ -18,7 +18,7 @@ from chat.delivery_gate import DeliveryGate
 from chat.ingest import adapter_connection_close, adapter_connection_open, adapter_connection_set_accept_format
 from chat.notify import GatewayListener, get_notifier
 from chat.outbox import Deliverer
-from chat.outbox_rows import WEB_PLATFORM, Delivery
+from chat.outbox_rows import WEB_PLATFORM, Answered, Delivery
 from chat.wire.outbound import api_server_package, plain_text_frame
 from core.aio import db
 
@@ -61,6 +61,11 @@ class Connection:
 
     async def send(self, frame: dict[str, Any]) -> bool:
         raise NotImplementedError
+
+    async def hand_over(self, frame: dict[str, Any]) -> bool | Answered:
+        """Hand one outbound row's frame over: whether it was written (a socket), or the adapter's
+        answer (chat.gateway.plugin_adapters: an adapter plugin's gateway answers every hand-over)."""
+        return await self.send(frame)
 
     async def close(self, code: int) -> None:
         raise NotImplementedError
@@ -259,7 +264,7 @@ class Connections(outbox.Sink):
     def accept_formats(self) -> dict[str, list[str]]:
         return self.accept  # live: changed only by replacing a platform's list, never in place
 
-    async def deliver(self, delivery: Delivery) -> bool:
+    async def deliver(self, delivery: Delivery) -> bool | Answered:
         if delivery.platform == WEB_PLATFORM:
             ok = False
             for conn in list(self.browsers.get(delivery.user_id, ())):
@@ -277,10 +282,15 @@ class Connections(outbox.Sink):
         if conn.api_server and frame is not None:
             frame = api_server_package(frame, platform=conn.platform)
         try:
-            written = await conn.send(frame)
+            written = await conn.hand_over(frame)
         except Exception as exc:
             logger.warning("writing to %r failed: %s", conn, exc)
             written = False
-        if not written:
+        if isinstance(written, Answered):
+            if not written.ok:
+                self.gate.not_written(conn, delivery.message_id)
+            elif self.gate.echo_seen(conn, {"actual_id": written.platform_id or "answered"}):
+                self.deliverer.wake()  # an answered success proves the connection as an echo does
+        elif not written:
             self.gate.not_written(conn, delivery.message_id)
         return written

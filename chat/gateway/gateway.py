@@ -68,6 +68,13 @@ class Gateway:
 _gateway: Gateway | None = None
 
 
+def running_gateway() -> Gateway | None:
+    """This process's gateway if one was started (by the ASGI server's first call), from any thread or
+    loop; its `loop` is where its work runs (chat.gateway.plugin_adapters carries calls there)."""
+    gateway = _gateway
+    return gateway if gateway is not None and gateway.started else None
+
+
 def get_gateway() -> Gateway:
     """This process's gateway, created and started in the running event loop on first use (a new
     loop, as each in-process test has, gets a new gateway: tasks cannot outlive their loop)."""

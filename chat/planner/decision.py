@@ -26,8 +26,9 @@ When does the bot speak?
   `bot.alias_names` (case-insensitive), when it has an `@<name:id>` mention whose name is one of
   those or whose id is the bot's own account on the platform (`bot.platform_accounts`, else the one
   the adapter named in a receiver_info; see chat.accounts: a QQ mention arrives as
-  `@<QQ nickname:QQ id>`, whatever the bot's nickname in our config), or when it quotes one of the
-  bot's own messages. A mention always starts a cycle.
+  `@<QQ nickname:QQ id>`, whatever the bot's nickname in our config), when it quotes one of the
+  bot's own messages, or when an adapter plugin's gateway said it addresses the bot (`is_mentioned`).
+  A mention always starts a cycle.
   Otherwise the model is asked only once enough unaddressed messages have piled up:
       backlog >= ceil(1 / talk_frequency) * 2 ** min(silent_streak, 4)
   where talk_frequency is the one in force for the chat now (chat/talk.py), backlog counts

@@ -21,6 +21,8 @@ def mentions_bot(
 ) -> bool:
     """True when an inbound message addresses the bot (see chat/planner/__init__.py). `bot_account`: the
     bot's own account on the message's platform (chat.accounts.bot_account)."""
+    if (message.extra or {}).get("mentioned") is True:  # the adapter (plugin) said so (chat.ingest)
+        return True
     names = [n.casefold() for n in bot_names(cfg)]
     text = (message.text or "").casefold()
     if any(name in text for name in names):

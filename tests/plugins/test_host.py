@@ -43,7 +43,7 @@ def test_each_broken_plugin_is_refused_with_its_reason_and_the_others_load(load_
     assert states["test.maibot.needs-weather"] == (PluginState.LOADED, "")
     assert states["test.maibot.future"] == (
         PluginState.REFUSED,
-        "host_application needs MaiBot >= 2.0.0; this host is compatible with MaiBot 1.0.0",
+        "host_application needs MaiBot >= 2.0.0; this host is compatible with MaiBot 1.2.1",
     )
     assert states["test.maibot.needs-package"] == (
         PluginState.REFUSED,
