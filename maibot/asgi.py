@@ -1,6 +1,8 @@
 """ASGI entry point: HTTP (admin, API, chat page) and websockets (adapters at /ws, browser chat)."""
 
+import asyncio
 import os
+import sys
 
 from django.core.asgi import get_asgi_application
 
@@ -41,6 +43,35 @@ application = ForwardedClientMiddleware(
         )
     )
 )
+
+
+def _start_when_the_server_runs() -> None:
+    """daphne sends no lifespan events, and what starts on the first call (the plugins, whose adapter
+    plugins dial their platforms themselves, the gateway, the services, the MCP links) must not wait for
+    a first request: once daphne's reactor runs, the application is called once with a `lifespan`
+    scope, which every layer passes through and the gateway answers by starting. Only under daphne (its
+    reactor is installed before this module is imported); importing this module elsewhere starts nothing."""
+    reactor = sys.modules.get("twisted.internet.reactor")
+    if reactor is None or "daphne.server" not in sys.modules:
+        return
+
+    async def nothing_received() -> dict:
+        return {"type": "lifespan.shutdown"}
+
+    async def nothing_sent(message: dict) -> None:
+        pass
+
+    def call() -> None:
+        task = asyncio.get_running_loop().create_task(application({"type": "lifespan"}, nothing_received, nothing_sent))
+        _started.add(task)
+        task.add_done_callback(_started.discard)
+
+    reactor.callWhenRunning(call)
+
+
+_started: set[asyncio.Task] = set()
+_start_when_the_server_runs()
+
 # Everything loaded so far lives as long as the process: out of the garbage collector's sight, and the
 # young generation collected less often.
 tune_garbage_collector()

@@ -37,9 +37,9 @@ class GatewayRouter:
 
     async def __call__(self, scope, receive, send) -> None:
         kind = scope["type"]
-        if kind == "lifespan":
-            return
         get_gateway()
+        if kind == "lifespan":
+            return  # maibot.asgi's start-up call: the gateway runs from now on
         if scope.get("path") in ADAPTER_PATHS:
             if "EIO" in parse_qs(scope.get("query_string", b"").decode("latin-1")):
                 return await socketio_app(scope, receive, send)

@@ -3,7 +3,8 @@
 the ingest writer and the outbox deliverer (tasks on the gateway's event loop), and its listener for
 the other processes (chat.notify: outbox wake-ups, `close` for a connection replaced elsewhere).
 
-One `Gateway` per event loop, started on the first ASGI call (daphne has no lifespan events).
+One `Gateway` per event loop, started on the first ASGI call (daphne has no lifespan events: maibot.asgi
+makes a `lifespan` call as soon as daphne runs).
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""A stand-in for the NapCat adapter plugin (a package, as the official one is)."""
