@@ -1,0 +1,64 @@
+"""The attacker's side of adapter plugins, through a live daphne and the real plugin host: a plugin that is
+not an adapter declares a message gateway and calls the gateway host methods; an adapter plugin's gateway
+(declared for `qqforge`) tries to speak for another platform, to route before it is ready, forged,
+oversized and duplicate messages, and a gateway it does not declare. Each is refused with its reason (the
+plugins print what their calls answered), nothing of it is stored, and the one legitimate message is."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from chat.models import AdapterConnection, Message
+from tests.conftest import db
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
+
+FIXTURES = Path(__file__).resolve().parent / "adapter_fixtures"
+
+
+def outcomes(log: str, who: str) -> dict[str, str]:
+    """{case: "ok …" | "error …"} from the lines the plugin printed (the host logs its stderr)."""
+    found = {}
+    for line in log.splitlines():
+        if f"{who} " in line and ": " in line.split(f"{who} ", 1)[1]:
+            case, outcome = line.split(f"{who} ", 1)[1].split(": ", 1)
+            found[case] = outcome.strip()
+    return found
+
+
+async def test_gateway_host_methods_refuse_what_a_plugin_may_not_do(start_server, tmp_path):
+    plugins = tmp_path / "data-web" / "plugins"
+    for name in ("forger", "impostor"):
+        shutil.copytree(FIXTURES / name, plugins / name)
+    proc, _ = start_server()
+    await asyncio.to_thread(proc.wait_for_output, "forger done", 60)
+    await asyncio.to_thread(proc.wait_for_output, "impostor done", 30)
+    log = proc.output()
+
+    # Not an adapter: its gateway component is not registered, and it may not call the gateway methods.
+    assert "MESSAGE_GATEWAY qq_gateway (skipped: message gateways are for adapter plugins" in log
+    impostor = outcomes(log, "impostor")
+    assert impostor["state"].startswith("error host.update_message_gateway_state: plugin test.maibot.impostor")
+    assert "declares no message gateway qq_gateway" in impostor["route"]
+    assert "declares no message gateway (unnamed)" in impostor["raw_route"]
+
+    forger = outcomes(log, "forger")
+    assert "gateway forged_gateway is not ready" in forger["route_before_ready"]
+    assert "declared for platform qqforge, not qq" in forger["state_other_platform"]
+    assert "declared for platform qqforge, not web" in forger["state_web"]
+    assert forger["state"] == "ok True"
+    assert "message for platform qq, not the gateway's qqforge" in forger["route_other_platform"]
+    assert "malformed" in forger["route_forged"] or "message_info.user_info.user_id" in forger["route_forged"]
+    assert "bytes (at most 25165824)" in forger["route_oversized"]
+    assert "declares no message gateway other_gateway" in forger["route_undeclared_gateway"]
+    assert forger["route_good"] == "ok True"
+    assert forger["route_duplicate"] == "ok False"
+
+    stored = await db(lambda: list(Message.objects.filter(direction="in").values_list("session__platform", "text")))
+    assert stored == [("qqforge", "合法消息")]
+    assert not await db(lambda: AdapterConnection.objects.filter(platform="qq").exists())
+    assert await db(lambda: AdapterConnection.objects.filter(platform="qqforge", protocol="plugin").exists())
