@@ -32,6 +32,11 @@ from plugins.supervisor import RunnerProcess
 
 logger = logging.getLogger("plugins.host")
 
+ADAPTER_NETWORK_WARNING = (
+    "an adapter plugin with network {network}: it cannot reach this machine's loopback (a NapCat on 127.0.0.1); "
+    "list its id in MAIBOT_PLUGIN_HOST_NETWORK if its platform side runs on this machine"
+)
+
 
 class RunnerLifecycle:
     """The runner-keeping part of PluginHost (see plugins.host for the state it uses)."""
@@ -51,6 +56,8 @@ class RunnerLifecycle:
             config_text = await asyncio.to_thread(read_config, record.folder / CONFIG_FILE)  # off the loop
         limits = limits_for(record.plugin_id)
         record.limits = limits
+        if record.manifest is not None and record.manifest.plugin_type == "adapter" and limits.network != "host":
+            record.warnings = sorted({*record.warnings, ADAPTER_NETWORK_WARNING.format(network=limits.network)})
         record.sandbox = sandbox.describe(record.plugin_id, limits.network)
         process = RunnerProcess(
             folder=record.folder,
