@@ -66,7 +66,8 @@ def _start_when_the_server_runs() -> None:
         _started.add(task)
         task.add_done_callback(_started.discard)
 
-    reactor.callWhenRunning(call)
+    # Startup triggers fire before the reactor's asyncio loop runs: the call waits for its first turn.
+    reactor.callWhenRunning(lambda: reactor.callLater(0, call))
 
 
 _started: set[asyncio.Task] = set()

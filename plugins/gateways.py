@@ -186,8 +186,10 @@ async def _entry(record: PluginRecord, caller: Any, name: str) -> GatewayEntry:
         event = _registered.setdefault(record.plugin_id, asyncio.Event())
         try:
             async with asyncio.timeout(plugin_settings().load_timeout):
-                while (entry := find()) is None or entry.process is not caller:
-                    event.clear()
+                while True:
+                    event.clear()  # before looking: a registration after the look sets it again
+                    if (entry := find()) is not None and entry.process is caller:
+                        break
                     await event.wait()
         except TimeoutError:
             entry = find()
