@@ -147,6 +147,16 @@ async def _disconnect(entry: GatewayEntry, conn: PluginGatewayConnection) -> Non
         logger.exception("gateway %s of plugin %s: ending its connection failed", entry.name, entry.record.plugin_id)
 
 
+def runner_exited(plugin_id: str, process: Any) -> None:
+    """A plugin's runner died: its gateways' connections end now (their rows wait for a restarted runner
+    to report ready), not when the restart unregisters them."""
+    for entry in gateways_of(plugin_id):
+        conn = entry.conn
+        if entry.process is process and conn is not None:
+            entry.conn = None
+            aio.submit(_disconnect(entry, conn))
+
+
 def gateways_of(plugin_id: str) -> list[GatewayEntry]:
     return [e for (pid, _), e in list(_entries.items()) if pid == plugin_id]
 

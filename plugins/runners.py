@@ -158,6 +158,7 @@ class RunnerLifecycle:
         """On the host's loop: a runner died without being asked to. Restart it with backoff, or leave
         the plugin failed after too many crashes."""
         self._background(process.discard())  # its pipes closed now, not by the garbage collector
+        gateways.runner_exited(record.plugin_id, process)  # its platforms' rows wait, not fail meanwhile
         if self._stopping or record.process is not process:
             return
         settings = plugin_settings()
