@@ -34,7 +34,9 @@ import asyncio
 import contextlib
 import itertools
 import json
+import struct
 import time
+import zlib
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
@@ -44,11 +46,16 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Response
 
-# A 1x1 PNG.
-PNG = bytes.fromhex(
-    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
-    "1f15c4890000000d49444154789c6360000002000154a24f5d0000000049454e44ae426082"
-)
+
+def png(width: int = 1, height: int = 1) -> bytes:
+    """A valid RGBA PNG of that size (transparent), standing in for a QQ image."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0)
+    rows = b"".join(b"\x00" + b"\x00\x00\x00\x00" * width for _ in range(height))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
 
 
 @dataclass
@@ -96,7 +103,7 @@ class NapCatOneBot:
         self.refused_tokens = 0
         self.members: dict[tuple[str, str], dict[str, Any]] = {}  # (group, user) -> get_group_member_info data
         self.messages: dict[int, dict[str, Any]] = {}  # message_id -> the event (get_msg)
-        self.images: dict[str, bytes] = {"cat.png": PNG}
+        self.images: dict[str, bytes] = {"cat.png": png(2, 2)}
         self._ids = itertools.count(1_800_000_001)
         self._heartbeat: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
