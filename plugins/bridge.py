@@ -15,8 +15,9 @@
   The command is awaited as a tool is, and cut at `chat.tool_timeout`; one that fails or times out
   does not intercept.
 * `@MessageGateway` of an adapter plugin → its platform's adapter (plugins.gateways).
-* A tool declared `enabled=False` is listed, not offered. Every other component type is listed in the
-  admin and skipped with a note.
+* A tool or command declared `enabled=False` (or switched off with `component.disable`, the plugin's
+  own components only: plugins.capabilities.components) is registered but neither offered nor asked
+  until `component.enable`. Every other component type is listed in the admin and skipped with a note.
 
 A cluster worker's host (`plugins.host.start_for_life_loop`) registers only the tools of scope "life".
 """
@@ -115,6 +116,8 @@ def _tool(
         host.on_unregister(lambda: plugin_cache.drop(record.plugin_id, component.name))
 
     async def run(ctx: ToolContext, **arguments: Any) -> dict[str, Any]:
+        if not component.enabled:
+            return registry.error(Code.TOOL_FAILED, f"{component.name} is disabled by its plugin")
         cache_key = ""
         if cache is not None:
             stream_id = ctx.session.session_id if ctx.session is not None and cache_policy.scope == "chat" else ""
@@ -149,9 +152,9 @@ def _tool(
         f"{description} (plugin {record.plugin_id})"[:MAX_DESCRIPTION],
         run,
         parameters=parameters_schema(meta),
-        available=(lambda ctx: ctx.session is not None and ctx.session.platform in platforms)
+        available=(lambda ctx: component.enabled and ctx.session is not None and ctx.session.platform in platforms)
         if platforms
-        else (lambda ctx: True),
+        else (lambda ctx: component.enabled),
         scopes=tool_scopes(meta) if scopes is None else scopes,
     )
 
@@ -170,7 +173,7 @@ def _command(host: ComponentHost, record: PluginRecord, component: ComponentInfo
         return None
 
     async def handle(turn, text: str) -> bool:
-        groups = match(text)
+        groups = match(text) if component.enabled else None
         if groups is None:
             return False
         session = turn.session
@@ -209,7 +212,7 @@ def _command(host: ComponentHost, record: PluginRecord, component: ComponentInfo
         handle=handle,
         order=COMMAND_ORDER,
         before_planner=True,
-        matches=lambda text: match(text) is not None,
+        matches=lambda text: component.enabled and match(text) is not None,
     )
 
 
@@ -239,9 +242,6 @@ def register_components(host: ComponentHost, record: PluginRecord, *, life_only:
                     component.note = "not registered in a cluster worker (life-loop tools only)"
                     continue
                 _register_tool(host, record, component, scopes=frozenset({LIFE}))
-            elif kind == "TOOL" and component.metadata.get("enabled") is False:
-                component.note = "declared disabled (enabled=False): not offered"
-                continue
             elif kind == "TOOL":
                 _register_tool(host, record, component)
             elif kind == "COMMAND":

@@ -33,6 +33,8 @@ class ComponentInfo:
     metadata: dict[str, Any]
     registered: bool = False
     note: str = ""  # why it is not registered (unsupported type, name taken…)
+    # Offered / asked (a tool, a command): declared `enabled`, switched by component.enable / disable.
+    enabled: bool = True
 
     @property
     def kind(self) -> str:

@@ -133,7 +133,11 @@ class RunnerLifecycle:
         record.runner_state = "running"
         record.components = [
             ComponentInfo(
-                name=c.name, type=c.type, handler=str(c.metadata.get("handler_name", "")), metadata=c.metadata
+                name=c.name,
+                type=c.type,
+                handler=str(c.metadata.get("handler_name", "")),
+                metadata=c.metadata,
+                enabled=c.metadata.get("enabled") is not False,
             )
             for c in components
         ]

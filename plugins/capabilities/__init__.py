@@ -2,7 +2,7 @@
 {"capability": ..., "args": {...}})`), answered with our data and services, one module per domain:
 send (the one send service), chat (streams = our sessions), message, llm (our client: routing, budgets,
 the ledger), config, render (headless Chromium), maisaka (the planner's context and proactive turns),
-api (plugins' @API components).
+api (plugins' @API components), components (a plugin's own tools and commands switched on or off).
 
 Arguments and results are those the SDK (maibot-plugin-sdk 2.16.0) sends and expects, in the shapes
 MaiBot's own host returns. As in MaiBot, a plugin may call only the capabilities its manifest
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 
 from plugins import limits
-from plugins.capabilities import api, chat, config, llm, maisaka, message, render, send
+from plugins.capabilities import api, chat, components, config, llm, maisaka, message, render, send
 from plugins.capabilities.common import message as _message  # noqa: F401  (plugins.bridge uses it)
 
 if TYPE_CHECKING:
@@ -64,6 +64,8 @@ IMPLEMENTATIONS: dict[str, Capability] = {
     "api.call": api.call,
     "api.get": api.get,
     "api.list": api.list_apis,
+    "component.enable": components.enable,
+    "component.disable": components.disable,
 }
 SUPPORTED = frozenset(IMPLEMENTATIONS)
 
