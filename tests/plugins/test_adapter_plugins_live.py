@@ -78,15 +78,18 @@ async def test_private_ping_and_group_mention_are_answered_through_the_adapter_p
     napcat.members[("555", str(BOT_QQ))] = {"user_id": BOT_QQ, "nickname": "小麦", "card": "麦麦"}
     with FakeLLM() as fake:
         fake.script(fake.tool_call("reply", {"text": "pong"}), fake.tool_call("reply", {"text": "群里好"}))
-        _, base = start(start_server, tmp_path, napcat, fake)
+        proc, base = start(start_server, tmp_path, napcat, fake)
         try:
             conn = await gateway_up()
             assert conn.remote.startswith(f"plugin {PLUGIN_ID}/napcat_gateway")
             assert ("get_login_info", {}) in napcat.actions
+            # Its optional tool, declared enabled=False and switched off again by the plugin at load.
+            await asyncio.to_thread(proc.wait_for_output, "NapCat 主动私聊工具启停: {'success': True}", 30)
 
             ping_id = await napcat.private_message(10001, "ping", nickname="Alice")
             (sent,) = await sent_to(napcat, 1)
             assert (sent.action, sent.target, sent.text()) == ("send_private_msg", "10001", "pong")
+            assert "open_private_chat" not in [t["function"]["name"] for t in fake.requests[0]["tools"]]
             inbound = await db(lambda: Message.objects.select_related("session").get(platform_message_id=str(ping_id)))
             assert inbound.text == "ping" and inbound.session.platform == "qq" and inbound.sender_nickname == "Alice"
             reply = await wait_for_async(

@@ -35,13 +35,15 @@ import uuid
 from typing import Any
 
 import aiohttp
-from maibot_sdk import Field, MaiBotPlugin, MessageGateway, PluginConfigBase
+from maibot_sdk import Field, MaiBotPlugin, MessageGateway, PluginConfigBase, Tool
+from maibot_sdk.types import ToolParameterInfo, ToolParamType
 
 GATEWAY = "napcat_gateway"
 
 
 class PluginSection(PluginConfigBase):
     enabled: bool = Field(default=False, description="Connect to NapCat")
+    enable_private_chat_tool: bool = Field(default=False, description="Offer open_private_chat")
     config_version: str = Field(default="0.1.0", description="Config version")
 
 
@@ -80,6 +82,13 @@ class NapCatStandin(MaiBotPlugin):
         return self.config.napcat_server
 
     async def on_load(self) -> None:
+        # As the official plugin: its optional tool switched by its config at every load (errors only logged).
+        switch = self.ctx.component.enable_component if self.config.plugin.enable_private_chat_tool else None
+        try:
+            result = await (switch or self.ctx.component.disable_component)("open_private_chat", "TOOL")
+            self.ctx.logger.info("NapCat 主动私聊工具启停: %s", result)
+        except Exception as exc:
+            self.ctx.logger.warning("NapCat 同步主动私聊工具启停状态失败: %s", exc)
         if self.config.plugin.enabled and self.config.plugin.config_version == "0.1.0":
             self._task = asyncio.create_task(self._connection_loop())
 
@@ -339,6 +348,17 @@ class NapCatStandin(MaiBotPlugin):
             "hash": hashlib.sha256(body).hexdigest(),
             "binary_data_base64": base64.b64encode(body).decode(),
         }
+
+    USER_ID = ToolParameterInfo(name="user_id", param_type=ToolParamType.STRING, description="QQ", required=True)
+
+    @Tool(
+        "open_private_chat",
+        description="向指定 QQ 用户发送一条私聊消息，用于主动开启私聊。",
+        parameters=[USER_ID],
+        enabled=False,
+    )
+    async def tool_open_private_chat(self, user_id: str = "", **kwargs: Any) -> dict[str, Any]:
+        return {"success": False, "error": "not in the stand-in"}
 
     # --- outbound ------------------------------------------------------------------------------------
 
