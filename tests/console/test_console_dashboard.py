@@ -165,7 +165,8 @@ def test_healthz_reports_database_cluster_and_adapters(db):
     ProcessHeartbeat.objects.create(name="host:1", role="cluster", started_at=now, beat_at=now)
     response = client.get("/healthz")
     assert response.status_code == 200, response.json()
-    assert response.json()["checks"]["adapters"] == {"ok": True, "connected_platforms": [], "required": False}
+    adapters = response.json()["checks"]["adapters"]
+    assert adapters == {"ok": True, "connected_platforms": [], "connections": [], "required": False}
 
     with bot_config.override(console={"health_requires_adapter": True}):
         assert client.get("/healthz").status_code == 503
