@@ -63,6 +63,9 @@ class PluginRecord:
     last_install: Any = None  # plugins.deps.InstallOutcome of the last dependency installation
     latency_ms_total: float = 0.0
     components: list[ComponentInfo] = field(default_factory=list)
+    # (name, type) -> enabled: what the plugin switched with component.enable / disable since its runner
+    # started (its on_load switches before the host has its components: applied when they register).
+    switches: dict[tuple[str, str], bool] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     unsupported_capabilities: list[str] = field(default_factory=list)  # declared, not answered here
     calls: int = 0

@@ -51,6 +51,7 @@ class RunnerLifecycle:
         settings = plugin_settings()
         if record.context is None:
             record.context = make_context(record)
+        record.switches = {}  # the new runner's on_load switches its components again
         base = Path(django_settings.DATA_DIR)
         if config_text is None:
             config_text = await asyncio.to_thread(read_config, record.folder / CONFIG_FILE)  # off the loop
@@ -137,7 +138,7 @@ class RunnerLifecycle:
                 type=c.type,
                 handler=str(c.metadata.get("handler_name", "")),
                 metadata=c.metadata,
-                enabled=c.metadata.get("enabled") is not False,
+                enabled=record.switches.get((c.name, c.type), c.metadata.get("enabled") is not False),
             )
             for c in components
         ]
