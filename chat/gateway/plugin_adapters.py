@@ -155,7 +155,7 @@ async def plugin_gateway_route(
     chat's planner once stored; "" when it was, else why it was refused (the message is not stored).
     `mentioned`: the gateway says the message addresses the bot."""
     try:
-        message = parse_envelope(envelope)
+        message = await asyncio.to_thread(parse_envelope, envelope)  # megabytes of media are checked too
     except EnvelopeError as exc:
         return f"not a message: {exc}"
     claimed = claimed_platforms(envelope, message, api_server=False)
