@@ -258,12 +258,12 @@ async def _route_message(record: PluginRecord, caller: Any, routed: RouteMessage
     entry = await _entry(record, caller, routed.gateway_name)
     if not entry.receives:
         raise PermissionError(f"gateway {entry.name} is declared send-only")
-    conn = entry.conn
-    if conn is None:
-        raise PermissionError(f"gateway {entry.name} is not ready: report its state first")
     size = await asyncio.to_thread(message_size, routed.message)
     if size > MAX_MESSAGE_BYTES:
         raise ValueError(f"message of {size} bytes (at most {MAX_MESSAGE_BYTES})")
+    conn = entry.conn
+    if conn is None:
+        raise PermissionError(f"gateway {entry.name} is not ready: report its state first")
     message = MessageDict.model_validate(routed.message)
     claimed = {message.platform, str(routed.route_metadata.get("platform") or "") or message.platform}
     if claimed != {conn.platform}:

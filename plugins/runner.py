@@ -134,11 +134,15 @@ class Runner:
     # --- the pipe ------------------------------------------------------------------------------------
 
     def send(self, message: protocol.Message) -> None:
+        """Write one message. An answer that cannot be encoded (too big) goes as an error answer; a call
+        of the plugin's that cannot raises here, in the plugin (nothing would ever answer it)."""
         try:
             frame = ipc.encode(message.wire())
         except (ipc.FrameError, TypeError, ValueError) as exc:
             request_id = getattr(message, "id", None)
-            if request_id is None:
+            if request_id is None or isinstance(message, protocol.Call):
+                if isinstance(message, protocol.Call):
+                    raise
                 return
             frame = ipc.encode(protocol.Reply(id=request_id, ok=False, error=_error(exc)).wire())
         with self._write_lock:

@@ -54,8 +54,10 @@ class Forger(MaiBotPlugin):
         await self.attempt("route_other_platform", gateway.route_message(GATEWAY, message("hi", platform="qq")))
         forged = {"message_id": "x", "platform": "qqforge", "message_info": {"user_info": {}}, "raw_message": "no"}
         await self.attempt("route_forged", gateway.route_message(GATEWAY, forged))
-        big = message("x" * (25 * 1024 * 1024), message_id="9002")
+        big = {**message("x" * (25 * 1024 * 1024), message_id="9002"), "processed_plain_text": None}  # fits a frame
         await self.attempt("route_oversized", gateway.route_message(GATEWAY, big))
+        huge = message("x" * (20 * 1024 * 1024), message_id="9003")  # twice that text: past the pipe's frame
+        await self.attempt("route_beyond_a_frame", gateway.route_message(GATEWAY, huge))
         await self.attempt("route_undeclared_gateway", gateway.route_message("other_gateway", message("hi")))
         await self.attempt("route_good", gateway.route_message(GATEWAY, message("合法消息"), dedupe_key="9001"))
         await self.attempt("route_duplicate", gateway.route_message(GATEWAY, message("合法消息"), dedupe_key="9001"))
