@@ -178,7 +178,8 @@ def test_host_range_is_checked_as_maibot_does_with_its_patch_compatibility_mode(
         mf.check_compatibility(manifest, host_version="1.1.0")
     with pytest.raises(mf.ManifestError, match=re.escape("sdk range 3.0.0–3.1.0 does not contain the installed")):
         mf.check_compatibility(
-            mf.Manifest.model_validate({**GOOD, "sdk": {"min_version": "3.0.0", "max_version": "3.1.0"}})
+            mf.Manifest.model_validate({**GOOD, "sdk": {"min_version": "3.0.0", "max_version": "3.1.0"}}),
+            host_version="1.0.0",
         )
 
 
