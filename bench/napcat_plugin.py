@@ -97,7 +97,8 @@ async def scenario(base: str, napcat, fake, started: float) -> None:
         lambda: AdapterConnection.objects.filter(platform="qq", disconnected_at__isnull=True).first(), "gateway ready"
     )
     health = await asyncio.to_thread(healthz, base)
-    step("1. gateway ready", started, record=f"{conn.protocol} {conn.remote}", healthz=health["checks"]["adapters"])
+    record = f"protocol {conn.protocol}, {conn.remote}"
+    step("1. gateway ready", started, record=record, healthz=health["checks"]["adapters"])
 
     fake.script(fake.tool_call("reply", {"text": "pong"}))
     await napcat.private_message(10001, "ping", nickname="Alice")

@@ -222,6 +222,10 @@ def _platform(entry: GatewayEntry, reported: str) -> str:
 
 
 async def _update_state(record: PluginRecord, caller: Any, update: StateUpdate) -> dict[str, Any]:
+    if not update.ready and getattr(caller, "stopping", False):
+        # A runner being stopped reports its gateway down from on_unload: its gateways are (or are being)
+        # unregistered anyway, and a newer runner's must not be touched.
+        return {"accepted": True, "ready": False, "route_key": {}}
     entry = await _entry(record, caller, update.gateway_name)
     old = entry.conn
     if not update.ready:
