@@ -1,8 +1,9 @@
-"""The attacker's side of adapter plugins, through a live daphne and the real plugin host: a plugin that is
-not an adapter declares a message gateway and calls the gateway host methods; an adapter plugin's gateway
-(declared for `qqforge`) tries to speak for another platform, to route before it is ready, forged,
+"""The gateway host methods through a live daphne and the real plugin host. The attacker's side: a plugin
+that is not an adapter declares a message gateway and calls the gateway host methods; an adapter plugin's
+gateway (declared for `qqforge`) tries to speak for another platform, to route before it is ready, forged,
 oversized and duplicate messages, and a gateway it does not declare. Each is refused with its reason (the
-plugins print what their calls answered), nothing of it is stored, and the one legitimate message is."""
+plugins print what their calls answered), nothing of it is stored, and the one legitimate message is.
+And the route types: a receive-only and a send-only gateway sharing one platform."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from chat.models import AdapterConnection, Message
-from tests.conftest import db
+from chat.services import message_send
+from tests.conftest import db, wait_for_async
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
@@ -63,3 +65,25 @@ async def test_gateway_host_methods_refuse_what_a_plugin_may_not_do(start_server
     assert stored == [("qqforge", "合法消息")]
     assert not await db(lambda: AdapterConnection.objects.filter(platform="qq").exists())
     assert await db(lambda: AdapterConnection.objects.filter(platform="qqforge", protocol="plugin").exists())
+
+
+async def test_a_receive_only_and_a_send_only_gateway_share_a_platform(start_server, tmp_path, make_session):
+    shutil.copytree(FIXTURES / "splitgate", tmp_path / "data-web" / "plugins" / "splitgate")
+    proc, _ = start_server()
+    await asyncio.to_thread(proc.wait_for_output, "splitgate done", 60)
+    split = outcomes(proc.output(), "splitgate")
+    assert split["inbound_ready"] == split["outbound_ready"] == "ok True"
+    assert split["route_inbound"] == "ok True"
+    assert "gateway outbound is declared send-only" in split["route_outbound"]
+
+    stored = await db(lambda: list(Message.objects.filter(direction="in").values_list("session__platform", "text")))
+    assert stored == [("qqsplit", "经接收网关")]
+    # Only the sending gateway is the platform's connection; outbound rows go to it, and its answer is their fate.
+    (conn,) = await db(lambda: list(AdapterConnection.objects.filter(platform="qqsplit", disconnected_at__isnull=True)))
+    assert conn.protocol == "plugin" and conn.remote == "plugin test.maibot.splitgate/outbound"
+    session = await db(make_session, platform="qqsplit", user_id="5151")
+    row = await db(message_send, session=session, source_kind="proactive", text="回信")
+    delivered = await wait_for_async(
+        lambda: Message.objects.filter(pk=row.pk, delivery_status="delivered").first(), what="delivered by 'outbound'"
+    )
+    assert delivered.platform_message_id == f"out-{row.uid}"
