@@ -16,7 +16,7 @@ import pytest
 
 from maibot.management.commands.run_cluster import haproxy_argv, haproxy_env, web_server_env
 from maibot.management.commands.serve import daphne_argv
-from tests.conftest import ROOT, Proc, free_port, subprocess_env, wait_for
+from tests.conftest import ROOT, Proc, descendants, free_port, subprocess_env, wait_for
 
 
 def require(binary: str, package: str) -> str:
@@ -33,26 +33,6 @@ def listening(port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-def descendants(pid: int) -> list[int]:
-    """The processes below `pid` (from /proc), e.g. a qcluster's workers, found before it is killed."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def kill_tree(proc: Proc) -> None:

@@ -13,6 +13,7 @@ cluster run last, so a running shared cluster never claims work a test expects t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
 import signal
@@ -299,6 +300,39 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid` (from /proc), e.g. a qcluster's workers, found before it is killed."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pids: list[int]) -> list[int]:
+    """Those of `pids` still running (a zombie has ended: its parent has only not reaped it yet)."""
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.append(pid)
+    return alive
+
+
 class Proc:
     """A child process with its output captured to a file, stopped with SIGTERM."""
 
@@ -306,6 +340,7 @@ class Proc:
         self.log_path = log
         self._fh = log.open("wb")
         self._signalled = False
+        self.outlived: list[int] = []  # what `stop` found still running after the process was gone
         self.popen = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self._fh, stderr=subprocess.STDOUT)
 
     def output(self) -> str:
@@ -330,6 +365,10 @@ class Proc:
             self.popen.send_signal(sig)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        """Signal the process, wait up to `timeout`, then SIGKILL it. Whatever it started and left alive
+        (a server's cluster in a process group of its own, when the server had to be killed) is killed
+        after a short grace and listed in `outlived`: no process of a test works on into later tests."""
+        below = descendants(self.popen.pid) if self.popen.poll() is None else []
         if self.popen.poll() is None:
             self.terminate(sig)
             try:
@@ -337,8 +376,16 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait()
+        self._sweep(below)
         self._fh.close()
         return self.popen.returncode
+
+    def _sweep(self, pids: list[int]) -> None:
+        if not wait_for(lambda: not _alive(pids), timeout=5):
+            self.outlived.extend(_alive(pids))
+            for pid in self.outlived:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 def stop_all(procs: list[Proc]) -> None:

@@ -90,6 +90,8 @@ def test_a_killed_cluster_is_restarted_while_the_server_serves_and_stop_leaves_n
 
         assert serve.stop(signal.SIGTERM, timeout=60) == 0, serve.output()
         assert "maibot stopped" in serve.output()
+        # Proc.stop kills what outlives a stopped process, and says what it had to kill.
+        assert not serve.outlived, f"processes of serve outlived it: {serve.outlived}"
         assert not (set(_processes()) & started), "processes of serve outlived it"
     finally:
         serve.stop(signal.SIGKILL)
