@@ -43,6 +43,7 @@ IMPLEMENTATIONS: dict[str, Capability] = {
     "send.image": send.send_image,
     "send.emoji": send.send_emoji,
     "send.custom": send.send_custom,
+    "send.command": send.send_command,
     "send.forward": send.send_forward,
     "send.hybrid": send.send_hybrid,
     "config.get": config.get,

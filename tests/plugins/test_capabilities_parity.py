@@ -98,3 +98,25 @@ def test_component_switches_are_a_plugins_own_and_kept_while_it_loads():
     loading = record("test.maibot.loading")  # on_load runs before the host has its components
     assert asyncio.run(components.enable(loading, args)) == {"success": True}
     assert loading.switches == {("open_private_chat", "TOOL"): True}
+
+
+def test_send_command_sends_the_command_segment_adapters_run(make_session):
+    from chat.outbox_rows import outbox_claim
+    from plugins.capabilities import send
+
+    session = make_session(chat_type="group", group_id="555")
+    me = record("test.maibot.admin")
+    command = {"name": "SET_GROUP_BAN", "args": {"qq_id": 10001, "duration": 60}}
+    result = asyncio.run(send.send_command(me, {"command": command, "stream_id": session.session_id}))
+    assert result["success"] is True
+    sent = Message.objects.get(direction="out")
+    assert sent.segments == [{"type": "command", "data": command}] and sent.extra["capability"] == "send.command"
+    # A websocket adapter gets it as the top-level command segment; an adapter plugin's gateway, which
+    # accepts no commands, fails it as unsupported rather than sending "[unsupported:command]" to QQ.
+    _, (for_adapter,) = outbox_claim(adapter_platforms=["qq"], web_users=[], accept_formats={})
+    assert for_adapter.frame["message_segment"] == {"type": "command", "data": command}
+    Message.objects.filter(pk=sent.pk).update(delivery_status="pending", delivery_attempts=0)
+    _, (for_gateway,) = outbox_claim(adapter_platforms=["qq"], web_users=[], accept_formats={"qq": ["text", "image"]})
+    assert for_gateway.error == "unsupported_segments"
+    missing = asyncio.run(send.send_command(me, {"stream_id": session.session_id}))
+    assert missing["success"] is False and "needs command" in missing["error"]
