@@ -50,6 +50,7 @@ IMPLEMENTATIONS: dict[str, Capability] = {
     "config.get_plugin": config.get_plugin,
     "config.get_all": config.get_all,
     "llm.generate": llm.generate,
+    "llm.generate_with_tools": llm.generate_with_tools,
     "llm.get_available_models": llm.get_available_models,
     "message.get_recent": message.get_recent,
     "message.get_by_id": message.get_by_id,

@@ -120,3 +120,28 @@ def test_send_command_sends_the_command_segment_adapters_run(make_session):
     assert for_gateway.error == "unsupported_segments"
     missing = asyncio.run(send.send_command(me, {"stream_id": session.session_id}))
     assert missing["success"] is False and "needs command" in missing["error"]
+
+
+def test_llm_generate_with_tools_offers_the_tools_and_answers_the_calls_in_maibots_shape():
+    from chat.models import LLMCall
+    from core.config import override
+    from plugins.capabilities import llm
+    from tests.fake_llm import FakeLLM
+
+    me = record("test.maibot.toolcaller")
+    weather = {"name": "get_weather", "description": "天气", "parameters": {"type": "object", "properties": {}}}
+    with (
+        FakeLLM() as fake,
+        override(llm={"base_url": fake.base_url, "model": "fake-model", "max_retries": 0}),
+    ):
+        fake.script(fake.tool_call("get_weather", {"city": "北京"}))
+        answer = asyncio.run(llm.generate_with_tools(me, {"prompt": "北京天气？", "tools": [weather]}))
+        offered = fake.requests[0]["tools"]
+        refused = asyncio.run(llm.generate_with_tools(me, {"prompt": "x", "tools": [{"name": "bad name!"}]}))
+    assert answer["success"] is True
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in answer["tool_calls"]] == [
+        ("get_weather", {"city": "北京"})
+    ]
+    assert offered == [{"type": "function", "function": weather}]
+    assert refused["success"] is False and "name of 1-64" in refused["error"]
+    assert LLMCall.objects.get().purpose == "plugin:test.maibot.toolcaller"
