@@ -3,6 +3,7 @@ budgets and the ledger apply: task `utility`, a ledger row with purpose `plugin:
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from plugins.capabilities.common import db
@@ -11,6 +12,8 @@ if TYPE_CHECKING:
     from plugins.records import PluginRecord
 
 MAX_PROMPT_CHARS = 200_000
+MAX_TOOLS = 64
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 PLUGIN_TASK = "utility"
 
 
@@ -33,7 +36,33 @@ def _prompt_messages(prompt: Any) -> list[dict[str, Any]]:
     return messages
 
 
-async def generate(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
+def _tools(raw: Any) -> list[dict[str, Any]]:
+    """A plugin's tool definitions as the OpenAI-style tools the model is offered: `{"type": "function",
+    "function": {...}}` as it is, or MaiBot's flat `{"name", "description", "parameters"}`."""
+    if not isinstance(raw, list) or not raw or len(raw) > MAX_TOOLS:
+        raise ValueError(f"tools must be a list of 1 to {MAX_TOOLS} tool definitions")
+    tools = []
+    for tool in raw:
+        spec = tool.get("function") if isinstance(tool, dict) and isinstance(tool.get("function"), dict) else tool
+        if not isinstance(spec, dict) or not _TOOL_NAME.fullmatch(str(spec.get("name") or "")):
+            raise ValueError("each tool needs a name of 1-64 letters, digits, _ or -")
+        parameters = spec.get("parameters") if isinstance(spec.get("parameters"), dict) else {"type": "object"}
+        function = {"name": spec["name"], "description": str(spec.get("description") or ""), "parameters": parameters}
+        tools.append({"type": "function", "function": function})
+    return tools
+
+
+async def generate_with_tools(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
+    """llm.generate_with_tools: as llm.generate, with `tools` offered (MaiBot 1.2's result, its
+    `tool_calls` [{id, function: {name, arguments}}] included)."""
+    try:
+        tools = _tools(args.get("tools") or args.get("tool_options"))
+    except ValueError as exc:
+        return {"success": False, "response": "", "reasoning": "", "model_name": "", "error": str(exc)}
+    return await generate(record, args, tools=tools)
+
+
+async def generate(record: PluginRecord, args: dict[str, Any], *, tools: list | None = None) -> dict[str, Any]:
     from chat.agent import llm
 
     try:
@@ -43,7 +72,7 @@ async def generate(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]
     # The sync client in a worker thread: the caller (a planner tool or command waiting on this plugin)
     # may hold asgiref's thread-sensitive executor, which the async client's ledger writes would need.
     purpose = f"plugin:{record.plugin_id}"[:32]
-    result = await db(lambda: llm.complete_sync(purpose=purpose, messages=messages))
+    result = await db(lambda: llm.complete_sync(purpose=purpose, messages=messages, tools=tools))
     payload = {
         "success": result.ok,
         "response": result.content,
@@ -53,6 +82,9 @@ async def generate(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]
         "completion_tokens": result.completion_tokens,
         "total_tokens": result.prompt_tokens + result.completion_tokens,
     }
+    if tools is not None:
+        calls = [(c.id, {"name": c.name, "arguments": c.arguments or {}}) for c in result.tool_calls]
+        payload["tool_calls"] = [{"id": call_id, "function": function} for call_id, function in calls]
     if not result.ok:
         payload["error"] = result.error
     return payload

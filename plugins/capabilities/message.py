@@ -87,6 +87,18 @@ async def get_by_time_in_chat(record: PluginRecord, args: dict[str, Any]) -> dic
     stream_id = stream_id_of(args, "chat_id", "stream_id")
     if not stream_id:
         return {"success": False, "error": "message.get_by_time_in_chat needs chat_id"}
+    return await _by_time(args, stream_id)
+
+
+async def get_by_time(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
+    """message.get_by_time: as get_by_time_in_chat, over every chat (MaiBot 1.2's arguments and result)."""
+    return await _by_time(args, "")
+
+
+async def _by_time(args: dict[str, Any], stream_id: str) -> dict[str, Any]:
+    """Messages with start_time <= time <= end_time, of one chat (`stream_id`) or of all ("")."""
+    from chat.models import Message
+
     try:
         start = instant(args.get("start_time"), "start_time")
         end = instant(args.get("end_time"), "end_time")
@@ -101,17 +113,18 @@ async def get_by_time_in_chat(record: PluginRecord, args: dict[str, Any]) -> dic
         return {"success": False, "error": "limit_mode is latest or earliest"}
 
     def read() -> dict[str, Any]:
-        session = session_of(stream_id)
-        if session is None:
+        session = session_of(stream_id) if stream_id else None
+        if stream_id and session is None:
             return {"success": False, "error": f"there is no chat with stream_id {stream_id}"}
-        rows = session.messages.filter(time__gte=start, time__lte=end)
+        rows = session.messages if session is not None else Message.objects.select_related("session")
+        rows = rows.filter(time__gte=start, time__lte=end)
         if args.get("filter_mai"):
             rows = rows.exclude(direction="out")
         if mode == "earliest":
             found = list(rows.order_by("time", "pk")[:limit])
         else:
             found = list(reversed(rows.order_by("-time", "-pk")[:limit]))
-        return {"success": True, "messages": [message(m, session) for m in found]}
+        return {"success": True, "messages": [message(m, session or m.session) for m in found]}
 
     return await db(read)
 

@@ -158,6 +158,21 @@ async def send_custom(record: PluginRecord, args: dict[str, Any]) -> dict[str, A
     return await _send(record, "send.custom", args, build)
 
 
+async def send_command(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
+    """send.command: MaiBot sends it as a custom message of type "command" (`command` its content); an
+    adapter receives it as the top-level `command` segment (chat.wire.outbound). An adapter that does not
+    accept commands (an adapter plugin's gateway) fails it as unsupported_segments."""
+    command = args.get("command")
+
+    def build(session):
+        if command in (None, "", {}):
+            raise CapabilityArgError("send.command needs command")
+        segment = plugin_segment({"type": "command", "data": command}, "send.command")
+        return [segment], _processed_text(args, "[command]")
+
+    return await _send(record, "send.command", args, build)
+
+
 async def send_hybrid(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
     raw = args.get("segments") or args.get("parts")
 
