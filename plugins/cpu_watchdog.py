@@ -49,7 +49,8 @@ async def watch_cpu(host: WatchedHost) -> None:
             if used <= limit or not process.alive:
                 continue
             reason = f"it used {used:.1f} s of CPU within a minute (plugins.runner_cpu_seconds_per_minute = {limit:g})"
+            # Killed (its reason set) before the refusal is counted: whoever sees the count sees why.
+            process.kill(reason)
             record = host.records.get(process.plugin_id)
             if record is not None:
                 record.refused("cpu", f"plugin {process.plugin_id}: {reason}")
-            process.kill(reason)
