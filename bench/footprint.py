@@ -1,0 +1,254 @@
+"""Benchmark: what the embedded default costs at rest, and how quickly it starts.
+
+Starts the embedded default the way an operator does — `make run`'s path (`manage.py bootstrap`, then
+`manage.py serve`) and the single file (`python3 dist/maibot.pyz`, build it first with `make dist`) —
+on a fresh data dir and then again on the same (existing) one, and prints for each start:
+  1. start-up: from the command to the first `GET /healthz` answering 200 (the first start includes
+     migrating a new data dir, and for the single file unpacking it into a fresh SHIV_ROOT);
+  2. per process, `--settle` seconds after start: PSS and RSS (/proc/<pid>/smaps_rollup), with PSS split
+     into anonymous and file-backed memory, and the total over all processes (PSS adds up; RSS does not);
+  3. at idle, over `--idle` seconds: each process's CPU time (utime + stime, all its threads) and its
+     voluntary context switches per second (each is a wake-up: a process that polls shows them even when
+     its CPU time rounds to zero).
+Each case runs with PYTHONDONTWRITEBYTECODE unset and set to 1 (`--bytecode` picks one).
+
+    .venv/bin/python bench/footprint.py [--how run,pyz] [--starts 3] [--settle 30] [--idle 30]
+    .venv/bin/python bench/footprint.py --how run --starts 1 --settle 3 --idle 3   # a quick try
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import free_port  # noqa: E402
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Snapshot:
+    """One process at one instant."""
+
+    pid: int
+    ppid: int
+    name: str
+    pss_kb: int = 0
+    pss_anon_kb: int = 0
+    pss_file_kb: int = 0
+    rss_kb: int = 0
+    cpu_ticks: int = 0
+    wakeups: int = 0  # voluntary context switches, all threads
+
+
+def _parent(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+
+def descendants(root: int) -> list[int]:
+    """`root` and every live process whose ancestry leads to it, in start order (pid order)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = _parent(int(entry.name))
+            except (OSError, ValueError):
+                continue
+    found, frontier = {root}, {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return sorted(found)
+
+
+def _name(pid: int) -> str:
+    """A short name: the command line without the interpreter and the repository's path."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    argv = [a for a in argv if a]
+    if argv and "python" in Path(argv[0]).name:
+        argv = argv[1:]
+    if argv[:1] == ["-m"]:
+        argv = argv[1:]
+    words = [Path(a).name if a.startswith("/") else a for a in argv]
+    return " ".join(w for w in words if not w.startswith("--") and not w.isdigit())[:60]
+
+
+def snapshot(pid: int) -> Snapshot | None:
+    """Memory, CPU time and wake-ups of one process (None: it has gone)."""
+    try:
+        snap = Snapshot(pid=pid, ppid=_parent(pid), name=_name(pid))
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            key, _, value = line.partition(":")
+            field = {"Pss": "pss_kb", "Pss_Anon": "pss_anon_kb", "Pss_File": "pss_file_kb", "Rss": "rss_kb"}.get(key)
+            if field:
+                setattr(snap, field, int(value.split()[0]))
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2 :].split()
+        snap.cpu_ticks = int(fields[11]) + int(fields[12])  # utime + stime, every thread's
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches"):
+                    snap.wakeups += int(line.split()[1])
+    except (OSError, ValueError, StopIteration):
+        return None
+    return snap
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except (OSError, urllib.error.HTTPError):
+        return False
+
+
+@dataclass
+class Start:
+    """One start of the embedded default: its command, its environment, its log."""
+
+    how: str  # "run" (make run's path) or "pyz"
+    data_dir: Path
+    env: dict
+    log: Path
+    pyz_folder: Path | None = None
+
+    def launch(self) -> subprocess.Popen:
+        out = self.log.open("ab")
+        if self.how == "run":
+            # `make run`: bootstrap, then serve (one shell, so the whole start is one process tree).
+            cmd = f"{sys.executable} manage.py bootstrap && exec {sys.executable} manage.py serve"
+            return subprocess.Popen(
+                ["/bin/sh", "-c", cmd], cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT
+            )
+        # The operator's python3: the one on PATH, not this virtual environment's.
+        venv_bin = str(Path(sys.prefix) / "bin")
+        path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != venv_bin)
+        python = shutil.which("python3", path=path) or "python3"
+        return subprocess.Popen(
+            [python, "maibot.pyz"], cwd=self.pyz_folder, env=self.env, stdout=out, stderr=subprocess.STDOUT
+        )
+
+
+def measure_start(start: Start, *, settle: float, idle: float, port: int) -> dict:
+    """Start, time /healthz, wait `settle`, snapshot memory, count CPU and wake-ups over `idle`, stop."""
+    began = time.monotonic()
+    proc = start.launch()
+    url = f"http://127.0.0.1:{port}/healthz"
+    try:
+        while not _healthy(url):
+            if proc.poll() is not None:
+                raise SystemExit(f"{start.how} exited ({proc.returncode}):\n{start.log.read_text()[-3000:]}")
+            if time.monotonic() - began > 300:
+                raise SystemExit(f"{start.how}: no /healthz 200 in 300 s:\n{start.log.read_text()[-3000:]}")
+            time.sleep(0.05)
+        up = time.monotonic() - began
+        result = {"startup": up}
+        if settle or idle:
+            time.sleep(max(0.0, settle - (time.monotonic() - began)))
+            before = {s.pid: s for s in map(snapshot, descendants(proc.pid)) if s}
+            time.sleep(idle)
+            after = {s.pid: s for s in map(snapshot, descendants(proc.pid)) if s}
+            result["processes"] = [(before[pid], after[pid]) for pid in before if pid in after]
+        return result
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def print_processes(pairs: list[tuple[Snapshot, Snapshot]], idle: float) -> None:
+    head = ("pid", "ppid", "PSS", "anon", "file", "RSS")
+    print("    " + " ".join(f"{h:>7}" for h in head) + f"  {'CPU %':>6} {'wake/s':>7}  process (MiB)")
+    totals = [0, 0, 0, 0, 0.0]
+    for before, after in pairs:
+        cpu = (after.cpu_ticks - before.cpu_ticks) / CLOCK_TICKS / idle * 100
+        wakes = (after.wakeups - before.wakeups) / idle
+        mib = [v / 1024 for v in (after.pss_kb, after.pss_anon_kb, after.pss_file_kb, after.rss_kb)]
+        totals = [t + v for t, v in zip(totals, [*mib, cpu], strict=True)]
+        print(
+            f"    {after.pid:>7} {after.ppid:>7}  {mib[0]:>7.1f} {mib[1]:>7.1f} {mib[2]:>7.1f} {mib[3]:>7.1f}"
+            f"  {cpu:>6.2f} {wakes:>7.1f}  {after.name}"
+        )
+    print(
+        f"    {len(pairs)} processes: PSS {totals[0]:.1f} MiB (anon {totals[1]:.1f}, file {totals[2]:.1f}), "
+        f"RSS {totals[3]:.1f} MiB (shared pages counted in each), CPU {totals[4]:.2f} % of a core at idle"
+    )
+
+
+def run_case(how: str, *, bytecode: str, starts: int, settle: float, idle: float, pyz: Path) -> None:
+    """A fresh data dir (and SHIV_ROOT), then `starts - 1` more starts on the same one."""
+    work = Path(tempfile.mkdtemp(prefix=f"maibot-bench-footprint-{how}-"))
+    port = free_port()
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": os.environ.get("HOME", str(work)),
+        "LANG": "C.UTF-8",
+        "HOST": "127.0.0.1",
+        "PORT": str(port),
+        "LOG_LEVEL": "WARNING",
+    }
+    if bytecode == "off":
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    pyz_folder = None
+    if how == "run":
+        env["MAIBOT_DATA_DIR"] = str(work / "data")
+    else:
+        pyz_folder = work / "folder"
+        pyz_folder.mkdir()
+        shutil.copy(pyz, pyz_folder / "maibot.pyz")
+        env["SHIV_ROOT"] = str(work / "shiv")  # maibot-data goes in the folder, as for an operator
+    label = f"{how} ({'PYTHONDONTWRITEBYTECODE=1' if bytecode == 'off' else 'bytecode written'})"
+    try:
+        for i in range(starts):
+            kind = "fresh data dir" if i == 0 else "existing data dir"
+            start = Start(how, work / "data", env, work / "start.log", pyz_folder)
+            # Memory and idle CPU on the first start and the last (the steady state); the others start only.
+            full = i in (0, starts - 1)
+            result = measure_start(start, settle=settle if full else 0, idle=idle if full else 0, port=port)
+            print(f"  {label}, start {i + 1} ({kind}): /healthz 200 after {result['startup']:.2f} s")
+            if "processes" in result:
+                print(f"    memory {settle:g} s after start, CPU and wake-ups over the next {idle:g} s:")
+                print_processes(result["processes"], idle)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--how", default="run,pyz", help="run (make run's path), pyz (the single file), or both")
+    parser.add_argument("--bytecode", choices=["on", "off", "both"], default="both")
+    parser.add_argument("--starts", type=int, default=3, help="starts per case: one fresh, the rest existing")
+    parser.add_argument("--settle", type=float, default=30.0, help="seconds after start before memory is read")
+    parser.add_argument("--idle", type=float, default=30.0, help="seconds over which idle CPU is counted")
+    parser.add_argument("--pyz", type=Path, default=ROOT / "dist" / "maibot.pyz")
+    args = parser.parse_args()
+    hows = [h.strip() for h in args.how.split(",") if h.strip()]
+    if "pyz" in hows and not args.pyz.exists():
+        raise SystemExit(f"{args.pyz} not found: build it with `make dist`")
+    load = os.getloadavg()[0]
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, load {load:.2f}")
+    for how in hows:
+        for bytecode in ["on", "off"] if args.bytecode == "both" else [args.bytecode]:
+            run_case(how, bytecode=bytecode, starts=args.starts, settle=args.settle, idle=args.idle, pyz=args.pyz)
+
+
+if __name__ == "__main__":
+    main()
