@@ -72,7 +72,10 @@ ALLOWED_HOSTS, MAIBOT_FIRST_RUN_ANY_HOST = hosts.allowed_hosts(os.environ, data_
 CSRF_TRUSTED_ORIGINS = hosts.csrf_trusted_origins(os.environ)
 
 INSTALLED_APPS = [
-    "daphne",
+    # The project package (label "project"): only its management commands (serve, bootstrap, …). First, so
+    # that its `runserver` (daphne's, serving the ASGI app) wins over staticfiles'. daphne itself is no app
+    # here: its app module imports Twisted and the server into every process Django sets up.
+    "maibot",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -93,8 +96,6 @@ INSTALLED_APPS = [
     "api",
     "plugins",
     "console",
-    # The project package (label "project"): only its management commands (serve, bootstrap, …).
-    "maibot",
     "django_q",
 ]
 
