@@ -50,6 +50,7 @@ class Snapshot:
     pss_kb: int = 0
     pss_anon_kb: int = 0
     pss_file_kb: int = 0
+    uss_kb: int = 0  # its own pages (private clean + dirty): what ending the process gives back
     rss_kb: int = 0
     cpu_ticks: int = 0
     wakeups: int = 0  # voluntary context switches, all threads
@@ -97,6 +98,8 @@ def snapshot(pid: int) -> Snapshot | None:
             field = {"Pss": "pss_kb", "Pss_Anon": "pss_anon_kb", "Pss_File": "pss_file_kb", "Rss": "rss_kb"}.get(key)
             if field:
                 setattr(snap, field, int(value.split()[0]))
+            elif key in ("Private_Clean", "Private_Dirty"):
+                snap.uss_kb += int(value.split()[0])
         stat = Path(f"/proc/{pid}/stat").read_text()
         fields = stat[stat.rindex(")") + 2 :].split()
         snap.cpu_ticks = int(fields[11]) + int(fields[12])  # utime + stime, every thread's
@@ -175,21 +178,20 @@ def measure_start(start: Start, *, settle: float, idle: float, port: int) -> dic
 
 
 def print_processes(pairs: list[tuple[Snapshot, Snapshot]], idle: float) -> None:
-    head = ("pid", "ppid", "PSS", "anon", "file", "RSS")
+    head = ("pid", "ppid", "PSS", "anon", "file", "own", "RSS")
     print("    " + " ".join(f"{h:>7}" for h in head) + f"  {'CPU %':>6} {'wake/s':>7}  process (MiB)")
-    totals = [0, 0, 0, 0, 0.0]
+    totals = [0, 0, 0, 0, 0, 0.0]
     for before, after in pairs:
         cpu = (after.cpu_ticks - before.cpu_ticks) / CLOCK_TICKS / idle * 100
         wakes = (after.wakeups - before.wakeups) / idle
-        mib = [v / 1024 for v in (after.pss_kb, after.pss_anon_kb, after.pss_file_kb, after.rss_kb)]
+        kib = (after.pss_kb, after.pss_anon_kb, after.pss_file_kb, after.uss_kb, after.rss_kb)
+        mib = [v / 1024 for v in kib]
         totals = [t + v for t, v in zip(totals, [*mib, cpu], strict=True)]
-        print(
-            f"    {after.pid:>7} {after.ppid:>7}  {mib[0]:>7.1f} {mib[1]:>7.1f} {mib[2]:>7.1f} {mib[3]:>7.1f}"
-            f"  {cpu:>6.2f} {wakes:>7.1f}  {after.name}"
-        )
+        columns = " ".join(f"{v:>7.1f}" for v in mib)
+        print(f"    {after.pid:>7} {after.ppid:>7}  {columns}  {cpu:>6.2f} {wakes:>7.1f}  {after.name}")
     print(
-        f"    {len(pairs)} processes: PSS {totals[0]:.1f} MiB (anon {totals[1]:.1f}, file {totals[2]:.1f}), "
-        f"RSS {totals[3]:.1f} MiB (shared pages counted in each), CPU {totals[4]:.2f} % of a core at idle"
+        f"    {len(pairs)} processes: PSS {totals[0]:.1f} MiB (anon {totals[1]:.1f}, file {totals[2]:.1f}; own pages "
+        f"{totals[3]:.1f}), RSS {totals[4]:.1f} MiB (shared pages counted in each), CPU {totals[5]:.2f} % of a core"
     )
 
 
