@@ -59,8 +59,7 @@ dist: $(if $(DIST_PYTHON),,venv-dev)
 	@ls -l dist/maibot.pyz
 
 run: venv
-	$(BIN)/python manage.py bootstrap
-	HOST=$(HOST) PORT=$(PORT) $(BIN)/python manage.py serve
+	HOST=$(HOST) PORT=$(PORT) $(BIN)/python manage.py serve --bootstrap
 
 # The multi-process deployment on this machine: HAProxy on HOST:PORT in front of two ASGI servers
 # (127.0.0.1:PORT+1, PORT+2) and two task clusters, on PostgreSQL + Redis (README: Scale-out).

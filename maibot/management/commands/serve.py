@@ -15,6 +15,7 @@ import sys
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from core import datadir, deployment_env
@@ -134,6 +135,11 @@ class Command(BaseCommand):
         parser.add_argument("--host", default=settings.HOST)
         parser.add_argument("--port", type=int, default=settings.PORT)
         parser.add_argument(
+            "--bootstrap",
+            action="store_true",
+            help="first migrate and see to the operator account (manage.py bootstrap), in this same process",
+        )
+        parser.add_argument(
             "--trusted-proxies",
             default=None,
             metavar="CIDRS",
@@ -147,6 +153,9 @@ class Command(BaseCommand):
         if proxies is None:
             proxies = os.environ.get("MAIBOT_TRUSTED_PROXIES", "")
         web_env = trusted_proxies_env(proxies)
+        if options["bootstrap"]:
+            # One Django start instead of two (make run): a second of the start-up on a small machine.
+            call_command("bootstrap")
         self.prepare()
         daphne = daphne_argv(host, port, keepalive_seconds=get_config().gateway.keepalive_seconds)
         base = f"http://{host}:{port}"
