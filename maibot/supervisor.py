@@ -157,21 +157,22 @@ class Supervisor:
         self.stopping = False
 
     def start(self) -> None:
-        """Refuse a taken port before anything starts (PortTaken), then start every child."""
+        """Refuse a taken port before anything starts (PortTaken), then start every child. A SIGINT or
+        SIGTERM from here on stops them (in `run`), even one that comes while they are being started."""
         for child in self.children:
             child.check_port()
-        for child in self.children:
-            child.start()
-
-    def run(self) -> None:
-        """Restart any child that died (with backoff), then `tick()`, each TICK_SECONDS, until a signal
-        (or PortTaken from a child that died for its port); then stop them all."""
 
         def stop(signum=None, frame=None) -> None:
             self.stopping = True
 
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
+        for child in self.children:
+            child.start()
+
+    def run(self) -> None:
+        """Restart any child that died (with backoff), then `tick()`, each TICK_SECONDS, until a signal
+        (or PortTaken from a child that died for its port); then stop them all."""
         try:
             while not self.stopping:
                 for child in self.children:
