@@ -11,6 +11,8 @@ were not 2xx (by status). The clients run in this process: their own CPU time is
 small machine they share its cores with the server.
 
     .venv/bin/python bench/http.py [--clients 8] [--seconds 10] [--server daphne|uvicorn]
+    PYTHONPATH=/tmp/uv .venv/bin/python bench/http.py --server uvicorn   # after
+    .venv/bin/pip install --target /tmp/uv uvicorn uvloop httptools websockets  (not into the project's venv)
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ def server_argv(server: str, port: int) -> list[str]:
     return [
         *(sys.executable, "-m", "uvicorn", "maibot.asgi:application", "--host", "127.0.0.1", "--port", str(port)),
         *("--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"),
+        # The application decides the client address itself (maibot.proxies); it takes no lifespan events.
+        *("--no-proxy-headers", "--lifespan", "off"),
     ]
 
 
