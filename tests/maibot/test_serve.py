@@ -198,6 +198,8 @@ def test_a_port_taken_while_the_web_child_was_down_stops_everything_instead_of_r
     env = subprocess_env(MAIBOT_DATA_DIR=str(tmp_path / "data"))
     serve = Proc([sys.executable, "manage.py", "serve", "--port", str(port)], env, tmp_path / "serve.log")
     holder = socket.socket()
+    # As servers bind: the connections of the dead server that wait in TIME_WAIT do not keep it off the port.
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         assert wait_for(lambda: _answers(f"http://127.0.0.1:{port}/healthz"), timeout=60), serve.output()
         web = _child(serve.popen.pid, "daphne")
