@@ -183,7 +183,7 @@ def test_a_taken_port_stops_serve_at_once_naming_the_port_and_the_fix(tmp_path):
         try:
             code = serve.popen.wait(timeout=60)
         finally:
-            serve.stop(signal.SIGKILL)
+            serve.stop(signal.SIGTERM, timeout=60)
     out = serve.output()
     assert code == 1, out
     assert f"port {port} is in use on 127.0.0.1" in out, out
@@ -220,7 +220,7 @@ def test_a_port_taken_while_the_web_child_was_down_stops_everything_instead_of_r
         assert serve.popen.wait(timeout=60) == 1, serve.output()
     finally:
         holder.close()
-        serve.stop(signal.SIGKILL)
+        serve.stop(signal.SIGTERM, timeout=60)  # a SIGKILLed supervisor would leave its children behind
     out = serve.output()
     assert f"port {port} is in use on 127.0.0.1" in out, out
     # At most the one restart that found the port taken (if the death was seen before the port was), never more.
