@@ -30,7 +30,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,7 +56,7 @@ class Snapshot:
     uss_kb: int = 0  # its own pages (private clean + dirty): what ending the process gives back
     rss_kb: int = 0
     cpu_ticks: int = 0
-    wakeups: int = 0  # voluntary context switches, all threads
+    switches: dict[int, int] = field(default_factory=dict)  # voluntary context switches per thread
 
 
 def _parent(pid: int) -> int:
@@ -93,7 +93,7 @@ def _name(pid: int) -> str:
     if argv[:1] == ["-m"]:
         argv = argv[1:]
     words = [Path(a).name if a.startswith("/") else a for a in argv]
-    return " ".join(w for w in words if not w.startswith("--") and not w.isdigit())[:60]
+    return " ".join(w for w in words if not w.startswith("-") and not w.isdigit())[:60]
 
 
 def snapshot(pid: int) -> Snapshot | None:
@@ -113,7 +113,7 @@ def snapshot(pid: int) -> Snapshot | None:
         for task in Path(f"/proc/{pid}/task").iterdir():
             for line in (task / "status").read_text().splitlines():
                 if line.startswith("voluntary_ctxt_switches"):
-                    snap.wakeups += int(line.split()[1])
+                    snap.switches[int(task.name)] = int(line.split()[1])
     except (OSError, ValueError, StopIteration):
         return None
     return snap
@@ -203,7 +203,8 @@ def print_processes(pairs: list[tuple[Snapshot, Snapshot]], idle: float) -> None
     totals = [0, 0, 0, 0, 0, 0.0]
     for before, after in pairs:
         cpu = (after.cpu_ticks - before.cpu_ticks) / CLOCK_TICKS / idle * 100
-        wakes = (after.wakeups - before.wakeups) / idle
+        # Per thread: a thread that ended meanwhile takes its count with it; one that began counts whole.
+        wakes = sum(n - before.switches.get(tid, 0) for tid, n in after.switches.items()) / idle
         kib = (after.pss_kb, after.pss_anon_kb, after.pss_file_kb, after.uss_kb, after.rss_kb)
         mib = [v / 1024 for v in kib]
         totals = [t + v for t, v in zip(totals, [*mib, cpu], strict=True)]

@@ -10,8 +10,8 @@ Prints per phase: requests answered, requests per second, latency p50 / p99 / ma
 were not 2xx (by status). The clients run in this process: their own CPU time is printed too, since on a
 small machine they share its cores with the server.
 
-    .venv/bin/python bench/http.py [--clients 8] [--seconds 10] [--server daphne|uvicorn]
-    PYTHONPATH=/tmp/uv .venv/bin/python bench/http.py --server uvicorn   # after
+    .venv/bin/python bench/http_parallel.py [--clients 8] [--seconds 10] [--server daphne|uvicorn]
+    PYTHONPATH=/tmp/uv .venv/bin/python bench/http_parallel.py --server uvicorn   # after
     .venv/bin/pip install --target /tmp/uv uvicorn uvloop httptools websockets  (not into the project's venv)
 """
 
