@@ -44,7 +44,9 @@ venv-mm07: .venv-mm07/.installed
 # dist/maibot.pyz: the project and every dependency in one file (shiv), run with `python3 maibot.pyz`.
 # Dependencies are the wheels pip picks for the building interpreter: build with the CPython (3.11+, Linux
 # x86_64) the file is meant for. Children find the packages through PYTHONPATH (--extend-pythonpath).
-# --no-compile: pip writes no .pyc (a third quicker); the first start writes them into the extraction.
+# --no-compile: pip writes no .pyc (a third quicker); the file's first start unpacks it with progress lines
+# and compiles every module into the extraction once (maibot/single_file.py, put in by its `finish` step),
+# so later starts read bytecode whatever PYTHONDONTWRITEBYTECODE says.
 # DIST_PYTHON=python3.12 builds for that interpreter instead (it needs shiv==1.0.8 installed).
 DIST_PYTHON ?=
 SHIV = $(if $(DIST_PYTHON),$(DIST_PYTHON) -m shiv,$(BIN)/shiv)
@@ -52,12 +54,12 @@ dist: $(if $(DIST_PYTHON),,venv-dev)
 	rm -rf build dist/maibot.pyz && mkdir -p dist
 	$(SHIV) --quiet -o dist/maibot.pyz -e maibot.cli:main -p "/usr/bin/env python3" --extend-pythonpath \
 		--only-binary=:all: --no-binary=maibot --no-compile .
+	$(if $(DIST_PYTHON),$(DIST_PYTHON),$(BIN)/python) -m maibot.single_file dist/maibot.pyz
 	rm -rf build *.egg-info
 	@ls -l dist/maibot.pyz
 
 run: venv
-	$(BIN)/python manage.py bootstrap
-	HOST=$(HOST) PORT=$(PORT) $(BIN)/python manage.py serve
+	HOST=$(HOST) PORT=$(PORT) $(BIN)/python manage.py serve --bootstrap
 
 # The multi-process deployment on this machine: HAProxy on HOST:PORT in front of two ASGI servers
 # (127.0.0.1:PORT+1, PORT+2) and two task clusters, on PostgreSQL + Redis (README: Scale-out).

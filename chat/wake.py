@@ -20,9 +20,11 @@ import asyncio
 import contextlib
 import logging
 import os
+import select
 import socket
 import stat
 import threading
+import time
 import uuid
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -155,6 +157,51 @@ class WakeEndpoint:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
         self._addresses.close()
+
+
+class WakeInbox:
+    """A blocking endpoint, for a thread or process with no event loop (the task queue's pusher): bound on
+    first use in each process (a fork binds its own), `wait()` returns when woken or after `timeout`."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._sock: socket.socket | None = None
+        self._pid = 0
+        self._addresses = _Addresses(directory)
+
+    def _bound(self) -> socket.socket | None:
+        if self._sock is not None and self._pid == os.getpid():
+            return self._sock
+        self._sock, self._pid = None, os.getpid()
+        if not hasattr(socket, "AF_UNIX") or not _prepare(self.directory):
+            return None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}{SUFFIX}"
+        try:
+            sock.bind(self._addresses.of(name))
+            os.chmod(self.directory / name, 0o600)
+        except OSError as exc:
+            sock.close()
+            logger.warning("no local wake-ups in %s: %s", self.directory, exc)
+            return None
+        sock.setblocking(False)
+        self._sock = sock
+        return sock
+
+    def wait(self, timeout: float) -> bool:
+        """Until a wake arrives (True; every wake waiting is taken) or `timeout` passes (False). Without a
+        socket (none can be bound here) it just sleeps: the caller's poll still finds the work."""
+        sock = self._bound()
+        if sock is None:
+            time.sleep(timeout)
+            return False
+        readable, _, _ = select.select([sock], [], [], timeout)
+        while True:
+            try:
+                sock.recv(64)
+            except OSError:  # drained (BlockingIOError), or unreadable: either way, look now
+                break
+        return bool(readable)
 
 
 class _Sender:

@@ -3,8 +3,9 @@
 It sits in settings.LOGGING for every process but stays inactive (drops nothing, stores nothing) until
 the ASGI server or the cluster calls `activate()`: management commands (migrate) and the test process
 never write logs to the database. Records are queued in memory and written in batches by one
-background thread per process; records logged while writing are ignored (no recursion), and a missing
-table or an unreachable database only loses that batch. Retention is bounded by rows and by age.
+background thread per process, which sleeps while nothing is queued; records logged while writing are
+ignored (no recursion), and a missing table or an unreachable database only loses that batch. Retention
+is bounded by rows and by age (pruned as records are written).
 """
 
 from __future__ import annotations
@@ -103,8 +104,8 @@ class DatabaseLogHandler(logging.Handler):
                 }
             )
             self._ensure_thread()
-            if len(self._queue) >= BATCH_SIZE:
-                self._wake.set()
+            if len(self._queue) == 1 or len(self._queue) >= BATCH_SIZE:
+                self._wake.set()  # the first of a batch (the writer sleeps until then), or a full one
         except Exception:
             self.handleError(record)
 
@@ -112,8 +113,12 @@ class DatabaseLogHandler(logging.Handler):
     def _run(self) -> None:
         stop, wake = self._stop, self._wake
         while True:
-            wake.wait(FLUSH_INTERVAL)
+            # Asleep while nothing is queued (no wake-ups at idle): the first record queued wakes it,
+            # and what comes within FLUSH_INTERVAL goes into the same batch.
+            wake.wait()
             wake.clear()
+            if not stop.is_set() and len(self._queue) < BATCH_SIZE:
+                stop.wait(FLUSH_INTERVAL)
             self.flush_queue()
             if stop.is_set():
                 break

@@ -72,7 +72,10 @@ ALLOWED_HOSTS, MAIBOT_FIRST_RUN_ANY_HOST = hosts.allowed_hosts(os.environ, data_
 CSRF_TRUSTED_ORIGINS = hosts.csrf_trusted_origins(os.environ)
 
 INSTALLED_APPS = [
-    "daphne",
+    # The project package (label "project"): only its management commands (serve, bootstrap, …). First, so
+    # that its `runserver` (daphne's, serving the ASGI app) wins over staticfiles'. daphne itself is no app
+    # here: its app module imports Twisted and the server into every process Django sets up.
+    "maibot",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -93,8 +96,6 @@ INSTALLED_APPS = [
     "api",
     "plugins",
     "console",
-    # The project package (label "project"): only its management commands (serve, bootstrap, …).
-    "maibot",
     "django_q",
 ]
 
@@ -189,6 +190,7 @@ else:
 
 Q_CLUSTER = {
     "name": os.environ.get("MAIBOT_Q_NAME", "maibot"),
+    # At most this many worker processes, forked only while there are tasks (scheduling.taskqueue).
     "workers": int(os.environ.get("MAIBOT_Q_WORKERS", "2")),
     # A life-loop turn has a hard 120 s timeout of its own; retry must exceed timeout.
     "timeout": 300,
@@ -199,11 +201,17 @@ Q_CLUSTER = {
     "ack_failures": True,
     "save_limit": 1000,
     "label": "Task queue",
+    # django-q2's Schedule rows are not used (the dispatcher is the scheduler): no look at them every 30 s.
+    "scheduler": False,
 }
+# Workers idle this long with nothing queued end; the next task forks them again (scheduling.taskqueue).
+MAIBOT_Q_IDLE_WORKER_SECONDS = float(os.environ.get("MAIBOT_Q_IDLE_WORKER_SECONDS", "60"))
 if REDIS_URL:
     Q_CLUSTER["redis"] = REDIS_URL
 else:
-    Q_CLUSTER["orm"] = "default"
+    # The ORM broker's pusher waits on a local wake socket instead of querying every `poll` seconds
+    # (0: no sleep of the broker's own; scheduling.taskqueue.WakeableORM waits instead).
+    Q_CLUSTER.update(orm="default", broker_class="scheduling.taskqueue.WakeableORM", poll=0)
 
 # --- i18n / time ----------------------------------------------------------------------------------
 # Without a choice or a browser preference: English. Each language is named in itself.

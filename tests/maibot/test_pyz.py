@@ -55,13 +55,16 @@ def _system_python() -> str:
 class Run:
     """`python3 maibot.pyz ARGS` in `folder`, with only the environment an operator would have."""
 
-    def __init__(self, python: str, folder: Path, *args: str, port: int, shiv_root: Path, name: str) -> None:
+    def __init__(
+        self, python: str, folder: Path, *args: str, port: int, shiv_root: Path, name: str, **extra: str
+    ) -> None:
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": os.environ.get("HOME", str(folder)),
             "LANG": "C.UTF-8",
             "PORT": str(port),
             "SHIV_ROOT": str(shiv_root),
+            **extra,
         }
         self.log = folder.parent / f"{name}.log"
         self._fh = self.log.open("wb")
@@ -198,16 +201,34 @@ def test_the_single_file_sets_up_in_the_browser_replies_stops_upgrades_and_refus
         cwd=folder,
         capture_output=True,
         text=True,
-        env={"PATH": os.environ["PATH"], "SHIV_ROOT": str(shiv_root), "HOME": str(tmp_path)},
+        env={
+            "PATH": os.environ["PATH"],
+            "SHIV_ROOT": str(shiv_root),
+            "HOME": str(tmp_path),
+            "PYTHONDONTWRITEBYTECODE": "1",
+        },
     )
     assert version.stdout.strip() == f"maibot {__version__}", version
+    # The first start of the build unpacks it, saying how far it is, and compiles every module once (also
+    # those it did not import, whatever PYTHONDONTWRITEBYTECODE says).
+    assert "first start of this build: unpacking" in version.stderr, version.stderr
+    assert "unpacked 100 %" in version.stderr and "compiled 100 %" in version.stderr, version.stderr
+    (extraction,) = shiv_root.glob("maibot.pyz_*/site-packages")
+    assert list((extraction / "django" / "__pycache__").glob("__init__.cpython-*.pyc")), "no bytecode in the extraction"
+    assert list((extraction / "maibot" / "__pycache__").glob("cli.cpython-*.pyc")), "no bytecode in the extraction"
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     with FakeLLM() as provider:
-        run = Run(python, folder, port=port, shiv_root=shiv_root, name="first")
+        # As in many Dockerfiles: the file still keeps its bytecode (compiled once, into its extraction).
+        run = Run(python, folder, port=port, shiv_root=shiv_root, name="first", PYTHONDONTWRITEBYTECODE="1")
         try:
             run.wait_for_output("one-time code:")
+            first_start = run.output()
+            # --version above unpacked the file already; this start found it so and says nothing of it.
+            assert "unpacking" not in first_start, first_start
+            assert re.search(r"Preparing the data dir: \d+ migrations to apply", first_start), first_start
+            assert "migrated 100 %" in first_start, first_start
             run.wait_for_output(f"operator console: {base}/admin/")
             assert wait_for(lambda: _answers(f"{base}/healthz") == 200, timeout=90), run.output()
             assert sorted(p.name for p in folder.iterdir()) == ["maibot-data", "maibot.pyz"]
@@ -256,6 +277,9 @@ def test_the_single_file_sets_up_in_the_browser_replies_stops_upgrades_and_refus
         again = Run(python, folder, port=port, shiv_root=shiv_root, name="upgrade")
         try:
             again.wait_for_output("operator console:")
+            assert "unpacking" not in again.output(), "the extraction was not reused"
+            assert re.search(r"Preparing the data dir: \d+ migrations? to apply", again.output()), again.output()
+            assert "migrated 100 %" in again.output(), again.output()
             assert wait_for(lambda: _answers(f"{base}/healthz") == 200, timeout=90), again.output()
             assert "one-time code" not in again.output()
             _login_sees_reply(base)

@@ -1,7 +1,10 @@
 """`manage.py serve` supervises: a SIGKILLed cluster is restarted (its orphaned workers killed) while the
 ASGI server keeps serving, the restart is in the console's log, and on stop no process it started is left;
 a web child SIGKILLed while it hands a burst over is restarted, and the rows it had claimed go out from
-its successor within seconds (its heartbeat runs out), not after the 60 s delivery lease."""
+its successor within seconds (its heartbeat runs out), not after the 60 s delivery lease. The supervisor
+watching them is no Django process but a small one of the standard library. A port another program holds
+stops serve at once with one line naming the port and the fix, before anything starts, and also when it
+is found taken after the web child died, instead of restarting the web child forever."""
 
 from __future__ import annotations
 
@@ -51,6 +54,11 @@ def _group(leader: int) -> set[int]:
     return {pid for pid, (_, pgrp, _) in _processes().items() if pgrp == leader}
 
 
+def _rss_mib(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS")) / 1024
+
+
 def _answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
@@ -70,6 +78,9 @@ def test_a_killed_cluster_is_restarted_while_the_server_serves_and_stop_leaves_n
         web = _child(serve.popen.pid, "daphne")
         assert wait_for(lambda: _child(serve.popen.pid, "qcluster"), timeout=30)
         cluster = _child(serve.popen.pid, "qcluster")
+        # `serve` became the supervisor (exec): the standard library only, not a Django process.
+        assert "-m maibot.supervisor" in _processes()[serve.popen.pid][2]
+        assert _rss_mib(serve.popen.pid) < 30, _rss_mib(serve.popen.pid)
         # The cluster's sentinel, workers and monitor share its process group.
         assert wait_for(lambda: len(_group(cluster)) >= 3, timeout=30), _group(cluster)
         old_group = _group(cluster)
@@ -162,3 +173,58 @@ async def test_a_web_child_killed_while_handing_over_leaves_its_claims_to_its_su
     # The successor starts in seconds and the adapter comes back by its own backoff; the claims are
     # free 8 s after the death (the heartbeat), never 60 s (the lease).
     assert max(lateness.values()) <= 30, sorted(lateness.values())[-5:]
+
+
+def test_a_taken_port_stops_serve_at_once_naming_the_port_and_the_fix(tmp_path):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        env = subprocess_env(MAIBOT_DATA_DIR=str(tmp_path / "data"))
+        serve = Proc([sys.executable, "manage.py", "serve", "--port", str(port)], env, tmp_path / "serve.log")
+        try:
+            code = serve.popen.wait(timeout=60)
+        finally:
+            serve.stop(signal.SIGTERM, timeout=60)
+    out = serve.output()
+    assert code == 1, out
+    assert f"port {port} is in use on 127.0.0.1" in out, out
+    assert f"ss -ltnp 'sport = :{port}'" in out and f"--port {port + 1}" in out, out
+    assert "maibot is starting" not in out, "children were started on a taken port"
+    assert LogEntry.objects.filter(process="supervisor", message__contains=f"port {port} is in use").exists()
+
+
+@pytest.mark.long
+def test_a_port_taken_while_the_web_child_was_down_stops_everything_instead_of_restarting_forever(tmp_path):
+    port = free_port()
+    env = subprocess_env(MAIBOT_DATA_DIR=str(tmp_path / "data"))
+    serve = Proc([sys.executable, "manage.py", "serve", "--port", str(port)], env, tmp_path / "serve.log")
+    holder = socket.socket()
+    # As servers bind: the connections of the dead server that wait in TIME_WAIT do not keep it off the port.
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        assert wait_for(lambda: _answers(f"http://127.0.0.1:{port}/healthz"), timeout=60), serve.output()
+        web = _child(serve.popen.pid, "daphne")
+        assert wait_for(lambda: _child(serve.popen.pid, "qcluster"), timeout=30)
+        started = _group(web) | _group(_child(serve.popen.pid, "qcluster"))
+
+        os.kill(web, signal.SIGKILL)
+
+        def take() -> bool:
+            try:
+                holder.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+            holder.listen()
+            return True
+
+        assert wait_for(take, timeout=10), "the dead web child's port never came free"
+        assert serve.popen.wait(timeout=60) == 1, serve.output()
+    finally:
+        holder.close()
+        serve.stop(signal.SIGTERM, timeout=60)  # a SIGKILLed supervisor would leave its children behind
+    out = serve.output()
+    assert f"port {port} is in use on 127.0.0.1" in out, out
+    # At most the one restart that found the port taken (if the death was seen before the port was), never more.
+    assert out.count("restarting in") <= 1, out
+    assert not (set(_processes()) & started), "processes of serve outlived it"

@@ -5,6 +5,7 @@ operator account.
 set-up page in the browser unless DJANGO_SUPERUSER_PASSWORD is given.
 """
 
+import io
 import os
 import secrets
 
@@ -17,6 +18,31 @@ from core import datadir, setup
 from plugins.host_base import plugins_dir
 
 
+class _MigrationProgress(io.TextIOBase):
+    """Takes migrate's output (verbosity 1) and says only how far it is: a line at each quarter."""
+
+    def __init__(self, say, total: int) -> None:
+        self.say, self.total, self.done, self.said = say, total, 0, 0
+
+    def write(self, text: str) -> int:
+        if "Applying " in text:
+            self.done += 1
+            quarter = self.done * 4 // self.total
+            if quarter > self.said:
+                self.said = quarter
+                self.say(f"  migrated {quarter * 25} % ({self.done} of {self.total})")
+        return len(text)
+
+
+def pending_migrations() -> int:
+    """How many migrations `migrate` would apply to the data dir's database."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    return len(executor.migration_plan(executor.loader.graph.leaf_nodes()))
+
+
 class Command(BaseCommand):
     help = "Migrate and create the operator account on first run (prints its credentials once)."
 
@@ -27,13 +53,25 @@ class Command(BaseCommand):
             help="Leave the operator account to the browser set-up page (unless DJANGO_SUPERUSER_PASSWORD is set).",
         )
 
+    def migrate(self) -> None:
+        """Bring the database up to this build, saying how far it is when there is anything to do (a
+        first start creates every table: seconds of silence otherwise)."""
+        pending = pending_migrations()
+        if not pending:
+            return
+        what = f"{pending} migration{'s' if pending > 1 else ''}"
+        self.stdout.write(f"Preparing the data dir: {what} to apply (a first start or an upgrade)")
+        self.stdout.flush()
+        progress = _MigrationProgress(lambda line: (self.stdout.write(line), self.stdout.flush()), pending)
+        call_command("migrate", interactive=False, verbosity=1, stdout=progress)
+
     def handle(self, *args, **options) -> None:
         datadir.make_private(settings.DATA_DIR)  # a data dir of an earlier version: 0755 and 0644 files
         try:
             datadir.check_not_newer()
         except datadir.DataDirTooNew as exc:
             raise CommandError(f"Refusing to start: {exc}") from None
-        call_command("migrate", interactive=False, verbosity=0)
+        self.migrate()
         datadir.write_stamp()
         # There from the first run, so that a plugin copied in later is seen (the server watches it).
         plugins_dir().mkdir(mode=datadir.PRIVATE_DIR_MODE, exist_ok=True)

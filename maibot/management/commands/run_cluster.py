@@ -1,6 +1,6 @@
 """`manage.py run_cluster`: the multi-process deployment on one machine — HAProxy in front of two ASGI
-servers, and two task clusters — supervised like `serve` (a child that dies is restarted with backoff,
-the others keep running; Ctrl-C or SIGTERM stops them all).
+servers, and two task clusters — supervised like `serve` by maibot.supervisor (a child that dies is
+restarted with backoff, the others keep running; Ctrl-C or SIGTERM stops them all).
 
 Meant for PostgreSQL (DATABASE_URL) and Redis (REDIS_URL): every process shares the database, the
 channel layer and the django-q2 queue. On the embedded default it still runs (the SQLite file is shared
@@ -18,8 +18,14 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from core.config import get_config
-from maibot.management.commands.serve import Child, daphne_argv, manage_argv, trusted_proxies_env
 from maibot.management.commands.serve import Command as ServeCommand
+from maibot.management.commands.serve import (
+    child_spec,
+    daphne_argv,
+    exec_supervisor,
+    manage_argv,
+    trusted_proxies_env,
+)
 
 logger = logging.getLogger("maibot.serve")
 
@@ -100,16 +106,17 @@ class Command(ServeCommand):
             )
         keepalive = get_config().gateway.keepalive_seconds
         servers = [f"127.0.0.1:{web_port + i}" for i in range(WEB_SERVERS)]
-        children = [Child("balancer", haproxy_argv(), env=haproxy_env(f"{host}:{port}", servers))]
+        balancer = haproxy_argv()
+        children = [child_spec("balancer", balancer, env=haproxy_env(f"{host}:{port}", servers), listen=(host, port))]
         for i, addr in enumerate(servers, 1):
-            argv = daphne_argv("127.0.0.1", int(addr.rsplit(":", 1)[1]), keepalive_seconds=keepalive)
-            children.append(Child(f"web{i}", argv, env=web_server_env()))
+            web = ("127.0.0.1", int(addr.rsplit(":", 1)[1]))
+            argv = daphne_argv(*web, keepalive_seconds=keepalive)
+            children.append(child_spec(f"web{i}", argv, env=web_server_env(), listen=web))
         clusters = options["clusters"]
         for i in range(1, clusters + 1):
-            children.append(Child(f"cluster{i}", manage_argv("qcluster")))
+            children.append(child_spec(f"cluster{i}", manage_argv("qcluster")))
         base = f"http://{host}:{port}"
-        self.start(
-            children,
+        banner = (
             self.style.SUCCESS(f"maibot cluster is starting: HAProxy, {WEB_SERVERS} servers, {clusters} clusters")
             + f"\n  operator console: {base}/admin/"
             + f"\n  API docs:         {base}/api/v1/docs"
@@ -117,8 +124,7 @@ class Command(ServeCommand):
             + f"\n  servers:          {', '.join(servers)} (behind the balancer)"
             + f"\n  database:         {settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[1]}"
             + f" {settings.DATABASES['default']['NAME']}"
-            + f"\n  redis:            {'yes' if settings.REDIS_URL else 'no'}",
+            + f"\n  redis:            {'yes' if settings.REDIS_URL else 'no'}"
         )
         # The balancer first: no new request reaches a server that is stopping.
-        self.supervise(children, first=1)
-        self.stdout.write("maibot cluster stopped")
+        exec_supervisor({"children": children, "banner": banner, "first": 1, "stopped": "maibot cluster stopped"})

@@ -1,34 +1,27 @@
 """`manage.py serve`: the ASGI server (daphne) and the task cluster together, for one machine, supervised.
 
-Prints the URLs. A child that dies is restarted with backoff (1 s, doubling to 30 s; back to 1 s once it
-ran a minute), logged and stored in the console's log (the dashboard's recent errors), never a reason to
-stop the other. Each child runs in its own process group, so whatever it leaves behind when it dies
-(the cluster's workers) is killed with it. On Ctrl-C or SIGTERM each child is asked to stop (SIGTERM to
-the child itself: django-q2's cluster stops its own workers), given 30 s, and then its whole group is
-killed: after `serve` returns, no process it started is left.
+This command checks the data dir and works out the children's command lines, then becomes the supervisor
+(exec of maibot.supervisor, a process of the standard library alone), which prints the URLs, restarts a
+child that dies (backoff 1 s doubling to 30 s), logs that to the console's log, stops everything with one
+line naming the fix when another program holds the port, and on Ctrl-C or SIGTERM stops both children
+and whatever they started (see maibot.supervisor for the invariants).
 """
 
 from __future__ import annotations
 
-import logging
+import json
 import os
-import signal
-import subprocess
 import sys
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from core import datadir, deployment_env, logdb
+from core import datadir, deployment_env
 from core.config import get_config
 from core.networks import parse_networks
-
-logger = logging.getLogger("maibot.serve")
+from maibot import supervisor
 
 # Adapter frames carry base64 media: accept up to 100 MiB (daphne's default is 1 MiB), and never
 # drop a websocket for its age (daphne's default closes it after a day).
@@ -103,90 +96,36 @@ def manage_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "maibot", "manage", *args]
 
 
-STOP_GRACE_SECONDS = 30.0
-BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0
-STABLE_AFTER_SECONDS = 60.0  # a child that ran this long starts its next backoff from the beginning
-TICK_SECONDS = 0.2
+def database_for_log() -> dict:
+    """Where the supervisor writes its lines for the console's log (maibot.supervisor.LogTableHandler)."""
+    from core.models import LogEntry
+
+    db = settings.DATABASES["default"]
+    if db["ENGINE"] == "django.db.backends.sqlite3":
+        return {"engine": "sqlite", "name": str(db["NAME"]), "table": LogEntry._meta.db_table}
+    connect = {"host": db.get("HOST") or "127.0.0.1", "port": db.get("PORT") or 5432, "dbname": db["NAME"]}
+    connect.update({k: db[K] for k, K in (("user", "USER"), ("password", "PASSWORD")) if db.get(K)})
+    return {"engine": "postgresql", "connect": connect, "table": LogEntry._meta.db_table}
 
 
-@dataclass
-class Child:
-    """One supervised process: its command, the running Popen, and its restart bookkeeping."""
-
-    name: str
-    argv: list[str]
-    proc: subprocess.Popen | None = None
-    started_at: float = 0.0
-    restart_at: float | None = None
-    backoff: float = BACKOFF_FIRST
-    restarts: int = field(default=0)
-    env: dict[str, str] = field(default_factory=dict)  # added to this process's environment
-
-    def start(self) -> None:
-        # A group of its own: the child and everything it forks can be signalled (and killed) together,
-        # and a Ctrl-C in the terminal reaches only `serve`, which stops the children in order.
-        self.proc = subprocess.Popen(
-            self.argv, cwd=settings.BASE_DIR, env={**os.environ, **self.env}, start_new_session=True
-        )
-        self.started_at = time.monotonic()
-        self.restart_at = None
-
-    def stop(self) -> None:
-        """SIGTERM, the grace period, then its whole group killed."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=STOP_GRACE_SECONDS)
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill_group()
-        if self.proc is not None:
-            self.proc.wait()
-
-    def kill_group(self) -> None:
-        if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass  # the group is gone already
+def child_spec(name: str, argv: list[str], *, env: dict | None = None, listen: tuple[str, int] | None = None) -> dict:
+    """One child as the supervisor takes it: run in the project's folder, with the data dir given as an
+    absolute path (a relative MAIBOT_DATA_DIR meant the folder `serve` was started in)."""
+    env = {"MAIBOT_DATA_DIR": str(settings.DATA_DIR), **(env or {})}
+    return {"name": name, "argv": argv, "cwd": str(settings.BASE_DIR), "env": env, "listen": listen}
 
 
-def _mtime(path: Path) -> int | None:
-    try:
-        return path.stat().st_mtime_ns
-    except FileNotFoundError:
-        return None
-
-
-class _Watched:
-    """A file whose changes (of its modification time, or its coming and going) are noticed."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.seen = _mtime(path)
-
-    def changed(self) -> bool:
-        """True once per change since the last look."""
-        now = _mtime(self.path)
-        if now == self.seen:
-            return False
-        self.seen = now
-        return True
-
-
-def _restart(child: Child, reason: str) -> None:
-    logger.info("%s changed: restarting the %s to apply it", reason, child.name)
-    child.stop()
-    child.start()
-
-
-def _describe(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed by signal {-returncode}"
-    return f"exited with status {returncode}"
+def exec_supervisor(spec: dict) -> None:
+    """Replace this process (a full Django) with the supervisor (the standard library alone), which runs
+    `spec` (maibot.supervisor). Never returns."""
+    spec = {"database": database_for_log(), "stopped": "maibot stopped", **spec}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    env = {**os.environ, supervisor.SPEC_ENV: json.dumps(spec)}
+    # `-m` finds the package from the project's folder (a checkout) or from site-packages (installed, or
+    # the single file's extraction on PYTHONPATH).
+    os.chdir(settings.BASE_DIR)
+    os.execve(sys.executable, [sys.executable, "-m", "maibot.supervisor"], env)
 
 
 class Command(BaseCommand):
@@ -195,6 +134,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser) -> None:
         parser.add_argument("--host", default=settings.HOST)
         parser.add_argument("--port", type=int, default=settings.PORT)
+        parser.add_argument(
+            "--bootstrap",
+            action="store_true",
+            help="first migrate and see to the operator account (manage.py bootstrap), in this same process",
+        )
         parser.add_argument(
             "--trusted-proxies",
             default=None,
@@ -209,94 +153,36 @@ class Command(BaseCommand):
         if proxies is None:
             proxies = os.environ.get("MAIBOT_TRUSTED_PROXIES", "")
         web_env = trusted_proxies_env(proxies)
+        if options["bootstrap"]:
+            # One Django start instead of two (make run): a second of the start-up on a small machine.
+            call_command("bootstrap")
         self.prepare()
         daphne = daphne_argv(host, port, keepalive_seconds=get_config().gateway.keepalive_seconds)
-        children = [Child("web", daphne, env=web_env), Child("cluster", manage_argv("qcluster"))]
         base = f"http://{host}:{port}"
-        self.start(
-            children,
+        banner = (
             self.style.SUCCESS("maibot is starting")
             + f"\n  operator console: {base}/admin/"
             + f"\n  chat page:        {base}/chat/"
             + f"\n  API docs:         {base}/api/v1/docs"
             + f"\n  adapters connect: ws://{host}:{port}/ws"
             + f"\n  data dir:         {settings.DATA_DIR}"
-            + f"\n  trusted proxies:  {proxies or 'none (X-Forwarded-For is ignored)'}",
+            + f"\n  trusted proxies:  {proxies or 'none (X-Forwarded-For is ignored)'}"
         )
-        # The set-up page saves the API key and adapter token there; the cluster reads them at start.
-        secrets = _Watched(settings.DATA_DIR / deployment_env.FILE_NAME)
-        self.supervise(children, tick=lambda: secrets.changed() and _restart(children[1], secrets.path.name))
-        self.stdout.write("maibot stopped")
+        exec_supervisor(
+            {
+                "children": [
+                    child_spec("web", daphne, env=web_env, listen=(host, port)),
+                    child_spec("cluster", manage_argv("qcluster")),
+                ],
+                "banner": banner,
+                # The set-up page saves the API key and adapter token there; the cluster reads them at start.
+                "restart_on_change": {"path": str(settings.DATA_DIR / deployment_env.FILE_NAME), "child": "cluster"},
+            }
+        )
 
     def prepare(self) -> None:
-        """Refuse a data dir newer than this code; log to the console's log from here on."""
+        """Refuse a data dir newer than this code."""
         try:
             datadir.check_not_newer()
         except datadir.DataDirTooNew as exc:
             raise CommandError(f"Refusing to start: {exc}") from None
-        # The supervisor's own lines (restarts) go to the console's log like the children's.
-        logdb.activate("supervisor")
-
-    def start(self, children: list[Child], banner: str) -> None:
-        """Start the children and say so (`banner`)."""
-        for child in children:
-            child.start()
-        self.stdout.write(banner + "\nPress Ctrl-C to stop.")
-        self.stdout.flush()  # seen at once also when the output goes to a file
-
-    def supervise(self, children: list[Child], *, tick: Callable[[], None] | None = None, first: int = 0) -> None:
-        """Until SIGINT or SIGTERM: restart any child that died (with backoff), then `tick()`, each
-        TICK_SECONDS. Then stop them all: the first `first` of them one by one, then the rest together."""
-        stopping = False
-
-        def stop(signum=None, frame=None) -> None:
-            nonlocal stopping
-            stopping = True
-
-        signal.signal(signal.SIGINT, stop)
-        signal.signal(signal.SIGTERM, stop)
-        try:
-            while not stopping:
-                for child in children:
-                    self._supervise(child)
-                if tick is not None:
-                    tick()
-                time.sleep(TICK_SECONDS)
-        finally:
-            for child in children[:first]:
-                child.stop()
-            self._stop_all(children[first:])
-            logdb.shutdown()
-
-    def _supervise(self, child: Child) -> None:
-        now = time.monotonic()
-        if child.restart_at is not None:
-            if now >= child.restart_at:
-                child.restarts += 1
-                logger.warning("%s: restarting (restart %d)", child.name, child.restarts)
-                child.start()
-            return
-        code = child.proc.poll()
-        if code is None:
-            return
-        child.kill_group()  # what it left behind (the cluster's workers) goes with it
-        if now - child.started_at >= STABLE_AFTER_SECONDS:
-            child.backoff = BACKOFF_FIRST
-        logger.error("%s %s; restarting in %g s", child.name, _describe(code), child.backoff)
-        child.restart_at = now + child.backoff
-        child.backoff = min(child.backoff * 2, BACKOFF_MAX)
-
-    def _stop_all(self, children: list[Child]) -> None:
-        running = [c for c in children if c.proc is not None and c.proc.poll() is None]
-        for child in running:
-            child.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_SECONDS
-        for child in running:
-            try:
-                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.stderr.write(f"{child.name} did not stop in time; killing it")
-        for child in children:
-            child.kill_group()
-            if child.proc is not None:
-                child.proc.wait()

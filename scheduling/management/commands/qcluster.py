@@ -1,15 +1,18 @@
 """`manage.py qcluster`: django-q2's cluster plus our dispatcher thread in the same process.
 
 django-q2 checks its Schedule rows only every 30 s; scheduled messages and timers must go out well
-under a second late, so the dispatcher (scheduling.dispatcher) runs beside the cluster instead.
+under a second late, so the dispatcher (scheduling.dispatcher) runs beside the cluster instead. The
+cluster's workers are forked on demand (scheduling.taskqueue.OnDemandSentinel in place of django-q2's).
 """
 
 import os
+import signal
 import threading
 import time
 
 from django.conf import settings
 from django.db import connections
+from django_q import cluster as q_cluster
 from django_q.cluster import Cluster
 from django_q.management.commands.qcluster import Command as DjangoQCommand
 
@@ -21,6 +24,10 @@ from core.process import (
     tune_garbage_collector,
 )
 from scheduling.dispatcher import Dispatcher
+from scheduling.taskqueue import OnDemandSentinel, wake_task_queue
+
+# django-q2's Cluster.start forks whatever this name holds as its sentinel.
+q_cluster.Sentinel = OnDemandSentinel
 
 
 def _store_worker_logs(sender, proc_name: str, **kwargs) -> None:
@@ -54,11 +61,29 @@ class Command(DjangoQCommand):
 
         tune_garbage_collector()
         cluster = Cluster()
+        _wake_the_pusher_when_stopping(cluster)
         cluster.start()
         if options.get("run_once"):
             cluster.stop()
             return
         _BesideTheCluster(cluster, dispatch=not options.get("no_dispatcher")).run()
+
+
+def _wake_the_pusher_when_stopping(cluster: Cluster) -> None:
+    """On SIGTERM/SIGINT, before django-q2's own handler stops the cluster: wake the pusher (waiting on
+    an empty queue, scheduling.taskqueue) until the sentinel has ended, so it sees the stop at once."""
+
+    def waking() -> None:
+        while cluster.sentinel is not None and cluster.sentinel.is_alive():
+            wake_task_queue()
+            time.sleep(0.2)
+
+    def on_signal(signum, frame) -> None:
+        threading.Thread(target=waking, name="maibot-stop-waker", daemon=True).start()
+        cluster.sig_handler(signum, frame)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
 
 
 class _BesideTheCluster:
@@ -85,7 +110,7 @@ class _BesideTheCluster:
         try:
             self.start()
             while self.cluster.sentinel is not None and self.cluster.sentinel.is_alive():
-                time.sleep(0.2)
+                self.cluster.sentinel.join()  # no wake-ups meanwhile; a signal's handler runs and joins it
         finally:
             self.stop()
 
