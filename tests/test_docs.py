@@ -5,6 +5,7 @@ links to files in the repository (the docs pages among them) lead somewhere."""
 from __future__ import annotations
 
 import functools
+import html
 import os
 import re
 import subprocess
@@ -43,17 +44,28 @@ def test_docs_site_builds_strictly_with_its_picture(tmp_path):
     page = (site / "architecture" / "index.html").read_text()
     assert "architecture.svg" in page
     assert (site / "architecture.svg").is_file()
+    # The configuration reference includes the generated bot_config.toml template whole.
+    shown = html.unescape(re.sub(r"<[^>]+>", "", (site / "configuration" / "index.html").read_text()))
+    template = (ROOT / "config" / "bot_config.toml").read_text().splitlines()
+    assert [line for line in template if line.strip() and line not in shown] == []
     # Nothing from a CDN: every script, stylesheet and picture comes with the site; no web font.
-    for html in site.rglob("*.html"):
-        text = html.read_text()
+    for page in site.rglob("*.html"):
+        text = page.read_text()
         loads = re.findall(r'<(?:script|img)[^>]*\bsrc="(https?:)?//|<link[^>]*\bhref="(https?:)?//', text)
-        assert not loads, f"{html.relative_to(site)} loads from another host"
-        assert "fonts.googleapis" not in text and "fonts.gstatic" not in text, html
+        assert not loads, f"{page.relative_to(site)} loads from another host"
+        assert "fonts.googleapis" not in text and "fonts.gstatic" not in text, page
     assert (site / "search" / "search_index.json").is_file()
 
 
-def test_readme_links_lead_to_files_in_the_repository():
+def test_readme_is_an_operators_page_whose_links_lead_to_files_in_the_repository():
     readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300
+    # A fresh machine needs exactly two set-up commands.
+    fresh = readme.split("## Quick start")[0]
+    assert re.findall(r"^make \w+", fresh, re.M) == [], "set-up commands belong in the quick start"
+    assert set(re.findall(r"^make [\w-]+", readme, re.M)) == {"make run", "make test"}
+    for section in ("Quick start", "Connect QQ", "Configure a model", "The API", "Backup", "Password", "Upgrad"):
+        assert re.search(rf"^## .*{section}", readme, re.M), section
     targets = [t for t in re.findall(r"\]\(([^)\s]+)\)", readme) if not re.match(r"[a-z]+:", t)]
     assert any(t.startswith("docs/") for t in targets)
     missing = [t for t in targets if not (ROOT / t.split("#")[0]).exists()]
@@ -104,13 +116,13 @@ def test_site_in_chromium_loads_nothing_from_another_host_and_searches_offline(t
                     page.goto(base + ("" if path == "." else f"{path}/"), wait_until="load")
                     assert page.locator("article h1").first.inner_text().strip(), path
                 page.goto(base)
-                page.fill("input[data-md-component=search-query]", "heartbeat")
+                page.fill("input[data-md-component=search-query]", "changepassword")
                 page.locator(".md-search-result__item").first.wait_for()
-                assert "heartbeat" in page.locator(".md-search-result").inner_text().lower()
+                assert "changepassword" in page.locator(".md-search-result").inner_text().lower()
             finally:
                 browser.close()
     finally:
         server.shutdown()
         server.server_close()
-    assert len(pages) >= 5
+    assert len(pages) >= 10
     assert outside == []
