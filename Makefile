@@ -62,7 +62,7 @@ run: venv
 	HOST=$(HOST) PORT=$(PORT) $(BIN)/python manage.py serve --bootstrap
 
 # The multi-process deployment on this machine: HAProxy on HOST:PORT in front of two ASGI servers
-# (127.0.0.1:PORT+1, PORT+2) and two task clusters, on PostgreSQL + Redis (README: Scale-out).
+# (127.0.0.1:PORT+1, PORT+2) and two task clusters, on PostgreSQL + Redis (docs/scale-out.md).
 CLUSTER_DATABASE_URL ?= $(PG_URL)
 CLUSTER_REDIS_URL ?= redis://127.0.0.1:6379/0
 run-cluster: venv

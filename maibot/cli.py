@@ -5,7 +5,7 @@
     maibot --version
 
 The data dir is `MAIBOT_DATA_DIR`, else `./maibot-data` in the current folder; every other setting comes
-from the environment as with manage.py (see the README).
+from the environment as with manage.py (docs/configuration.md).
 """
 
 from __future__ import annotations

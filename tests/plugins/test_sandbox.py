@@ -1,7 +1,7 @@
 """A plugin runner is a security boundary: a hostile plugin written against the real maibot-plugin-sdk
 (tests/plugins/hostile_fixtures/hostile), run by the real plugin host in its real sandbox (bubblewrap,
-slirp4netns), tries what a malicious plugin would. Each claim of the README's "What a plugin can and
-cannot do" is one test here: it reads none of the server's secrets and reaches no loopback service; every
+slirp4netns), tries what a malicious plugin would. Each claim of docs/plugins.md's "What a plugin can
+and cannot do" is one test here: it reads none of the server's secrets and reaches no loopback service; every
 process it starts dies with its runner; its processes, open files, file sizes, CPU time, sends and media
 are bounded, each refusal told to the plugin and shown in the admin; its renders reach no local service.
 The live test does it through a real server with real secrets in its environment and data dir."""
