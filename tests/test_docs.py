@@ -36,6 +36,15 @@ def build_site(site: Path) -> subprocess.CompletedProcess:
     )
 
 
+def heading_ids(page: str) -> set[str]:
+    """The anchors of a Markdown file's headings (outside code blocks), slugged as MkDocs' toc does."""
+    from markdown.extensions.toc import slugify
+
+    text = re.sub(r"^```.*?^```", "", (ROOT / page).read_text(), flags=re.M | re.S)
+    titles = re.findall(r"^#{1,6} (.+)$", text, re.M)
+    return {slugify(re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", t).replace("`", ""), "-") for t in titles}
+
+
 def test_docs_site_builds_strictly_with_its_picture(tmp_path):
     site = tmp_path / "site"
     done = build_site(site)
@@ -70,6 +79,11 @@ def test_readme_is_an_operators_page_whose_links_lead_to_files_in_the_repository
     assert any(t.startswith("docs/") for t in targets)
     missing = [t for t in targets if not (ROOT / t.split("#")[0]).exists()]
     assert not missing
+    # Every anchor names a heading of its page (as MkDocs and GitHub both spell it).
+    anchors = [t.partition("#") for t in re.findall(r"\]\(([^)\s]*#[^)\s]+)\)", readme)]
+    assert anchors
+    unknown = [f"{page}#{anchor}" for page, _, anchor in anchors if anchor not in heading_ids(page or "README.md")]
+    assert not unknown
     # Every docs page is on the site's navigation.
     nav = (ROOT / "mkdocs.yml").read_text()
     pages = {p.name for p in (ROOT / "docs").glob("*.md")}
