@@ -124,7 +124,7 @@ def test_site_in_chromium_loads_nothing_from_another_host_and_searches_offline(t
             browser = pw.chromium.launch(executable_path=require_chromium(), args=CHROMIUM_ARGS, headless=True)
             try:
                 page = browser.new_page()
-                page.set_default_timeout(20_000)
+                page.set_default_timeout(60_000)  # a loaded 2-core machine: the search worker indexes every page
                 page.route("**/*", route)
                 for path in pages:
                     page.goto(base + ("" if path == "." else f"{path}/"), wait_until="load")
