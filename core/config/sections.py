@@ -152,7 +152,7 @@ class LLMSection(Section):
 
     The single model of this section (base_url, model, ...) is named "default". More models go in
     [[llm.models]]; [llm.tasks] routes each task to an ordered list of them (the first that answers
-    wins); [[llm.budgets]] caps daily spend. See README "Cost control".
+    wins); [[llm.budgets]] caps daily spend. See docs/bot.md, "Cost control".
     """
 
     base_url: str = Field(

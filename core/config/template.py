@@ -34,6 +34,9 @@ def field_help(field: Any) -> str:
 
 # --- template -------------------------------------------------------------------------------------
 
+# Where the docs site explains a section's tables ([[llm.models]], [[mcp.servers]], ...).
+TABLES_DOCUMENTED_IN = {"llm": "docs/bot.md", "chat": "docs/bot.md", "mcp": "docs/api.md", "plugins": "docs/plugins.md"}
+
 
 def render_template() -> str:
     """The commented bot_config.toml template, generated from the model's descriptions."""
@@ -50,7 +53,8 @@ def render_template() -> str:
         for key, sub in section_model.model_fields.items():
             if raw_only(sub):
                 # Tables of their own ([[llm.models]], ...): documented here, absent until written.
-                table.add(tomlkit.comment(f"{key}: {field_help(sub)} None by default; see README."))
+                page = TABLES_DOCUMENTED_IN.get(name, "docs/index.md")
+                table.add(tomlkit.comment(f"{key}: {field_help(sub)} None by default; see {page}."))
                 continue
             if field_help(sub):
                 table.add(tomlkit.comment(field_help(sub)))
