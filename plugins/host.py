@@ -36,6 +36,7 @@ from typing import Any
 from core import aio
 from plugins import events as plugin_events
 from plugins import manifest as mf
+from plugins import records
 from plugins.calls import ComponentCalls
 from plugins.cpu_watchdog import watch_cpu
 from plugins.host_base import (
@@ -238,6 +239,12 @@ def stop() -> None:
             host.stop()
             host = None
 
+
+def _host_records() -> list[dict[str, PluginRecord]]:
+    return [h.records for h in (host, life_host) if h is not None]
+
+
+records.host_records = _host_records
 
 # The host of this cluster worker for its life-loop turns (start_for_life_loop); None until first used.
 life_host: PluginHost | None = None

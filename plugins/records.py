@@ -25,6 +25,16 @@ class PluginState(StrEnum):
     REMOVED = "removed"  # its folder went away while the host ran: unloaded
 
 
+def _no_hosts() -> list[dict[str, PluginRecord]]:
+    return []
+
+
+# The records of this process's plugin hosts (the chat host, the life-loop host), for a capability that
+# reads another plugin's record (config.get_plugin). plugins.host installs the lookup: this module sits
+# below the host, which must not be imported back from the capabilities it serves.
+host_records: Callable[[], list[dict[str, PluginRecord]]] = _no_hosts
+
+
 @dataclass
 class ComponentInfo:
     name: str

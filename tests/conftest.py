@@ -320,17 +320,29 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def _alive(pids: list[int]) -> list[int]:
-    """Those of `pids` still running (a zombie has ended: its parent has only not reaped it yet)."""
-    alive = []
-    for pid in pids:
+def _in_session(sid: int) -> list[int]:
+    """The live processes of session `sid` (a zombie has ended: its parent has only not reaped it yet)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
         try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if state != "Z":
-            alive.append(pid)
-    return alive
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+# Every Proc a test started: what is still running of them when the session ends is killed, even when
+# a test was cut short inside its own clean-up (pytest-timeout).
+_STARTED: list[Proc] = []
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    for proc in _STARTED:
+        proc.kill_session()
 
 
 class Proc:
@@ -341,7 +353,12 @@ class Proc:
         self._fh = log.open("wb")
         self._signalled = False
         self.outlived: list[int] = []  # what `stop` found still running after the process was gone
-        self.popen = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self._fh, stderr=subprocess.STDOUT)
+        # A session of its own: whatever it starts (a server's cluster in a process group of its own
+        # too) can be found, and killed, after it is gone.
+        self.popen = subprocess.Popen(
+            args, cwd=ROOT, env=env, stdout=self._fh, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        _STARTED.append(self)
 
     def output(self) -> str:
         if not self._fh.closed:
@@ -366,9 +383,8 @@ class Proc:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
         """Signal the process, wait up to `timeout`, then SIGKILL it. Whatever it started and left alive
-        (a server's cluster in a process group of its own, when the server had to be killed) is killed
-        after a short grace and listed in `outlived`: no process of a test works on into later tests."""
-        below = descendants(self.popen.pid) if self.popen.poll() is None else []
+        (a server's cluster, when the server had to be killed) is killed after a short grace and listed
+        in `outlived`: no process of a test works on into later tests."""
         if self.popen.poll() is None:
             self.terminate(sig)
             try:
@@ -376,16 +392,18 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait()
-        self._sweep(below)
+        if not wait_for(lambda: not _in_session(self.popen.pid), timeout=5):
+            self.outlived.extend(self.kill_session())
         self._fh.close()
         return self.popen.returncode
 
-    def _sweep(self, pids: list[int]) -> None:
-        if not wait_for(lambda: not _alive(pids), timeout=5):
-            self.outlived.extend(_alive(pids))
-            for pid in self.outlived:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+    def kill_session(self) -> list[int]:
+        """SIGKILL every process left in this process's session; the pids."""
+        left = _in_session(self.popen.pid)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return left
 
 
 def stop_all(procs: list[Proc]) -> None:

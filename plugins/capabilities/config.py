@@ -49,10 +49,10 @@ def _plugin_config(record: PluginRecord, plugin_name: str) -> dict[str, Any] | N
     """The config of `plugin_name` as `record`'s plugin may read it; None when there is no such plugin."""
     if not plugin_name or plugin_name == record.plugin_id:
         return dict(record.config)
-    from plugins import host as hosts
+    from plugins import records
 
-    for host in (hosts.host, hosts.life_host):
-        other = host.records.get(plugin_name) if host is not None else None
+    for book in records.host_records():
+        other = book.get(plugin_name)
         if other is not None and other.manifest is not None:
             return _without_secrets(dict(other.config))
     return None
