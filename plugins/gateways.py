@@ -8,7 +8,13 @@ on our gateway (chat.gateway.plugin_adapters).
 - `host.update_message_gateway_state` (the SDK's `ctx.gateway.update_state`): `ready: true` makes a sending
   gateway its platform's adapter connection (recorded like a websocket adapter's, the earlier one replaced,
   its `account_id` the bot's account there); `ready: false` ends it and the platform's rows wait. Answers
-  {"accepted", "ready", "route_key"} as MaiBot does.
+  {"accepted", "ready", "route_key"} as MaiBot does. A plugin's reports are handled one at a time, in the
+  order its calls arrive, each answered before the next is handled: a plugin keeps what it last had
+  accepted as its state (the NapCat adapter reports `ready: false` on a disconnect only if it believes
+  itself reported ready, and reports ready again only if it believes itself not), so an answer overtaking
+  an earlier one (a first `ready: true` still being recorded, a repeat of it answered at once, then
+  `ready: false`) would leave it believing itself ready while we are not: silent until its next
+  disconnect.
 - `host.route_message` (`ctx.gateway.route_message`): the MessageDict checked (gateway_messages), its platform
   the gateway's, stored as the gateway's platform and waking the planner (chat.gateway.plugin_adapters);
   {"accepted": false} for a duplicate or a message the gateway may no longer route, an error for a message
@@ -94,6 +100,8 @@ class GatewayEntry:
 _entries: dict[tuple[str, str], GatewayEntry] = {}
 # Plugin ids whose gateways were (re)registered: waiters for a runner still loading.
 _registered: dict[str, asyncio.Event] = {}
+# Plugin id -> (the host's loop, the lock its gateways' state reports take turns on).
+_turns: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Lock]] = {}
 
 
 def register(host: ComponentHost, record: PluginRecord, component: ComponentInfo) -> str:
@@ -221,11 +229,26 @@ def _platform(entry: GatewayEntry, reported: str) -> str:
     return platform
 
 
+def _turn(plugin_id: str) -> asyncio.Lock:
+    """The lock a plugin's state reports take turns on (one per plugin, on the host's running loop)."""
+    loop = asyncio.get_running_loop()
+    held = _turns.get(plugin_id)
+    if held is None or held[0] is not loop:
+        held = _turns[plugin_id] = (loop, asyncio.Lock())
+    return held[1]
+
+
 async def _update_state(record: PluginRecord, caller: Any, update: StateUpdate) -> dict[str, Any]:
+    """One state report, handled and answered after the plugin's earlier ones (module docstring)."""
     if not update.ready and getattr(caller, "stopping", False):
         # A runner being stopped reports its gateway down from on_unload: its gateways are (or are being)
         # unregistered anyway, and a newer runner's must not be touched.
         return {"accepted": True, "ready": False, "route_key": {}}
+    async with _turn(record.plugin_id):  # FIFO: in the order the runner's calls arrived
+        return await _apply_state(record, caller, update)
+
+
+async def _apply_state(record: PluginRecord, caller: Any, update: StateUpdate) -> dict[str, Any]:
     entry = await _entry(record, caller, update.gateway_name)
     old = entry.conn
     if not update.ready:

@@ -168,9 +168,12 @@ async def test_a_reminder_is_delivered_through_the_gateway_and_marked_delivered(
 
 async def test_a_napcat_restart_loses_nothing(start_server, tmp_path, make_session):
     napcat = await NapCatOneBot(self_id=BOT_QQ, token=NAPCAT_TOKEN).start()
-    start(start_server, tmp_path, napcat)
+    proc, _ = start(start_server, tmp_path, napcat)
     try:
         await gateway_up()
+        # The plugin reports `ready: false` on a disconnect only once it has its ready report's answer
+        # (as the official plugin): until then NapCat going away would leave the gateway up.
+        await asyncio.to_thread(proc.wait_for_output, "NapCat 消息网关已激活路由", 30)
         session = await db(make_session, user_id="10005", user_nickname="Eve")
         await napcat.stop()  # NapCat goes away: the plugin reports its gateway not ready
         await wait_for_async(

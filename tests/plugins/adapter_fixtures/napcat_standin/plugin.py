@@ -11,7 +11,10 @@ written from what that plugin does on the wire (facts, not its code):
 - On connect: get_login_info (3 tries, 1 s apart) → `host.update_message_gateway_state` ready, platform
   qq, account_id the login's user_id, scope connection_id, metadata {ws_url}; reported again (until once
   accepted) on lifecycle connect, good heartbeats and before routing a message; `ready: false` on
-  disconnect or a heartbeat that is not online and good.
+  disconnect or a heartbeat that is not online and good. What it believes is the last answer it got: a
+  ready report accepted makes it "reported" (logged "NapCat 消息网关已激活路由"), and it reports
+  `ready: false` only while "reported", forgetting it once that report is answered (so a ready answer
+  that came back meanwhile counts for nothing; one that comes back after it counts again).
 - A message event → MessageDict (text data a string; at → get_group_member_info / get_stranger_info for
   the names, `is_mentioned` when it names self_id; reply → get_msg; image → the url's bytes as
   binary_data_base64; plain text with "@<card or nickname>") → `host.route_message` with route_metadata
@@ -213,16 +216,18 @@ class NapCatStandin(MaiBotPlugin):
             return False
         if accepted:
             self._reported = account
+            self.ctx.logger.info("NapCat 消息网关已激活路由: platform=qq account_id=%s", account)
         return accepted
 
     async def _report_disconnected(self) -> None:
         if not self._reported:
             return
-        self._reported = ""
         try:
             await self.ctx.gateway.update_state(GATEWAY, ready=False, platform="qq")
         except Exception as exc:
             self.ctx.logger.warning("NapCat 消息网关上报断开状态失败: %s", exc)
+        finally:
+            self._reported = ""  # once answered: a ready answer that came meanwhile is overridden
 
     # --- events --------------------------------------------------------------------------------------
 
