@@ -189,12 +189,18 @@ def measure_start(start: Start, *, settle: float, idle: float, port: int) -> dic
             result["processes"] = [(before[pid], after[pid]) for pid in before if pid in after]
         return result
     finally:
+        started = descendants(proc.pid)
         os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        # `make` ends at once; the supervisor stops its children (own sessions) in its own time: the next
+        # start must find nothing of this one (its port free, its processes gone).
+        deadline = time.monotonic() + 60
+        while any(Path(f"/proc/{pid}").exists() for pid in started) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 def print_processes(pairs: list[tuple[Snapshot, Snapshot]], idle: float) -> None:
