@@ -33,13 +33,6 @@ SHOWN_TIME = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} [+-]\d{4}")
 
 
 @pytest.fixture
-def operator(admin_user) -> Client:
-    client = Client()
-    client.force_login(admin_user)
-    return client
-
-
-@pytest.fixture
 def bot_zone():
     with bot_config.override(bot={"time_zone": BOT_ZONE}):
         yield ZoneInfo(BOT_ZONE)

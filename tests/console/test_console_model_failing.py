@@ -19,13 +19,6 @@ WRONG_KEY = "HTTP 401: Incorrect API key provided"
 
 
 @pytest.fixture
-def operator(admin_user) -> Client:
-    client = Client()
-    client.force_login(admin_user)
-    return client
-
-
-@pytest.fixture
 def a_model():
     with config.override(llm={"model": "deepseek-chat", "base_url": "http://127.0.0.1:9/v1"}):
         yield

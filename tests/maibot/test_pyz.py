@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from core import __version__
-from tests.conftest import CHROMIUM_ARGS, ROOT, free_port, require_chromium, wait_for
+from tests.conftest import CHROMIUM_ARGS, ROOT, descendants, free_port, require_chromium, wait_for
 from tests.fake_llm import FakeLLM
 
 # The budget includes the session's one build (the fixture) and the first start's extraction.
@@ -109,23 +109,6 @@ def _answers(url: str) -> int | None:
         return exc.code
     except OSError:
         return None
-
-
-def _descendants(pid: int) -> set[int]:
-    """Every live process whose ancestry leads to `pid`."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
 
 
 def _set_up_in_browser(base: str, provider: FakeLLM, code: str) -> str:
@@ -256,8 +239,8 @@ def test_the_single_file_sets_up_in_the_browser_replies_stops_upgrades_and_refus
             assert "pong from the file" in json.dumps(reply, ensure_ascii=False), reply
             assert "scheduled from the file" in json.dumps(scheduled, ensure_ascii=False), scheduled
             # daphne, the cluster, its workers, monitor and pusher
-            assert wait_for(lambda: len(_descendants(run.popen.pid)) >= 5, timeout=60), _descendants(run.popen.pid)
-            started = _descendants(run.popen.pid)
+            assert wait_for(lambda: len(descendants(run.popen.pid)) >= 5, timeout=60), descendants(run.popen.pid)
+            started = descendants(run.popen.pid)
         finally:
             code = run.stop()
         assert code == 0, run.output()

@@ -5,7 +5,6 @@ import os
 import time
 from datetime import timedelta
 from functools import partial
-from pathlib import Path
 
 import pytest
 from django.utils import timezone
@@ -13,6 +12,7 @@ from django.utils import timezone
 from scheduling import taskqueue
 from scheduling.models import ScheduledMessage, ScheduledStatus
 from scheduling.services import SYSTEM, scheduled_message_create
+from tests.conftest import descendants
 from tests.conftest import wait_for as shared_wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
@@ -83,22 +83,6 @@ def test_overdue_tasks_are_sent_when_the_cluster_starts_and_stale_ones_expire(ma
     assert stale.sent_message is None
 
 
-def _descendants(pid: int) -> set[int]:
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
 def _run_task(name: str) -> float:
     """Enqueue math.floor(2.5) as a django-q2 task; seconds from the enqueue until a worker had run it."""
     from django_q.models import Success
@@ -121,13 +105,13 @@ def test_workers_are_forked_for_tasks_and_retired_when_idle_and_the_queue_is_wok
     monkeypatch.setattr(Conf, "PREFIX", f"test-{os.getpid()}")
     proc = start_qcluster(MAIBOT_Q_IDLE_WORKER_SECONDS="2")
     # At rest: the sentinel, its monitor and its pusher; no worker.
-    assert wait_for(lambda: len(_descendants(proc.popen.pid)) == 3), _descendants(proc.popen.pid)
+    assert wait_for(lambda: len(descendants(proc.popen.pid)) == 3), descendants(proc.popen.pid)
 
     took = _run_task("on-demand-1")
     # Woken by the enqueue: well within the pusher's 10 s safety poll (a fork and a guard cycle).
     assert took < taskqueue.POLL_SECONDS / 2, took
     assert wait_for(lambda: "idle workers retired" in proc.output()), proc.output()
-    assert wait_for(lambda: len(_descendants(proc.popen.pid)) == 3), _descendants(proc.popen.pid)
+    assert wait_for(lambda: len(descendants(proc.popen.pid)) == 3), descendants(proc.popen.pid)
 
     assert _run_task("on-demand-2") < taskqueue.POLL_SECONDS / 2  # forked again
     stopping = time.monotonic()
