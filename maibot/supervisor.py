@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from core.retry import backoff
+
 SPEC_ENV = "MAIBOT_SUPERVISOR_SPEC"
 STOP_GRACE_SECONDS = 30.0
 BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0
@@ -82,7 +84,7 @@ class Child:
     proc: subprocess.Popen | None = None
     started_at: float = 0.0
     restart_at: float | None = None
-    backoff: float = BACKOFF_FIRST
+    failures: int = 0  # crashes in a row (a run of STABLE_AFTER_SECONDS ends the row): its backoff
     restarts: int = 0
 
     def start(self) -> None:
@@ -205,10 +207,11 @@ class Supervisor:
         child.kill_group()  # what it left behind (the cluster's workers) goes with it
         child.check_port()  # it died because another program took its port: no restart can help
         if now - child.started_at >= STABLE_AFTER_SECONDS:
-            child.backoff = BACKOFF_FIRST
-        logger.error("%s %s; restarting in %g s", child.name, describe_exit(code), child.backoff)
-        child.restart_at = now + child.backoff
-        child.backoff = min(child.backoff * 2, BACKOFF_MAX)
+            child.failures = 0
+        child.failures += 1
+        delay = backoff(BACKOFF_FIRST, child.failures, most=BACKOFF_MAX)
+        logger.error("%s %s; restarting in %g s", child.name, describe_exit(code), delay)
+        child.restart_at = now + delay
 
     def _stop_all(self, children: list[Child]) -> None:
         running = [c for c in children if c.proc is not None and c.proc.poll() is None]
