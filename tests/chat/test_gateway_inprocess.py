@@ -25,6 +25,7 @@ from chat.models import AdapterConnection, ChatSession, DeliveryStatus, Message
 from chat.outbox_rows import outbox_claim, outbox_finish, outbox_sweep
 from chat.services import Outbound, message_send, messages_send, session_get_or_create
 from chat.wire.inbound import parse_envelope
+from core.aio import db as hop
 from core.config import BotConfig, set_config
 from tests.chat.gateway_helpers import TIMEOUT, adapter, envelope
 from tests.conftest import db, wait_for_async
@@ -108,18 +109,18 @@ async def test_a_waiting_claim_builds_its_frames_with_what_the_platform_accepts_
     written. The reply the claim picks up is built for that accept_format: no voice, no quote."""
     comm = await _connected(app)
     deliverer = get_gateway().deliverer
-    claim, claim_made = deliverer._claim, asyncio.Event()
+    loop, claim_made, release = asyncio.get_running_loop(), asyncio.Event(), threading.Event()
 
-    async def claim_waiting_on_the_thread(**kwargs):
-        claim_made.set()
-        return await claim(**kwargs)
+    def claim_held_on_the_thread(**kwargs):
+        # Made (its arguments taken), then held on the outbox thread before it reads any row.
+        loop.call_soon_threadsafe(claim_made.set)
+        release.wait(2 * TIMEOUT)
+        return outbox_claim(**kwargs)
 
-    release = threading.Event()
-    deliverer.executor.submit(release.wait, 2 * TIMEOUT)  # a claim made from now on waits behind this
-    deliverer._claim = claim_waiting_on_the_thread
+    deliverer._claim = hop(claim_held_on_the_thread, executor=deliverer.executor)
     try:
         deliverer.wake()
-        await asyncio.wait_for(claim_made.wait(), TIMEOUT)  # made, and queued behind the blocker
+        await asyncio.wait_for(claim_made.wait(), TIMEOUT)
         await comm.send_json_to(envelope(user_id=10001, text="hi", accept_format=["text"]))
         stored = await wait_for_async(
             lambda: Message.objects.filter(direction="in").select_related("session").first(), what="stored"
