@@ -89,6 +89,40 @@ class _Addresses:
         self._fd = None
 
 
+def _bind(directory: Path, name: str, addresses: _Addresses) -> socket.socket | None:
+    """A non-blocking datagram socket bound at `directory`/`name` (mode 0600), or None (logged) where
+    none can be: no Unix sockets here, or the directory or the bind refused. The poll alone then."""
+    if not hasattr(socket, "AF_UNIX") or not _prepare(directory):
+        return None
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    except OSError as exc:
+        logger.warning("no local wake-ups: %s", exc)
+        return None
+    try:
+        sock.setblocking(False)
+        sock.bind(addresses.of(name))
+        # The 0700 directory already keeps others out; the socket's own mode says the same.
+        os.chmod(directory / name, 0o600)
+    except OSError as exc:
+        sock.close()
+        logger.warning("no local wake-ups: cannot bind %s (%s)", directory / name, exc)
+        return None
+    return sock
+
+
+def _drain(sock: socket.socket) -> None:
+    """Take every wake waiting on `sock`."""
+    while True:
+        try:
+            sock.recv(64)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            logger.warning("wake endpoint read failed", exc_info=True)
+            return
+
+
 class WakeEndpoint:
     """This process's endpoint: bound on open, read on the event loop, removed on close."""
 
@@ -106,21 +140,8 @@ class WakeEndpoint:
         return self.directory / self.name
 
     def open(self, loop: asyncio.AbstractEventLoop) -> bool:
-        if not hasattr(socket, "AF_UNIX") or not _prepare(self.directory):
-            return False
-        try:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        except OSError as exc:  # no Unix datagram sockets on this system: the poll alone
-            logger.warning("no local outbox wake-ups: %s", exc)
-            return False
-        try:
-            sock.setblocking(False)
-            sock.bind(self._addresses.of(self.name))
-            # The 0700 directory already keeps others out; the socket's own mode says the same.
-            os.chmod(self.path, 0o600)
-        except OSError as exc:
-            sock.close()
-            logger.warning("no local outbox wake-ups: cannot bind %s (%s)", self.path, exc)
+        sock = _bind(self.directory, self.name, self._addresses)
+        if sock is None:
             return False
         self._sock, self._loop = sock, loop
         loop.add_reader(sock.fileno(), self._readable)
@@ -134,15 +155,7 @@ class WakeEndpoint:
         sock = self._sock
         if sock is None:
             return
-        # Many wakes that arrived together are one: drain them all, wake once.
-        while True:
-            try:
-                sock.recv(64)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                logger.warning("outbox wake endpoint read failed", exc_info=True)
-                break
+        _drain(sock)  # many wakes that arrived together are one: wake once
         self.received += 1
         self.on_wake()
 
@@ -172,21 +185,9 @@ class WakeInbox:
     def _bound(self) -> socket.socket | None:
         if self._sock is not None and self._pid == os.getpid():
             return self._sock
-        self._sock, self._pid = None, os.getpid()
-        if not hasattr(socket, "AF_UNIX") or not _prepare(self.directory):
-            return None
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}{SUFFIX}"
-        try:
-            sock.bind(self._addresses.of(name))
-            os.chmod(self.directory / name, 0o600)
-        except OSError as exc:
-            sock.close()
-            logger.warning("no local wake-ups in %s: %s", self.directory, exc)
-            return None
-        sock.setblocking(False)
-        self._sock = sock
-        return sock
+        self._pid = os.getpid()
+        self._sock = _bind(self.directory, f"{os.getpid()}-{uuid.uuid4().hex[:12]}{SUFFIX}", self._addresses)
+        return self._sock
 
     def wait(self, timeout: float) -> bool:
         """Until a wake arrives (True; every wake waiting is taken) or `timeout` passes (False). Without a
@@ -196,11 +197,7 @@ class WakeInbox:
             time.sleep(timeout)
             return False
         readable, _, _ = select.select([sock], [], [], timeout)
-        while True:
-            try:
-                sock.recv(64)
-            except OSError:  # drained (BlockingIOError), or unreadable: either way, look now
-                break
+        _drain(sock)
         return bool(readable)
 
 
