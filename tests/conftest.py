@@ -285,7 +285,8 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     # A child is not a test worker: it takes the data dir, database and Redis of this worker as given,
     # never a worker's suffix of its own.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
-    env.update(PYTHONUNBUFFERED="1", SECRET_KEY=settings.SECRET_KEY)
+    # PYTHONFAULTHANDLER: a child that has to be aborted (Proc.stop) prints every thread's stack first.
+    env.update(PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", SECRET_KEY=settings.SECRET_KEY)
     if settings.REDIS_URL:
         env["REDIS_URL"] = settings.REDIS_URL
     env.update(extra)
@@ -382,7 +383,8 @@ class Proc:
             self.popen.send_signal(sig)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
-        """Signal the process, wait up to `timeout`, then SIGKILL it. Whatever it started and left alive
+        """Signal the process, wait up to `timeout`, then abort it (SIGABRT: its threads' stacks go to its
+        output, PYTHONFAULTHANDLER) and SIGKILL it. Whatever it started and left alive
         (a server's cluster, when the server had to be killed) is killed after a short grace and listed
         in `outlived`: no process of a test works on into later tests."""
         if self.popen.poll() is None:
@@ -390,8 +392,12 @@ class Proc:
             try:
                 self.popen.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+                self.popen.send_signal(signal.SIGABRT)
+                try:
+                    self.popen.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self.popen.kill()
+                    self.popen.wait()
         if not wait_for(lambda: not _in_session(self.popen.pid), timeout=5):
             self.outlived.extend(self.kill_session())
         self._fh.close()

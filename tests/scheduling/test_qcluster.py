@@ -2,6 +2,7 @@
 and retired when idle, and its queue is woken rather than polled."""
 
 import os
+import sys
 import time
 from datetime import timedelta
 from functools import partial
@@ -12,7 +13,7 @@ from django.utils import timezone
 from scheduling import taskqueue
 from scheduling.models import ScheduledMessage, ScheduledStatus
 from scheduling.services import SYSTEM, scheduled_message_create
-from tests.conftest import descendants
+from tests.conftest import Proc, descendants, subprocess_env
 from tests.conftest import wait_for as shared_wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
@@ -57,6 +58,19 @@ def test_qcluster_stops_cleanly_on_sigterm(start_qcluster):
     code = proc.stop()
     assert code == 0, proc.output()
     assert "dispatcher stopped" in proc.output()
+
+
+@pytest.mark.parametrize("line", ["Q Cluster", "pushing tasks", "guarding cluster"])
+def test_qcluster_stops_on_a_signal_in_the_middle_of_starting(tmp_path, transactional_db, line):
+    """A stop while the cluster is still starting (the supervisor stopping at once, a quick Ctrl-C)
+    ends it as cleanly: django-q2's own handler could deadlock the start here, joining the sentinel
+    from inside the wait for its start."""
+    (tmp_path / "data").mkdir()
+    env = subprocess_env(MAIBOT_DATA_DIR=str(tmp_path / "data"), MAIBOT_Q_NAME=f"test-{os.getpid()}")
+    proc = Proc([sys.executable, "manage.py", "qcluster"], env, tmp_path / "q.log")
+    proc.wait_for_output(line, timeout=60)
+    assert proc.stop() == 0, proc.output()
+    assert "has stopped" in proc.output()
 
 
 def test_overdue_tasks_are_sent_when_the_cluster_starts_and_stale_ones_expire(make_session, start_qcluster):

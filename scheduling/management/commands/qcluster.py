@@ -5,10 +5,12 @@ under a second late, so the dispatcher (scheduling.dispatcher) runs beside the c
 cluster's workers are forked on demand (scheduling.taskqueue.OnDemandSentinel in place of django-q2's).
 """
 
+import logging
 import os
 import signal
 import threading
 import time
+from multiprocessing import connection as mp_connection
 
 from django.conf import settings
 from django.db import connections
@@ -28,6 +30,8 @@ from scheduling.taskqueue import OnDemandSentinel, wake_task_queue
 
 # django-q2's Cluster.start forks whatever this name holds as its sentinel.
 q_cluster.Sentinel = OnDemandSentinel
+
+logger = logging.getLogger(__name__)
 
 
 def _store_worker_logs(sender, proc_name: str, **kwargs) -> None:
@@ -61,7 +65,7 @@ class Command(DjangoQCommand):
 
         tune_garbage_collector()
         cluster = Cluster()
-        _wake_the_pusher_when_stopping(cluster)
+        _stop_on_signal(cluster)
         cluster.start()
         if options.get("run_once"):
             cluster.stop()
@@ -69,18 +73,35 @@ class Command(DjangoQCommand):
         _BesideTheCluster(cluster, dispatch=not options.get("no_dispatcher")).run()
 
 
-def _wake_the_pusher_when_stopping(cluster: Cluster) -> None:
-    """On SIGTERM/SIGINT, before django-q2's own handler stops the cluster: wake the pusher (waiting on
-    an empty queue, scheduling.taskqueue) until the sentinel has ended, so it sees the stop at once."""
+def _stop_on_signal(cluster: Cluster) -> None:
+    """SIGTERM/SIGINT stop the cluster from a thread of ours, never from the signal handler.
 
-    def waking() -> None:
-        while cluster.sentinel is not None and cluster.sentinel.is_alive():
+    django-q2's own handler (Cluster.sig_handler) stops and joins the sentinel on the main thread, in
+    the middle of whatever that thread was doing: a signal while Cluster.start polls its start event
+    (holding the event's lock) leaves the sentinel blocked setting that event and the handler joining
+    the sentinel, for ever. Here the handler only starts the stopper: it sets the stop event once the
+    cluster has one (a signal can come before Cluster.start made it), then wakes the pusher (waiting on
+    an empty queue, scheduling.taskqueue) until the sentinel has ended, so it sees the stop at once.
+    The main thread, joining the sentinel (_BesideTheCluster.run), carries on from there."""
+    requested = threading.Event()
+
+    def stopping() -> None:
+        while True:
+            try:
+                # Ready when the sentinel process ends, without reaping it (the main thread's join does).
+                ended = cluster.sentinel.sentinel
+                break
+            except (AttributeError, ValueError):  # not started yet (Cluster.start makes the stop event first)
+                time.sleep(0.05)
+        cluster.stop_event.set()
+        logger.info("Q Cluster %s stopping.", cluster.name)
+        while not mp_connection.wait([ended], timeout=0.2):
             wake_task_queue()
-            time.sleep(0.2)
 
     def on_signal(signum, frame) -> None:
-        threading.Thread(target=waking, name="maibot-stop-waker", daemon=True).start()
-        cluster.sig_handler(signum, frame)
+        if not requested.is_set():
+            requested.set()
+            threading.Thread(target=stopping, name="maibot-cluster-stopper", daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -97,6 +118,7 @@ class _BesideTheCluster:
         self.dispatch = dispatch
         self.dispatcher: Dispatcher | None = None
         self.thread: threading.Thread | None = None
+        self.services: threading.Thread | None = None
 
     def alive(self) -> bool:
         sentinel_ok = self.cluster.sentinel is not None and self.cluster.sentinel.is_alive()
@@ -105,12 +127,13 @@ class _BesideTheCluster:
         return sentinel_ok and (thread is None or thread.ident is None or thread.is_alive())
 
     def run(self) -> None:
-        """Until the cluster's sentinel ends (SIGINT/SIGTERM reach Cluster.sig_handler, which stops and
-        joins it); then stop what was started."""
+        """Until the cluster's sentinel ends (SIGINT/SIGTERM stop it, _stop_on_signal); then stop what
+        was started."""
         try:
             self.start()
             while self.cluster.sentinel is not None and self.cluster.sentinel.is_alive():
-                self.cluster.sentinel.join()  # no wake-ups meanwhile; a signal's handler runs and joins it
+                self.cluster.sentinel.join()  # no wake-ups meanwhile
+            logger.info("Q Cluster %s has stopped.", self.cluster.name)
         finally:
             self.stop()
 
@@ -131,13 +154,17 @@ class _BesideTheCluster:
         if settings.MAIBOT_CONSOLE_SERVICES:
             # In the background: arming the config watcher can take seconds, and due work must not
             # wait for it (the dispatcher is already running).
-            threading.Thread(
+            self.services = threading.Thread(
                 target=start_process_services, args=("cluster",), kwargs={"alive": self.alive}, daemon=True
-            ).start()
+            )
+            self.services.start()
 
     def stop(self) -> None:
         if self.dispatcher is not None:
             self.dispatcher.stop()
             self.thread.join(timeout=30)
+        if self.services is not None:
+            # A stop before the services have started would leave them started after it.
+            self.services.join()
         stop_process_services()
         heartbeat_release()
