@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from django.db import models
 from django.db.models import Case, CharField, Count, F, Q, Value, When
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from chat.models import DeliveryStatus, Direction, Message
 
@@ -23,14 +24,14 @@ from chat.models import DeliveryStatus, Direction, Message
 class Fate(models.TextChoices):
     """What became of a message the bot meant to send, as every surface shows it."""
 
-    PENDING = "pending", "Pending"
-    SENDING = "sending", "Sending"
-    SENT = "sent", "Sent (awaiting confirmation)"
-    DELIVERED = "delivered", "Delivered"
-    UNCONFIRMED = "unconfirmed", "Unconfirmed"
-    FAILED = "failed", "Failed"
+    PENDING = "pending", _("Pending")
+    SENDING = "sending", _("Sending")
+    SENT = "sent", _("Sent (awaiting confirmation)")
+    DELIVERED = "delivered", _("Delivered")
+    UNCONFIRMED = "unconfirmed", _("Unconfirmed")
+    FAILED = "failed", _("Failed")
     # Withdrawn before anything was sent (a cancelled scheduled message).
-    CANCELLED = "cancelled", "Cancelled"
+    CANCELLED = "cancelled", _("Cancelled")
 
 
 # The fate of a sender once its outbound message exists, by that message's delivery status. A message

@@ -149,7 +149,11 @@ class Message(models.Model):
 
     class Meta:
         ordering = ["time", "id"]
-        permissions = [("resend_message", "Can resend unconfirmed or failed outbound messages")]
+        permissions = [
+            ("resend_message", "Can resend unconfirmed or failed outbound messages"),
+            # The console's send box (console.transcript): writes into a chat through the one send service.
+            ("send_operator_message", "Can write into a chat as the operator"),
+        ]
         constraints = [
             models.CheckConstraint(
                 name="message_delivery_only_outbound",

@@ -5,9 +5,14 @@ failed attempts (django-axes' page, its one action held to a permission)."""
 from axes.admin import AccessAttemptAdmin
 from axes.models import AccessAttempt
 from django.contrib import admin
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy
 
 from chat.admin import ReadOnlyAdmin
+from chat.admin.conversations import ChatSessionAdmin
+from chat.models import ChatSession
 from core.login_lock import SerializedLoginForm
 from core.models import ConfigChange
 
@@ -40,3 +45,19 @@ class LoginAttemptAdmin(AccessAttemptAdmin):
 
 admin.site.unregister(AccessAttempt)
 admin.site.register(AccessAttempt, LoginAttemptAdmin)
+
+
+class ConsoleChatSessionAdmin(ChatSessionAdmin):
+    """The sessions' admin with a link to each one's transcript page (console.transcript)."""
+
+    list_display = [*ChatSessionAdmin.list_display, "transcript_link"]
+    readonly_fields = ["transcript_link", *ChatSessionAdmin.readonly_fields]
+
+    @admin.display(description=gettext_lazy("Transcript"))
+    def transcript_link(self, obj: ChatSession) -> SafeString:
+        url = reverse("console-transcript", args=[obj.pk])
+        return format_html('<a class="transcript-link" href="{}">{}</a>', url, gettext_lazy("Open transcript"))
+
+
+admin.site.unregister(ChatSession)
+admin.site.register(ChatSession, ConsoleChatSessionAdmin)

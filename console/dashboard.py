@@ -98,6 +98,11 @@ def delivery_counts() -> dict[str, Any]:
     return {"hours": RECENT_DELIVERY_HOURS, "total": total, "platforms": sorted(counts.items())}
 
 
+def recent_chats(limit: int = 8) -> list[ChatSession]:
+    """The most recently active conversations, newest first (each links to its transcript)."""
+    return list(ChatSession.objects.order_by("-last_active_at")[:limit])
+
+
 def next_due(limit: int = 10) -> list[ScheduledMessage]:
     return list(
         ScheduledMessage.objects.filter(status=ScheduledStatus.PENDING)

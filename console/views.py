@@ -55,6 +55,7 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
             _("Dashboard"),
             adapters=dashboard.connected_adapters(),
             runtimes=dashboard.active_runtimes(),
+            chats=dashboard.recent_chats(),
             scheduled=dashboard.scheduled_counts(),
             deliveries=dashboard.delivery_counts(),
             next_due=dashboard.next_due(),

@@ -7,7 +7,7 @@ from django.views.generic import RedirectView
 
 from api.http import api as proactive_api
 from chat.views import chat_page
-from console import setup, views
+from console import setup, transcript, views
 from plugins.views import plugin_action_view, plugin_config_view, plugins_view
 
 urlpatterns = [
@@ -21,6 +21,16 @@ urlpatterns = [
     path("admin/logs/", admin.site.admin_view(views.logs_view), name="console-logs"),
     path("admin/models/", admin.site.admin_view(views.models_view), name="console-models"),
     path("admin/plugins/", admin.site.admin_view(plugins_view), name="console-plugins"),
+    path(
+        "admin/chats/<int:session_pk>/",
+        admin.site.admin_view(transcript.transcript_view),
+        name="console-transcript",
+    ),
+    path(
+        "admin/chats/<int:session_pk>/send/",
+        admin.site.admin_view(transcript.transcript_send_view),
+        name="console-transcript-send",
+    ),
     path(
         "admin/plugins/<str:plugin_id>/config/",
         admin.site.admin_view(plugin_config_view),
