@@ -15,17 +15,19 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 from django_q import admin as q_admin
 from django_q.models import Failure, Success
 
 from chat.admin import fate_badge
 from chat.fate import Fate, sender_fate, sender_fate_expression, sender_fate_q
-from core.config import format_shown, get_config
+from core.config import format_instant, format_shown, get_config
 from scheduling.admin_actions import ServiceActionsMixin, operator
 from scheduling.error_codes import SchedulingError
 from scheduling.models import ScheduledMessage, ScheduledStatus
 from scheduling.services import (
-    resolve_send_at,
+    resolve_typed_send_at,
     scheduled_message_cancel,
     scheduled_message_edit_text,
     scheduled_message_reschedule,
@@ -87,30 +89,34 @@ class FateFilter(admin.SimpleListFilter):
 
 
 class LocalDateTimeField(forms.DateTimeField):
-    """A date-time typed in the bot's time zone (not the server's), validated to be in the future."""
+    """A time as people type it, read by the bot's own time parser in the bot's time zone (not the server's):
+    "明天早上8点", "in 2 hours", or ISO 8601 with or without an offset; validated to be in the future."""
 
     def to_python(self, value):
         if value in self.empty_values:
             return None
         if isinstance(value, str):
             try:
-                return resolve_send_at(value.strip())
+                return resolve_typed_send_at(value.strip())
             except SchedulingError as exc:
                 raise ValidationError(exc.message, code=str(exc.code)) from None
         return super().to_python(value)
 
 
+TYPED_TIME_HELP = gettext_lazy(
+    "As you would say it, in the bot's time zone: 明天早上8点, 10分钟后, in 2 hours, tomorrow 8am, "
+    "2026-12-24 08:00, or with an offset: 2026-12-24T08:00+08:00."
+)
+
+
 class RescheduleForm(forms.Form):
-    send_at = LocalDateTimeField(
-        label="New send time",
-        help_text="Bot time zone; e.g. 2026-12-24 08:00. An explicit offset (+08:00) is accepted too.",
-    )
+    send_at = LocalDateTimeField(label=gettext_lazy("New send time"), help_text=TYPED_TIME_HELP)
 
 
 class ScheduledMessageForm(forms.ModelForm):
     """Editing a pending message: its text and time. The time is read in the bot's time zone."""
 
-    send_at = LocalDateTimeField(help_text="Bot time zone; must be in the future.")
+    send_at = LocalDateTimeField(help_text=TYPED_TIME_HELP)
 
     class Meta:
         model = ScheduledMessage
@@ -265,28 +271,30 @@ class ScheduledMessageAdmin(ServiceActionsMixin, admin.ModelAdmin):
 
     @admin.action(description="Reschedule selected…", permissions=["change"])
     def reschedule_selected(self, request, queryset: QuerySet[ScheduledMessage]) -> HttpResponse | None:
-        if "apply" in request.POST:
-            form = RescheduleForm(request.POST)
-            if form.is_valid():
-                when = form.cleaned_data["send_at"]
-                by = operator(request)
-                self._each(
-                    request,
-                    queryset,
-                    lambda t: scheduled_message_reschedule(task_id=t.pk, send_at=when, acted_by=by),
-                    f"Rescheduled to {format_shown(when, get_config().tzinfo)}:",
-                )
-                return None
-        else:
-            form = RescheduleForm()
+        """Two steps: the typed time is resolved and shown with its zone (nothing changes yet); confirming
+        sends that resolved instant (ISO 8601 with its offset), so "in 2 hours" does not drift meanwhile."""
+        tz = get_config().tzinfo
+        form = RescheduleForm(request.POST if "apply" in request.POST else None)
+        when = form.cleaned_data["send_at"] if form.is_bound and form.is_valid() else None
+        if when is not None and "confirm" in request.POST:
+            by = operator(request)
+            self._each(
+                request,
+                queryset,
+                lambda t: scheduled_message_reschedule(task_id=t.pk, send_at=when, acted_by=by),
+                _("Rescheduled to %(time)s (%(zone)s):") % {"time": format_shown(when, tz), "zone": tz},
+            )
+            return None
         context = {
             **self.admin_site.each_context(request),
-            "title": "Reschedule scheduled messages",
+            "title": _("Reschedule scheduled messages"),
             "form": form,
-            "tasks": queryset,
+            "tasks": [(task, format_shown(task.send_at, tz)) for task in queryset],
+            "resolved": format_shown(when, tz) if when else "",
+            "resolved_iso": format_instant(when, tz) if when else "",
             "action_checkbox_name": ACTION_CHECKBOX_NAME,
             "opts": self.model._meta,
-            "time_zone": str(get_config().tzinfo),
+            "time_zone": str(tz),
         }
         return render(request, "admin/scheduling/reschedule.html", context)
 

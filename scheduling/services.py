@@ -17,7 +17,7 @@ from core.config import format_instant, get_config
 from core.text import is_blank, text_problem
 from scheduling.error_codes import SchedulingError, SchedulingErrorCode
 from scheduling.models import Actor, ScheduledMessage, ScheduledStatus
-from scheduling.timespec import TimeSpecError, parse_instant
+from scheduling.timespec import TimeSpecError, parse_instant, parse_spoken_time
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,17 @@ def resolve_send_at(value: str | datetime, *, now: datetime | None = None) -> da
     if send_at - now > horizon:
         raise SchedulingError(Code.INVALID_TIME, f"send_at is more than {cfg.scheduling.horizon_days} days ahead")
     return send_at
+
+
+def resolve_typed_send_at(text: str, *, now: datetime | None = None) -> datetime:
+    """A send time as a person types it ("明天早上8点", "in 2 hours", ISO 8601 with or without an offset,
+    read in the bot's time zone) through the bot's one time parser, validated as resolve_send_at does."""
+    now = now or timezone.now()
+    try:
+        when = parse_spoken_time(text, get_config().tzinfo, now=now)
+    except TimeSpecError as exc:
+        raise SchedulingError(Code.INVALID_TIME, str(exc)) from None
+    return resolve_send_at(when, now=now)
 
 
 def validate_text(text: str, *, has_segments: bool = False, max_length: int | None = None) -> str:

@@ -79,7 +79,12 @@ def test_reschedule_shows_an_intermediate_page_in_the_bot_time_zone(client, oper
     old_send_at = task.send_at
 
     local = (timezone.now() + timedelta(days=3)).astimezone(config.get_config().tzinfo).replace(microsecond=0)
-    done = act(client, "reschedule_selected", [task], apply="1", send_at=local.strftime("%Y-%m-%d %H:%M:%S"))
+    typed = local.strftime("%Y-%m-%d %H:%M:%S")
+    preview = act(client, "reschedule_selected", [task], apply="1", send_at=typed)
+    assert local.strftime("%Y-%m-%d %H:%M:%S %z") in preview.content.decode()  # resolved, not yet applied
+    task.refresh_from_db()
+    assert task.send_at == old_send_at
+    done = act(client, "reschedule_selected", [task], apply="1", confirm="1", send_at=typed)
     assert "Rescheduled" in done.content.decode()
     task.refresh_from_db()
     assert task.send_at == local != old_send_at
@@ -161,3 +166,51 @@ def test_conversation_is_readable_in_order(client, operator, make_session):
     assert html.index("第一条 first") < html.index("second reply")
     listing = client.get(reverse("admin:chat_message_changelist"), {"session__id__exact": session.pk})
     assert listing.status_code == 200 and "second reply" in listing.content.decode()
+
+
+@pytest.mark.parametrize(
+    ("typed", "expected"),
+    [
+        ("明天早上8点", lambda now, tz: (now.astimezone(tz) + timedelta(days=1)).replace(hour=8, minute=0, second=0)),
+        ("in 2 hours", lambda now, tz: now + timedelta(hours=2)),
+        ("2小时后", lambda now, tz: now + timedelta(hours=2)),
+        ("2030-12-24T08:00:00-05:00", lambda now, tz: timezone.datetime.fromisoformat("2030-12-24T08:00:00-05:00")),
+    ],
+)
+def test_reschedule_reads_what_people_type_with_the_bots_own_parser(client, operator, make_session, typed, expected):
+    task = schedule(make_session())
+    tz = config.get_config().tzinfo
+    with config.override(scheduling={"horizon_days": 3650}):
+        before = timezone.now()
+        preview = act(client, "reschedule_selected", [task], apply="1", send_at=typed).content.decode()
+        want = expected(before, tz).replace(microsecond=0)
+        resolved = re.search(r'id="reschedule-resolved">.*?<strong>([^<]+)</strong> \(([^)]+)\)', preview)
+        assert resolved.group(2) == str(tz)
+        shown = timezone.datetime.strptime(resolved.group(1), "%Y-%m-%d %H:%M:%S %z")
+        assert abs((shown - want).total_seconds()) <= 5
+        iso = re.search(r'name="send_at" value="([^"]+)"', preview[preview.index("reschedule-confirm") :]).group(1)
+        assert iso.endswith(shown.astimezone(tz).isoformat()[-6:])  # exchanged with its offset
+        task.refresh_from_db()
+        assert task.status == ScheduledStatus.PENDING and task.history[-1]["event"] == "created"  # not yet
+        done = act(client, "reschedule_selected", [task], apply="1", confirm="1", send_at=iso).content.decode()
+    task.refresh_from_db()
+    assert task.send_at == shown
+    assert html_unescape(f"Rescheduled to {resolved.group(1)} ({tz})") in html_unescape(done)
+
+
+@pytest.mark.parametrize("typed", ["下辈子", "next blue moon", "2020-01-01T08:00+08:00", "in 0 minutes", ""])
+def test_an_unreadable_or_past_reschedule_says_why_and_changes_nothing(client, operator, make_session, typed):
+    task = schedule(make_session())
+    for extra in ({}, {"confirm": "1"}):  # a forged confirmation is checked the same way
+        page = act(client, "reschedule_selected", [task], apply="1", send_at=typed, **extra).content.decode()
+        assert 'class="errorlist' in page and "reschedule-confirm" not in page
+    assert (
+        "not a time I understand"
+        in act(client, "reschedule_selected", [task], apply="1", send_at="下辈子").content.decode()
+    )
+    assert (
+        "in the past"
+        in act(client, "reschedule_selected", [task], apply="1", send_at="2020-01-01T08:00+08:00").content.decode()
+    )
+    fresh = ScheduledMessage.objects.get(pk=task.pk)
+    assert (fresh.send_at, fresh.history) == (task.send_at, task.history)
