@@ -105,7 +105,7 @@ class LocalDateTimeField(forms.DateTimeField):
 
 TYPED_TIME_HELP = gettext_lazy(
     "As you would say it, in the bot's time zone: 明天早上8点, 10分钟后, in 2 hours, tomorrow 8am, "
-    "2026-12-24 08:00, or with an offset: 2026-12-24T08:00+08:00."
+    "or a date and time in ISO 8601 (with or without an offset)."
 )
 
 
