@@ -15,6 +15,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from core import datadir, setup
+from core.listen import open_urls
 from plugins.host_base import plugins_dir
 
 
@@ -81,10 +82,11 @@ class Command(BaseCommand):
             return
         if options["setup_page"] and not os.environ.get("DJANGO_SUPERUSER_PASSWORD"):
             code = setup.issue_code()
-            base = f"http://{settings.HOST}:{settings.PORT}"
+            # Bound to every address (0.0.0.0, ::): each address it can be opened at, never "0.0.0.0".
+            pages = "".join(f"\n  set-up page:   {url}" for url in open_urls(settings.HOST, settings.PORT, "/setup/"))
             self.stdout.write(
                 self.style.WARNING("First run: finish the set-up in your browser")
-                + f"\n  set-up page:   {base}/setup/"
+                + pages
                 + f"\n  one-time code: {code}  (the page asks for it)"
             )
             return

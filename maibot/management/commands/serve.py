@@ -20,6 +20,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from core import datadir, deployment_env
 from core.config import get_config
+from core.listen import open_urls
 from core.networks import parse_networks
 from maibot import supervisor
 
@@ -158,13 +159,15 @@ class Command(BaseCommand):
             call_command("bootstrap")
         self.prepare()
         daphne = daphne_argv(host, port, keepalive_seconds=get_config().gateway.keepalive_seconds)
-        base = f"http://{host}:{port}"
+        # Bound to every address (0.0.0.0, ::): 127.0.0.1 here, and the machine's own addresses from elsewhere.
+        base, *others = (url.rstrip("/") for url in open_urls(host, port))
         banner = (
             self.style.SUCCESS("maibot is starting")
             + f"\n  operator console: {base}/admin/"
+            + "".join(f"\n                    {other}/admin/" for other in others)
             + f"\n  chat page:        {base}/chat/"
             + f"\n  API docs:         {base}/api/v1/docs"
-            + f"\n  adapters connect: ws://{host}:{port}/ws"
+            + f"\n  adapters connect: {base.replace('http://', 'ws://')}/ws"
             + f"\n  data dir:         {settings.DATA_DIR}"
             + f"\n  trusted proxies:  {proxies or 'none (X-Forwarded-For is ignored)'}"
         )
