@@ -6,11 +6,14 @@ copy of the catalogs, never into the repository's."""
 
 from __future__ import annotations
 
+import fcntl
 import gettext
+import hashlib
 import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -70,7 +73,13 @@ def extracted(tmp_path_factory) -> Path:
     locale = tmp_path_factory.mktemp("catalogs") / "locale"
     shutil.copytree(LOCALE_DIR, locale)
     cwd = os.getcwd()
+    # makemessages writes its work files beside the templates it reads: one run at a time in this tree
+    # (the suite's workers, and CI's two suites, share it).
+    lock = (
+        Path(tempfile.gettempdir()) / f"maibot-makemessages-{hashlib.sha1(bytes(ROOT)).hexdigest()[:12]}.lock"
+    ).open("w")
     try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         os.chdir(ROOT)
         with override_settings(LOCALE_PATHS=[locale]):
             call_command(
@@ -83,6 +92,7 @@ def extracted(tmp_path_factory) -> Path:
             )
     finally:
         os.chdir(cwd)
+        lock.close()
     return locale
 
 
