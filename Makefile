@@ -50,10 +50,19 @@ venv-mm07: .venv-mm07/.installed
 # DIST_PYTHON=python3.12 builds for that interpreter instead (it needs shiv==1.0.8 installed).
 DIST_PYTHON ?=
 SHIV = $(if $(DIST_PYTHON),$(DIST_PYTHON) -m shiv,$(BIN)/shiv)
+# With UV=<path to uv> (as for the environments), uv installs the same pins into the staging folder and
+# shiv only packs it: the same file in a third of the time.
+SHIV_ARGS = -o dist/maibot.pyz -e maibot.cli:main -p "/usr/bin/env python3" --extend-pythonpath
 dist: $(if $(DIST_PYTHON),,venv-dev)
 	rm -rf build dist/maibot.pyz && mkdir -p dist
-	$(SHIV) --quiet -o dist/maibot.pyz -e maibot.cli:main -p "/usr/bin/env python3" --extend-pythonpath \
-		--only-binary=:all: --no-binary=maibot --no-compile .
+ifneq ($(UV),)
+	$(UV) pip install -q --python $(if $(DIST_PYTHON),$(DIST_PYTHON),$(BIN)/python) --target build/site \
+		--only-binary :all: --no-binary maibot .
+	rm -f build/site/.lock
+	$(SHIV) $(SHIV_ARGS) --site-packages build/site >/dev/null
+else
+	$(SHIV) --quiet $(SHIV_ARGS) --only-binary=:all: --no-binary=maibot --no-compile .
+endif
 	$(if $(DIST_PYTHON),$(DIST_PYTHON),$(BIN)/python) -m maibot.single_file dist/maibot.pyz
 	rm -rf build *.egg-info
 	@ls -l dist/maibot.pyz

@@ -35,8 +35,11 @@ OPERATOR, PASSWORD, TOKEN = "operator", "a-long-password-1", "pyz-adapter-token"
 
 @pytest.fixture(scope="session")
 def pyz(tmp_path_factory) -> Path:
-    """dist/maibot.pyz, built once per session by `make dist` (pip's cache makes a rebuild quick)."""
-    built = subprocess.run(["make", "dist"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    """dist/maibot.pyz, built once per session by `make dist`: with the uv that .ci/run installs when it
+    is there (the same file, a third of the time), else with pip."""
+    uv = ROOT / ".ci" / ".uv" / "bin" / "uv"
+    command = ["make", "dist", *([f"UV={uv}"] if uv.exists() else [])]
+    built = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, built.stdout + built.stderr
     return ROOT / "dist" / "maibot.pyz"
 
