@@ -1,7 +1,10 @@
 """A real `manage.py qcluster` process delivers scheduled messages on time; its workers are forked for tasks
 and retired when idle, and its queue is woken rather than polled."""
 
+import ctypes
 import os
+import platform
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -20,6 +23,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
 
 wait_for = partial(shared_wait_for, timeout=15.0)
+SYS_TGKILL = {"x86_64": 234, "aarch64": 131}
 
 
 def test_qcluster_delivers_a_task_due_in_two_seconds_on_time(make_session, shared_qcluster):
@@ -57,6 +61,26 @@ def test_qcluster_stops_cleanly_on_sigterm(start_qcluster):
     proc = start_qcluster()
     code = proc.stop()
     assert code == 0, proc.output()
+    assert "dispatcher stopped" in proc.output()
+
+
+def test_qcluster_stops_when_the_signal_lands_on_another_thread(start_qcluster):
+    """The kernel hands a process's SIGTERM to any of its threads; aimed here (tgkill) at a thread other
+    than the main one, it still stops the cluster (a main thread blocked joining the sentinel never ran
+    the handler, and the cluster lived on)."""
+    proc = start_qcluster()
+    assert wait_for(lambda: "console services started" in proc.output())
+    pid = proc.popen.pid
+    others = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]
+    assert others, "no thread beside the main one"
+    tgkill = ctypes.CDLL(None, use_errno=True).syscall
+    for tid in others:
+        if tgkill(SYS_TGKILL[platform.machine()], pid, tid, signal.SIGTERM) == 0:
+            break
+    else:
+        pytest.fail("no thread took the signal")
+    proc.popen.wait(timeout=30)
+    assert proc.popen.returncode == 0, proc.output()
     assert "dispatcher stopped" in proc.output()
 
 

@@ -5,6 +5,7 @@ under a second late, so the dispatcher (scheduling.dispatcher) runs beside the c
 cluster's workers are forked on demand (scheduling.taskqueue.OnDemandSentinel in place of django-q2's).
 """
 
+import contextlib
 import logging
 import os
 import signal
@@ -107,6 +108,29 @@ def _stop_on_signal(cluster: Cluster) -> None:
     signal.signal(signal.SIGINT, on_signal)
 
 
+def _until_ended(sentinel) -> None:
+    """Block the main thread until the sentinel process ends (then reap it), while letting signal
+    handlers run: the kernel may deliver SIGTERM to any of the process's threads (the config watcher's,
+    the dispatcher's...), and then a main thread blocked in join() (waitpid) is never interrupted to run
+    the Python handler. With a wake-up fd, the signal's C handler writes to a pipe, whichever thread it
+    lands on, and the main thread, waiting on the pipe and the sentinel's handle, returns to run it."""
+    if sentinel is None:
+        return
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    os.set_blocking(write_end, False)
+    previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    try:
+        while sentinel.is_alive():  # reaps it once ended
+            mp_connection.wait([sentinel.sentinel, read_end])
+            with contextlib.suppress(BlockingIOError):
+                os.read(read_end, 512)  # the signal's handler runs as this thread returns to Python code
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(read_end)
+        os.close(write_end)
+
+
 class _BesideTheCluster:
     """What runs in the cluster's main process beside it, started after the fork (so the cluster's
     children never inherit these threads): the heartbeat, the dispatcher thread, and with console
@@ -131,8 +155,7 @@ class _BesideTheCluster:
         was started."""
         try:
             self.start()
-            while self.cluster.sentinel is not None and self.cluster.sentinel.is_alive():
-                self.cluster.sentinel.join()  # no wake-ups meanwhile
+            _until_ended(self.cluster.sentinel)
             logger.info("Q Cluster %s has stopped.", self.cluster.name)
         finally:
             self.stop()
