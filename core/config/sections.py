@@ -1,5 +1,5 @@
-"""The bot's identity, its models and budgets, how it chats, and scheduled delivery: the first half of
-bot_config.toml's sections (one pydantic model each; a field's description is its documentation)."""
+"""The bot's identity, its models and budgets, how it chats, scheduled delivery and the console: the first
+half of bot_config.toml's sections (one pydantic model each; a field's description is its documentation)."""
 
 from __future__ import annotations
 
@@ -411,4 +411,55 @@ class SchedulingSection(Section):
     )
     batch_size: int = Field(
         2000, ge=1, le=10_000, description=gettext_noop("Messages the dispatcher claims per round.")
+    )
+
+
+class ConsoleSection(Section):
+    __doc__ = gettext_noop("""The operator console: config hot reload, live logs, health checks.""")
+
+    reload_debounce_ms: int = Field(
+        300,
+        ge=10,
+        le=10_000,
+        description=gettext_noop(
+            "Config file changes are applied once the file has been quiet this long (milliseconds)."
+        ),
+        json_schema_extra={"requires_restart": True},  # the file watcher reads it when it starts
+    )
+    log_level: str = Field(
+        "INFO",
+        max_length=8,
+        pattern=r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)$",
+        description=gettext_noop(
+            "Lowest level of log records kept for the live log page (DEBUG, INFO, WARNING, ERROR)."
+        ),
+    )
+    log_retention_rows: int = Field(
+        20_000,
+        ge=100,
+        le=10_000_000,
+        description=gettext_noop("Log lines kept for the live log page; older ones are deleted."),
+    )
+    log_retention_days: int = Field(
+        7, ge=1, le=365, description=gettext_noop("Log lines older than this many days are deleted.")
+    )
+    heartbeat_seconds: float = Field(
+        2.0,
+        gt=0,
+        le=300,
+        description=gettext_noop(
+            "How often each server and cluster process writes its heartbeat (seconds). A process silent "
+            "for 4 times this counts as dead: the others take back the messages it had claimed and send them."
+        ),
+    )
+    cluster_stale_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description=gettext_noop(
+            "/healthz reports the cluster down when its last heartbeat is older than this (seconds)."
+        ),
+    )
+    health_requires_adapter: bool = Field(
+        False, description=gettext_noop("/healthz reports unhealthy (503) while no platform adapter is connected.")
     )
