@@ -40,7 +40,7 @@ DATA = {
 SKIPPED_TAGS = {"script", "style", "textarea", "code", "pre", "kbd", "samp"}
 # An identifier, a path, an address, a number with its unit, a time: never a label.
 NOT_WORDS = re.compile(
-    r"https?://\S+|[\w.-]+@[\w.-]+|\b[\w-]+(?:[._/:][\w-]+)+\b|\b\w*_\w*\b|\b[\w-]*\d[\w-]*\b|\[[a-z_]+\]"
+    r"\w*\*{4,}|https?://\S+|[\w.-]+@[\w.-]+|\b[\w-]+(?:[._/:][\w-]+)+\b|\b\w*_\w*\b|\b[\w-]*\d[\w-]*\b|\[[a-z_]+\]"
 )
 LATIN_WORD = re.compile(r"[A-Za-z]{2,}")
 CJK = re.compile(r"[\u4e00-\u9fff]")
@@ -222,8 +222,6 @@ KNOWN_GAPS = {
     "/admin/axes/accesslog/<id>/change/",
     "/admin/auth/user/add/",  # one string Django's catalog lacks
     "/admin/console/",  # a few dashboard words ("active:")
-    "/admin/config/",  # one key label
-    "/admin/auth/user/<id>/change/",  # the password hash's algorithm
     "/admin/django_q/schedule/add/",  # django-q2's own catalog lacks these
     "/admin/django_q/ormq/",
 }
