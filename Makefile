@@ -121,7 +121,7 @@ clean:
 
 # The console's translations (console/locale): every marked string into both catalogs (then translate the
 # new ones in zh_Hans; en is the source text, filled by msgen), compiled. Needs GNU gettext.
-MESSAGES_IGNORE = $(foreach d,tests bench docs locale data dist build config site maibot-data,--ignore=$(d))
+MESSAGES_IGNORE = $(foreach d,tests bench docs locale data dist build site maibot-data,--ignore=$(d))
 messages: venv
 	$(BIN)/python manage.py makemessages -l zh_Hans -l en --no-obsolete --no-location $(MESSAGES_IGNORE)
 	msgen -o console/locale/en/LC_MESSAGES/django.po console/locale/en/LC_MESSAGES/django.po

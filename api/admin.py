@@ -10,6 +10,8 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from api.access import api_token_create, api_token_revoke
 from api.models import McpEndpointCall
@@ -32,21 +34,25 @@ class ApiTokenForm(forms.ModelForm):
         choices=ApiScope.choices,
         widget=forms.CheckboxSelectMultiple,
         initial=default_api_scopes,
-        help_text="New tokens: send, and read and cancel their own messages only.",
+        help_text=_("New tokens: send, and read and cancel their own messages only."),
     )
     allowed_channels = ListField(
         required=False,
-        help_text="Platforms it may send to, comma-separated (e.g. qq). Empty: every platform but the operators' "
-        "browser chat (web), which a token reaches only when it names it here.",
+        help_text=_(
+            "Platforms it may send to, comma-separated (e.g. qq). Empty: every platform but the operators' "
+            "browser chat (web), which a token reaches only when it names it here."
+        ),
     )
     allowed_conversations = ListField(
-        required=False, help_text="Conversation ids it may send to, comma-separated. Empty: any conversation."
+        required=False, help_text=_("Conversation ids it may send to, comma-separated. Empty: any conversation.")
     )
 
     class Meta:
         model = ApiToken
         fields = ["name", "scopes", "allowed_channels", "allowed_conversations"]
-        help_texts = {"name": "Who uses this token (e.g. the monitoring system). The token is shown once after saving."}
+        help_texts = {
+            "name": _("Who uses this token (e.g. the monitoring system). The token is shown once after saving.")
+        }
 
 
 @admin.register(ApiToken)
@@ -78,13 +84,13 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> list[str]:
         return [] if obj is None else self.readonly_fields
 
-    @admin.display(description="MCP calls")
+    @admin.display(description=_("MCP calls"))
     def mcp_calls(self, obj: ApiToken):
         # The token's recent calls to the bot's MCP endpoint (/mcp), in their own list.
         url = reverse("admin:api_mcpendpointcall_changelist") + f"?token__id__exact={obj.pk}"
         return format_html('<a href="{}">recent calls</a>', url)
 
-    @admin.display(description="State")
+    @admin.display(description=_("State"))
     def state(self, obj: ApiToken) -> str:
         return "active" if obj.is_active else "revoked"
 
@@ -124,13 +130,15 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def has_revoke_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("chat.revoke_apitoken")
 
-    @admin.action(description="Revoke selected tokens", permissions=["revoke"])
+    @admin.action(description=_("Revoke selected tokens"), permissions=["revoke"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
         revoked = [t.name for t in queryset if api_token_revoke(token=t)]
         if revoked:
-            self.message_user(request, f"Revoked: {', '.join(revoked)}. Requests with them now get 401.")
+            self.message_user(
+                request, gettext("Revoked: %(names)s. Requests with them now get 401.") % {"names": ", ".join(revoked)}
+            )
         else:
-            self.message_user(request, "The selected tokens were already revoked.", level=messages.WARNING)
+            self.message_user(request, gettext("The selected tokens were already revoked."), level=messages.WARNING)
 
 
 @admin.register(McpEndpointCall)
@@ -140,13 +148,13 @@ class McpEndpointCallAdmin(ReadOnlyAdmin):
     list_select_related = ["token"]
     date_hierarchy = "created_at"
 
-    @admin.display(description="Token", ordering="token__name")
+    @admin.display(description=_("Token"), ordering="token__name")
     def token_link(self, obj: McpEndpointCall):
         if obj.token is None:
             return "—"
         url = reverse("admin:chat_apitoken_change", args=[obj.token_id])
         return format_html('<a href="{}">{}</a>', url, obj.token)
 
-    @admin.display(description="Duration", ordering="duration_ms")
+    @admin.display(description=_("Duration"), ordering="duration_ms")
     def duration(self, obj: McpEndpointCall) -> str:
         return f"{obj.duration_ms:.0f} ms"

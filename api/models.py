@@ -7,6 +7,7 @@ The tables kept the names they had in the chat and scheduling apps (Meta.db_tabl
 
 from django.db import models
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from chat.models import ApiToken
 
@@ -41,16 +42,17 @@ class ApiRateWindow(models.Model):
 class McpEndpointCall(models.Model):
     """One tool call to the bot's own MCP endpoint (/mcp)."""
 
-    token = models.ForeignKey(ApiToken, null=True, blank=True, on_delete=models.SET_NULL)
-    tool = models.CharField(max_length=128)
-    ok = models.BooleanField()
-    error_code = models.CharField(max_length=64, blank=True)
-    duration_ms = models.FloatField()
-    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    token = models.ForeignKey(ApiToken, null=True, blank=True, on_delete=models.SET_NULL, verbose_name=_("token"))
+    tool = models.CharField(max_length=128, verbose_name=_("tool"))
+    ok = models.BooleanField(verbose_name=_("ok"))
+    error_code = models.CharField(max_length=64, blank=True, verbose_name=_("error code"))
+    duration_ms = models.FloatField(verbose_name=_("duration ms"))
+    created_at = models.DateTimeField(default=timezone.now, db_index=True, verbose_name=_("created at"))
 
     class Meta:
+        verbose_name = _("MCP endpoint call")
+        verbose_name_plural = _("MCP endpoint calls")
         db_table = "scheduling_mcpendpointcall"
-        verbose_name = "MCP endpoint call"
         ordering = ["-created_at", "-id"]
 
     def __str__(self) -> str:

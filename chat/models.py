@@ -8,11 +8,13 @@ import uuid
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 
 class ChatType(models.TextChoices):
-    PRIVATE = "private", "Private"
-    GROUP = "group", "Group"
+    PRIVATE = "private", _("Private")
+    GROUP = "group", _("Group")
 
 
 def make_session_id(platform: str, chat_type: str, target_id: str) -> str:
@@ -21,19 +23,21 @@ def make_session_id(platform: str, chat_type: str, target_id: str) -> str:
 
 
 class ChatSession(models.Model):
-    session_id = models.CharField(max_length=32, unique=True, editable=False)
-    platform = models.CharField(max_length=64)
-    chat_type = models.CharField(max_length=16, choices=ChatType.choices)
+    session_id = models.CharField(max_length=32, unique=True, editable=False, verbose_name=_("session id"))
+    platform = models.CharField(max_length=64, verbose_name=_("platform"))
+    chat_type = models.CharField(max_length=16, choices=ChatType.choices, verbose_name=_("chat type"))
     # Private chat: the person. Group chat: empty (the group is the target; speakers are on messages).
-    user_id = models.CharField(max_length=128, blank=True)
-    user_nickname = models.CharField(max_length=255, blank=True)
-    user_cardname = models.CharField(max_length=255, blank=True)
-    group_id = models.CharField(max_length=128, blank=True)
-    group_name = models.CharField(max_length=255, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    last_active_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    user_id = models.CharField(max_length=128, blank=True, verbose_name=_("user id"))
+    user_nickname = models.CharField(max_length=255, blank=True, verbose_name=_("user nickname"))
+    user_cardname = models.CharField(max_length=255, blank=True, verbose_name=_("user cardname"))
+    group_id = models.CharField(max_length=128, blank=True, verbose_name=_("group id"))
+    group_name = models.CharField(max_length=255, blank=True, verbose_name=_("group name"))
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
+    last_active_at = models.DateTimeField(auto_now_add=True, db_index=True, verbose_name=_("last active at"))
 
     class Meta:
+        verbose_name = _("chat session")
+        verbose_name_plural = _("chat sessions")
         ordering = ["-last_active_at"]
         constraints = [
             models.CheckConstraint(
@@ -44,9 +48,16 @@ class ChatSession(models.Model):
         indexes = [models.Index(fields=["platform", "chat_type", "user_id"])]
 
     def __str__(self) -> str:
+        # In the operator's language on a console page ("qq 私聊 小红"); English elsewhere (logs).
         if self.chat_type == ChatType.GROUP:
-            return f"{self.platform} group {self.group_name or self.group_id}"
-        return f"{self.platform} private {self.user_nickname or self.user_id}"
+            return gettext("%(platform)s group %(name)s") % {
+                "platform": self.platform,
+                "name": self.group_name or self.group_id,
+            }
+        return gettext("%(platform)s private %(name)s") % {
+            "platform": self.platform,
+            "name": self.user_nickname or self.user_id,
+        }
 
     @property
     def is_private(self) -> bool:
@@ -58,17 +69,17 @@ class ChatSession(models.Model):
 
 
 class Direction(models.TextChoices):
-    IN = "in", "Inbound"
-    OUT = "out", "Outbound"
+    IN = "in", _("Inbound")
+    OUT = "out", _("Outbound")
 
 
 class SourceKind(models.TextChoices):
-    USER = "user", "User"
-    REPLY = "reply", "Planner reply"
-    SCHEDULED_SEND = "scheduled_send", "Scheduled send"
-    PROACTIVE = "proactive", "Proactive (API)"
-    TIMER = "timer", "Timer / life loop"
-    ADMIN = "admin", "Operator"
+    USER = "user", _("User")
+    REPLY = "reply", _("Planner reply")
+    SCHEDULED_SEND = "scheduled_send", _("Scheduled send")
+    PROACTIVE = "proactive", _("Proactive (API)")
+    TIMER = "timer", _("Timer / life loop")
+    ADMIN = "admin", _("Operator")
 
 
 class DeliveryStatus(models.TextChoices):
@@ -76,12 +87,12 @@ class DeliveryStatus(models.TextChoices):
     platform's id came back in the adapter's `message_id_echo`) or unconfirmed (no echo after
     gateway.max_delivery_attempts hand-overs); failed when it could not be handed over at all."""
 
-    PENDING = "pending", "Pending"
-    SENDING = "sending", "Sending"
-    SENT = "sent", "Sent"
-    DELIVERED = "delivered", "Delivered"
-    UNCONFIRMED = "unconfirmed", "Unconfirmed"
-    FAILED = "failed", "Failed"
+    PENDING = "pending", _("Pending")
+    SENDING = "sending", _("Sending")
+    SENT = "sent", _("Sent")
+    DELIVERED = "delivered", _("Delivered")
+    UNCONFIRMED = "unconfirmed", _("Unconfirmed")
+    FAILED = "failed", _("Failed")
 
 
 # The states a message no longer leaves by itself (an operator may still resend it).
@@ -110,44 +121,50 @@ class Message(models.Model):
     """One chat message. Outbound rows double as the outbox the ASGI side delivers from."""
 
     # Our own id, sent to the adapter as message_info.message_id and echoed back in receipts.
-    uid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
-    session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="messages")
-    direction = models.CharField(max_length=3, choices=Direction.choices)
-    source_kind = models.CharField(max_length=16, choices=SourceKind.choices)
+    uid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False, verbose_name=_("uid"))
+    session = models.ForeignKey(
+        ChatSession, on_delete=models.CASCADE, related_name="messages", verbose_name=_("session")
+    )
+    direction = models.CharField(max_length=3, choices=Direction.choices, verbose_name=_("direction"))
+    source_kind = models.CharField(max_length=16, choices=SourceKind.choices, verbose_name=_("source kind"))
     # The platform's id: from the inbound envelope, or from the adapter's echo receipt for outbound.
-    platform_message_id = models.CharField(max_length=128, blank=True)
-    sender_id = models.CharField(max_length=128, blank=True)
-    sender_nickname = models.CharField(max_length=255, blank=True)
-    sender_cardname = models.CharField(max_length=255, blank=True)
-    receiver_id = models.CharField(max_length=128, blank=True)
+    platform_message_id = models.CharField(max_length=128, blank=True, verbose_name=_("platform message id"))
+    sender_id = models.CharField(max_length=128, blank=True, verbose_name=_("sender id"))
+    sender_nickname = models.CharField(max_length=255, blank=True, verbose_name=_("sender nickname"))
+    sender_cardname = models.CharField(max_length=255, blank=True, verbose_name=_("sender cardname"))
+    receiver_id = models.CharField(max_length=128, blank=True, verbose_name=_("receiver id"))
     segments = ReadableJSONField(default=list, placeholder=UNREADABLE_SEGMENTS)
-    text = models.TextField(blank=True)
+    text = models.TextField(blank=True, verbose_name=_("text"))
     # The platform id of the quoted message, when this message quotes one.
-    reply_to_platform_id = models.CharField(max_length=128, blank=True)
-    extra = models.JSONField(default=dict, blank=True)
-    time = models.DateTimeField(db_index=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    reply_to_platform_id = models.CharField(max_length=128, blank=True, verbose_name=_("reply to platform id"))
+    extra = models.JSONField(default=dict, blank=True, verbose_name=_("extra"))
+    time = models.DateTimeField(db_index=True, verbose_name=_("time"))
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
     # Outbound delivery (empty for inbound).
-    delivery_status = models.CharField(max_length=12, choices=DeliveryStatus.choices, blank=True)
-    delivery_error = models.CharField(max_length=255, blank=True)
+    delivery_status = models.CharField(
+        max_length=12, choices=DeliveryStatus.choices, blank=True, verbose_name=_("delivery status")
+    )
+    delivery_error = models.CharField(max_length=255, blank=True, verbose_name=_("delivery error"))
     # Hand-overs so far (each claim counts one).
-    delivery_attempts = models.PositiveIntegerField(default=0)
-    delivery_claim = models.CharField(max_length=64, blank=True)
-    delivery_lease_until = models.DateTimeField(null=True, blank=True)
+    delivery_attempts = models.PositiveIntegerField(default=0, verbose_name=_("delivery attempts"))
+    delivery_claim = models.CharField(max_length=64, blank=True, verbose_name=_("delivery claim"))
+    delivery_lease_until = models.DateTimeField(null=True, blank=True, verbose_name=_("delivery lease until"))
     # The instance (maibot.ProcessHeartbeat.instance) of the process that claimed it last: while the row
     # is `sending` and that process's heartbeat has run out, the claim is taken back without waiting out
     # the lease. NULL: never claimed (nullable: adding the column to a large table is instant on SQLite).
-    delivery_claimed_by = models.CharField(max_length=32, null=True, blank=True)
+    delivery_claimed_by = models.CharField(max_length=32, null=True, blank=True, verbose_name=_("delivery claimed by"))
     # For a platform that echoes: on a `sent` row, when it is handed over again unless its echo came
     # first (confirm_seconds, doubling per attempt); on a `pending` row, not claimed before this.
     # Empty once the row's fate is settled.
-    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    next_attempt_at = models.DateTimeField(null=True, blank=True, verbose_name=_("next attempt at"))
     # When its frame was last handed to the adapter's socket.
-    sent_at = models.DateTimeField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True, verbose_name=_("sent at"))
     # When the platform confirmed it (the adapter's message_id_echo arrived).
-    delivered_at = models.DateTimeField(null=True, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True, verbose_name=_("delivered at"))
 
     class Meta:
+        verbose_name = _("message")
+        verbose_name_plural = _("messages")
         ordering = ["time", "id"]
         permissions = [
             ("resend_message", "Can resend unconfirmed or failed outbound messages"),
@@ -186,9 +203,9 @@ class Message(models.Model):
 
 
 class MediaKind(models.TextChoices):
-    IMAGE = "image", "Image"
-    EMOJI = "emoji", "Emoji"
-    VOICE = "voice", "Voice"
+    IMAGE = "image", _("Image")
+    EMOJI = "emoji", _("Emoji")
+    VOICE = "voice", _("Voice")
 
 
 def media_upload_to(instance: Media, filename: str) -> str:
@@ -228,21 +245,23 @@ class CommandResponse(models.Model):
 class AdapterPlatform(models.Model):
     """What we know about a platform's adapter across its connections and our restarts."""
 
-    platform = models.CharField(max_length=64, unique=True)
+    platform = models.CharField(max_length=64, unique=True, verbose_name=_("platform"))
     # Set by the first message_id_echo: from then on a hand-over without an echo is redelivered.
-    first_echo_at = models.DateTimeField(null=True, blank=True)
-    last_echo_at = models.DateTimeField(null=True, blank=True)
+    first_echo_at = models.DateTimeField(null=True, blank=True, verbose_name=_("first echo at"))
+    last_echo_at = models.DateTimeField(null=True, blank=True, verbose_name=_("last echo at"))
     # Set when a connection that stayed up showed the adapter does not echo (chat.delivery_gate): from
     # then on its connections take whatever is due, at most once. An echo wins over it.
-    no_echo_at = models.DateTimeField(null=True, blank=True)
+    no_echo_at = models.DateTimeField(null=True, blank=True, verbose_name=_("no echo at"))
     # The segment types the adapter last said it accepts (format_info.accept_format), kept across
     # reconnects until it says otherwise.
-    accept_format = models.JSONField(default=list, blank=True)
+    accept_format = models.JSONField(default=list, blank=True, verbose_name=_("accept format"))
     # The bot's own account on the platform, where the adapter tells it (bot.platform_accounts wins).
-    bot_account = models.CharField(max_length=128, blank=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    bot_account = models.CharField(max_length=128, blank=True, verbose_name=_("bot account"))
+    updated_at = models.DateTimeField(auto_now=True, verbose_name=_("updated at"))
 
     class Meta:
+        verbose_name = _("adapter platform")
+        verbose_name_plural = _("adapter platforms")
         ordering = ["platform"]
 
     def __str__(self) -> str:
@@ -277,28 +296,34 @@ class AdapterConnection(models.Model):
 
 
 class CycleKind(models.TextChoices):
-    CHAT = "chat", "Chat planner"
-    LIFE = "life", "Life loop"
+    CHAT = "chat", _("Chat planner")
+    LIFE = "life", _("Life loop")
 
 
 class PlannerCycle(models.Model):
     """One observe → plan → execute cycle (or one life-loop turn), kept for the next cycle and operators."""
 
-    cycle_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
-    kind = models.CharField(max_length=8, choices=CycleKind.choices, default=CycleKind.CHAT)
-    session = models.ForeignKey(ChatSession, null=True, blank=True, on_delete=models.CASCADE, related_name="cycles")
-    started_at = models.DateTimeField(db_index=True)
-    ended_at = models.DateTimeField(null=True, blank=True)
-    timings = models.JSONField(default=dict, blank=True)  # phase → milliseconds
-    action = models.CharField(max_length=64, blank=True)  # reply | no_reply | ...
-    reasoning = models.TextField(blank=True)
-    outcome = models.TextField(blank=True)
-    replanned = models.BooleanField(default=False)
-    trigger = models.CharField(max_length=255, blank=True)
-    prompt = models.JSONField(default=list, blank=True)  # the rendered messages sent to the model
-    error = models.TextField(blank=True)
+    cycle_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False, verbose_name=_("cycle id"))
+    kind = models.CharField(max_length=8, choices=CycleKind.choices, default=CycleKind.CHAT, verbose_name=_("kind"))
+    session = models.ForeignKey(
+        ChatSession, null=True, blank=True, on_delete=models.CASCADE, related_name="cycles", verbose_name=_("session")
+    )
+    started_at = models.DateTimeField(db_index=True, verbose_name=_("started at"))
+    ended_at = models.DateTimeField(null=True, blank=True, verbose_name=_("ended at"))
+    timings = models.JSONField(default=dict, blank=True, verbose_name=_("timings"))  # phase → milliseconds
+    action = models.CharField(max_length=64, blank=True, verbose_name=_("action"))  # reply | no_reply | ...
+    reasoning = models.TextField(blank=True, verbose_name=_("reasoning"))
+    outcome = models.TextField(blank=True, verbose_name=_("outcome"))
+    replanned = models.BooleanField(default=False, verbose_name=_("replanned"))
+    trigger = models.CharField(max_length=255, blank=True, verbose_name=_("trigger"))
+    prompt = models.JSONField(
+        default=list, blank=True, verbose_name=_("prompt")
+    )  # the rendered messages sent to the model
+    error = models.TextField(blank=True, verbose_name=_("error"))
 
     class Meta:
+        verbose_name = _("planner cycle")
+        verbose_name_plural = _("planner cycles")
         ordering = ["-started_at"]
         indexes = [models.Index(fields=["session", "started_at"])]
 
@@ -309,15 +334,17 @@ class PlannerCycle(models.Model):
 class ToolCallRecord(models.Model):
     """One tool call the model made in a cycle, with its arguments and result."""
 
-    cycle = models.ForeignKey(PlannerCycle, on_delete=models.CASCADE, related_name="tool_calls")
-    round = models.PositiveSmallIntegerField(default=0)
-    tool_call_id = models.CharField(max_length=128, blank=True, db_index=True)
-    name = models.CharField(max_length=128)
-    arguments = models.JSONField(default=dict, blank=True)
-    raw_arguments = models.TextField(blank=True)
-    result = models.JSONField(default=dict, blank=True)
-    ok = models.BooleanField(default=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    cycle = models.ForeignKey(
+        PlannerCycle, on_delete=models.CASCADE, related_name="tool_calls", verbose_name=_("cycle")
+    )
+    round = models.PositiveSmallIntegerField(default=0, verbose_name=_("round"))
+    tool_call_id = models.CharField(max_length=128, blank=True, db_index=True, verbose_name=_("tool call id"))
+    name = models.CharField(max_length=128, verbose_name=_("name"))
+    arguments = models.JSONField(default=dict, blank=True, verbose_name=_("arguments"))
+    raw_arguments = models.TextField(blank=True, verbose_name=_("raw arguments"))
+    result = models.JSONField(default=dict, blank=True, verbose_name=_("result"))
+    ok = models.BooleanField(default=True, verbose_name=_("ok"))
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
 
     class Meta:
         ordering = ["id"]
@@ -326,22 +353,39 @@ class ToolCallRecord(models.Model):
 class LLMCall(models.Model):
     """The ledger: every call to a model, with its tokens, latency and cost."""
 
-    cycle = models.ForeignKey(PlannerCycle, null=True, blank=True, on_delete=models.SET_NULL, related_name="llm_calls")
-    session = models.ForeignKey(ChatSession, null=True, blank=True, on_delete=models.SET_NULL)
-    purpose = models.CharField(max_length=32)  # planner | life | summary | ...
-    task = models.CharField(max_length=16, blank=True, db_index=True)  # planner | life | summary | utility
-    model = models.CharField(max_length=128)  # the provider's model id
-    model_name = models.CharField(max_length=64, blank=True)  # the config's name for it (llm.models)
-    attempt = models.PositiveSmallIntegerField(default=0)  # 0: the task's first model; 1, 2…: fallbacks
-    prompt_tokens = models.PositiveIntegerField(default=0)
-    completion_tokens = models.PositiveIntegerField(default=0)
-    cached_tokens = models.PositiveIntegerField(default=0)
-    latency_ms = models.PositiveIntegerField(default=0)
-    cost = models.DecimalField(max_digits=12, decimal_places=6, default=0)
-    error = models.TextField(blank=True)
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    cycle = models.ForeignKey(
+        PlannerCycle,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="llm_calls",
+        verbose_name=_("cycle"),
+    )
+    session = models.ForeignKey(
+        ChatSession, null=True, blank=True, on_delete=models.SET_NULL, verbose_name=_("session")
+    )
+    purpose = models.CharField(max_length=32, verbose_name=_("purpose"))  # planner | life | summary | ...
+    task = models.CharField(
+        max_length=16, blank=True, db_index=True, verbose_name=_("task")
+    )  # planner | life | summary | utility
+    model = models.CharField(max_length=128, verbose_name=_("model"))  # the provider's model id
+    model_name = models.CharField(
+        max_length=64, blank=True, verbose_name=_("model name")
+    )  # the config's name for it (llm.models)
+    attempt = models.PositiveSmallIntegerField(
+        default=0, verbose_name=_("attempt")
+    )  # 0: the task's first model; 1, 2…: fallbacks
+    prompt_tokens = models.PositiveIntegerField(default=0, verbose_name=_("prompt tokens"))
+    completion_tokens = models.PositiveIntegerField(default=0, verbose_name=_("completion tokens"))
+    cached_tokens = models.PositiveIntegerField(default=0, verbose_name=_("cached tokens"))
+    latency_ms = models.PositiveIntegerField(default=0, verbose_name=_("latency ms"))
+    cost = models.DecimalField(max_digits=12, decimal_places=6, default=0, verbose_name=_("cost"))
+    error = models.TextField(blank=True, verbose_name=_("error"))
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True, verbose_name=_("created at"))
 
     class Meta:
+        verbose_name = _("LLM call")
+        verbose_name_plural = _("LLM calls")
         ordering = ["-created_at"]
 
 
@@ -372,15 +416,15 @@ class LLMSpend(models.Model):
 class ApiScope(models.TextChoices):
     """What a proactive API (and MCP endpoint) token may do."""
 
-    SEND = "send", "Send and schedule messages (and find conversations to send to)"
-    READ_OWN = "read_own", "Read the messages it created"
-    READ_ALL = "read_all", "Read every proactive message"
-    CANCEL = "cancel", "Cancel the pending messages it may read"
+    SEND = "send", _("Send and schedule messages (and find conversations to send to)")
+    READ_OWN = "read_own", _("Read the messages it created")
+    READ_ALL = "read_all", _("Read every proactive message")
+    CANCEL = "cancel", _("Cancel the pending messages it may read")
     # The MCP endpoint (/mcp) offers more than the HTTP API: these scopes unlock its other tools.
-    HISTORY = "history", "Read the recent messages of the conversations it may reach (MCP)"
-    MEMORY = "memory", "List, add and remove memory slots (MCP)"
-    TIMERS = "timers", "List, set and cancel timers (MCP)"
-    INNER_STATE = "inner_state", "Read and update the bot's inner state (MCP)"
+    HISTORY = "history", _("Read the recent messages of the conversations it may reach (MCP)")
+    MEMORY = "memory", _("List, add and remove memory slots (MCP)")
+    TIMERS = "timers", _("List, set and cancel timers (MCP)")
+    INNER_STATE = "inner_state", _("Read and update the bot's inner state (MCP)")
 
 
 def default_api_scopes() -> list[str]:
@@ -392,18 +436,26 @@ class ApiToken(models.Model):
     """A bearer token for the proactive message API; only its hash is stored. It may do what its scopes
     say, to the conversations it is allowed (empty lists: every channel but the operators' browser chat)."""
 
-    name = models.CharField(max_length=100, unique=True)
-    prefix = models.CharField(max_length=12, editable=False)
-    token_hash = models.CharField(max_length=64, unique=True, editable=False)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
-    created_at = models.DateTimeField(auto_now_add=True)
-    last_used_at = models.DateTimeField(null=True, blank=True)
-    revoked_at = models.DateTimeField(null=True, blank=True)
-    scopes = models.JSONField(default=default_api_scopes)
-    allowed_channels = models.JSONField(default=list, blank=True)  # platforms, e.g. ["qq"]
-    allowed_conversations = models.JSONField(default=list, blank=True)  # conversation (session) ids
+    name = models.CharField(max_length=100, unique=True, verbose_name=_("name"))
+    prefix = models.CharField(max_length=12, editable=False, verbose_name=_("prefix"))
+    token_hash = models.CharField(max_length=64, unique=True, editable=False, verbose_name=_("token hash"))
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, verbose_name=_("created by")
+    )
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
+    last_used_at = models.DateTimeField(null=True, blank=True, verbose_name=_("last used at"))
+    revoked_at = models.DateTimeField(null=True, blank=True, verbose_name=_("revoked at"))
+    scopes = models.JSONField(default=default_api_scopes, verbose_name=_("scopes"))
+    allowed_channels = models.JSONField(
+        default=list, blank=True, verbose_name=_("allowed channels")
+    )  # platforms, e.g. ["qq"]
+    allowed_conversations = models.JSONField(
+        default=list, blank=True, verbose_name=_("allowed conversations")
+    )  # conversation (session) ids
 
     class Meta:
+        verbose_name = _("API token")
+        verbose_name_plural = _("API tokens")
         permissions = [("revoke_apitoken", "Can revoke API tokens")]
 
     def __str__(self) -> str:

@@ -8,7 +8,7 @@ from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext_lazy as _
 
 from chat.admin import ReadOnlyAdmin
 from chat.admin.conversations import ChatSessionAdmin
@@ -18,9 +18,9 @@ from core.models import ConfigChange
 
 admin.site.login_form = SerializedLoginForm
 # The console's name, not Django's (the pages are a bot's console).
-admin.site.site_header = gettext_lazy("maibot console")
-admin.site.site_title = gettext_lazy("maibot")
-admin.site.index_title = gettext_lazy("Administration")
+admin.site.site_header = _("maibot console")
+admin.site.site_title = _("maibot")
+admin.site.index_title = _("Administration")
 
 
 @admin.register(ConfigChange)
@@ -29,7 +29,7 @@ class ConfigChangeAdmin(ReadOnlyAdmin):
     list_filter = ["source"]
     date_hierarchy = "at"
 
-    @admin.display(description="Changed keys")
+    @admin.display(description=_("Changed keys"))
     def keys(self, obj: ConfigChange) -> str:
         return ", ".join(obj.changed_keys)
 
@@ -38,7 +38,7 @@ class LoginAttemptAdmin(AccessAttemptAdmin):
     """Axes' page of counted login failures (deleting a row lifts its lock): its clean-up action deletes
     rows, so it needs the delete permission like every action here (axes offers it to viewers)."""
 
-    @admin.action(description="Clean up expired attempts", permissions=["delete"])
+    @admin.action(description=_("Clean up expired attempts"), permissions=["delete"])
     def cleanup_expired_attempts(self, request, queryset) -> None:
         super().cleanup_expired_attempts(request, queryset)
 
@@ -53,10 +53,10 @@ class ConsoleChatSessionAdmin(ChatSessionAdmin):
     list_display = [*ChatSessionAdmin.list_display, "transcript_link"]
     readonly_fields = ["transcript_link", *ChatSessionAdmin.readonly_fields]
 
-    @admin.display(description=gettext_lazy("Transcript"))
+    @admin.display(description=_("Transcript"))
     def transcript_link(self, obj: ChatSession) -> SafeString:
         url = reverse("console-transcript", args=[obj.pk])
-        return format_html('<a class="transcript-link" href="{}">{}</a>', url, gettext_lazy("Open transcript"))
+        return format_html('<a class="transcript-link" href="{}">{}</a>', url, _("Open transcript"))
 
 
 admin.site.unregister(ChatSession)

@@ -12,6 +12,7 @@ from typing import Any
 
 import tomlkit
 from django import forms
+from django.utils.translation import gettext
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
@@ -21,7 +22,6 @@ from core.config import (
     ConfigError,
     config_path,
     ensure_config_file,
-    field_help,
     get_config,
     parse_config,
     raw_only,
@@ -52,9 +52,17 @@ def _kind(annotation: Any) -> str:
     return {str: "str", int: "int", float: "float", bool: "bool"}[annotation]
 
 
+def translated_help(info: FieldInfo) -> str:
+    """A field's description in the request's language. core.config marks every description (and each
+    section's docstring) with gettext_noop, so `make messages` puts them in the console's catalog keyed by
+    the English text, which stays the one source (the TOML template's comments are that English); the
+    editor looks the text up here, at render time. (That it needs a restart shows as the badge.)"""
+    return gettext(info.description) if info.description else ""
+
+
 def _form_field(info: FieldInfo, default: Any) -> forms.Field:
     kind = _kind(info.annotation)
-    common = {"help_text": field_help(info), "label_suffix": ""}
+    common = {"help_text": translated_help(info), "label_suffix": ""}
     if kind == "bool":
         return forms.BooleanField(required=False, **common)
     if kind == "int":
@@ -154,7 +162,7 @@ class ConfigForm(forms.Form):
         return [
             Fieldset(
                 name=section,
-                doc=(model.__doc__ or "").strip(),
+                doc=gettext(model.__doc__).strip() if model.__doc__ else "",
                 fields=[self[f"{section}{SEP}{key}"] for key, _ in _form_fields(model)],
             )
             for section, model in _sections()

@@ -7,12 +7,13 @@ history, content types, permissions and /admin/maibot/ URLs are unchanged.
 import sys
 
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
 
 
 class CoreConfig(AppConfig):
     name = "core"
     label = "maibot"
-    verbose_name = "Bot"
+    verbose_name = _("Bot")
 
     def ready(self) -> None:
         from core.config import ConfigError, get_config

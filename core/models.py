@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 
 class LogEntry(models.Model):
@@ -38,8 +39,8 @@ class ProcessHeartbeat(models.Model):
     """
 
     class Role(models.TextChoices):
-        WEB = "web", "ASGI server"
-        CLUSTER = "cluster", "Task cluster"
+        WEB = "web", _("ASGI server")
+        CLUSTER = "cluster", _("Task cluster")
 
     # The process's identity in claims: new in every process, never reused (host:pid is, e.g. by a
     # restarted container). NULL (and alive_until NULL) only in a row an older version still running
@@ -81,14 +82,18 @@ class Console(models.Model):
 class ConfigChange(models.Model):
     """One applied change of the bot configuration made through the console: who, when, which keys."""
 
-    at = models.DateTimeField(auto_now_add=True, db_index=True)
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
-    source = models.CharField(max_length=64)
-    changed_keys = models.JSONField(default=list)
+    at = models.DateTimeField(auto_now_add=True, db_index=True, verbose_name=_("at"))
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, verbose_name=_("user")
+    )
+    source = models.CharField(max_length=64, verbose_name=_("source"))
+    changed_keys = models.JSONField(default=list, verbose_name=_("changed keys"))
     # Old and new values of the model-provider keys when they changed (never secrets: names and URLs).
-    provider = models.JSONField(default=dict, blank=True)
+    provider = models.JSONField(default=dict, blank=True, verbose_name=_("provider"))
 
     class Meta:
+        verbose_name = _("config change")
+        verbose_name_plural = _("config changes")
         ordering = ["-at"]
 
     def __str__(self) -> str:

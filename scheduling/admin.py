@@ -60,7 +60,7 @@ UPCOMING_FIRST = [
 
 
 class PlatformFilter(admin.SimpleListFilter):
-    title = "platform"
+    title = gettext_lazy("platform")
     parameter_name = "platform"
 
     def lookups(self, request, model_admin):
@@ -76,7 +76,7 @@ class PlatformFilter(admin.SimpleListFilter):
 class FateFilter(admin.SimpleListFilter):
     """The status operators see: the task's own until it sent its message, then that message's fate."""
 
-    title = "status"
+    title = gettext_lazy("status")
     parameter_name = "status"
 
     def lookups(self, request, model_admin):
@@ -137,7 +137,7 @@ class ScheduledMessageForm(forms.ModelForm):
 
 @admin.register(ScheduledMessage)
 class ScheduledMessageAdmin(ServiceActionsMixin, admin.ModelAdmin):
-    action_noun = "scheduled message(s)"
+    action_noun = gettext_lazy("scheduled message(s)")
     form = ScheduledMessageForm
     list_display = ["id", "badge", "send_at_local", "session_link", "short_text", "created_via", "attempts", "lateness"]
     list_filter = [FateFilter, "chat_type", PlatformFilter, "created_via", ("send_at", admin.DateFieldListFilter)]
@@ -187,31 +187,31 @@ class ScheduledMessageAdmin(ServiceActionsMixin, admin.ModelAdmin):
         return super().get_queryset(request).annotate(fate=sender_fate_expression("sent_message", "status"))
 
     # --- display ----------------------------------------------------------------------------------
-    @admin.display(description="status", ordering="fate")
+    @admin.display(description=gettext_lazy("status"), ordering="fate")
     def badge(self, obj: ScheduledMessage) -> str:
         message = obj.sent_message
         reason = obj.last_error or (message.delivery_error if message is not None else "")
         return fate_badge(sender_fate(obj.status, message), reason=reason)
 
-    @admin.display(description="send at (bot time)", ordering="send_at")
+    @admin.display(description=gettext_lazy("send at (bot time)"), ordering="send_at")
     def send_at_local(self, obj: ScheduledMessage) -> str:
         return format_shown(obj.send_at, get_config().tzinfo) if obj.send_at else "-"
 
-    @admin.display(description="session")
+    @admin.display(description=gettext_lazy("session"))
     def session_link(self, obj: ScheduledMessage) -> str:
         url = reverse("admin:chat_chatsession_change", args=[obj.session_id])
         return format_html('<a href="{}">{}</a>', url, str(obj.session))
 
-    @admin.display(description="text")
+    @admin.display(description=gettext_lazy("text"))
     def short_text(self, obj: ScheduledMessage) -> str:
         return obj.message_text if len(obj.message_text) <= 60 else obj.message_text[:59] + "…"
 
-    @admin.display(description="lateness")
+    @admin.display(description=gettext_lazy("lateness"))
     def lateness(self, obj: ScheduledMessage) -> str:
         late = obj.lateness_seconds
         return "-" if late is None else f"{late * 1000:.0f} ms"
 
-    @admin.display(description="history")
+    @admin.display(description=gettext_lazy("history"))
     def history_table(self, obj: ScheduledMessage) -> SafeString | str:
         if not obj.history:
             return "-"
@@ -253,23 +253,23 @@ class ScheduledMessageAdmin(ServiceActionsMixin, admin.ModelAdmin):
             if "message_text" in form.changed_data:
                 scheduled_message_edit_text(task_id=obj.pk, message_text=form.cleaned_data["message_text"], acted_by=by)
         except SchedulingError as exc:
-            self.message_user(request, f"Not saved: {exc.message}", messages.ERROR)
+            self.message_user(request, _("Not saved: %(error)s") % {"error": exc.message}, messages.ERROR)
 
     # --- actions ----------------------------------------------------------------------------------
     def has_send_now_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("scheduling.send_now_scheduledmessage")
 
-    @admin.action(description="Cancel selected (pending only)", permissions=["change"])
+    @admin.action(description=gettext_lazy("Cancel selected (pending only)"), permissions=["change"])
     def cancel_selected(self, request, queryset: QuerySet[ScheduledMessage]) -> None:
         by = operator(request)
         self._each(
             request,
             queryset,
             lambda t: scheduled_message_cancel(task_ids=[t.pk], acted_by=by, reason="cancelled by operator"),
-            "Cancelled",
+            _("Cancelled"),
         )
 
-    @admin.action(description="Reschedule selected…", permissions=["change"])
+    @admin.action(description=gettext_lazy("Reschedule selected…"), permissions=["change"])
     def reschedule_selected(self, request, queryset: QuerySet[ScheduledMessage]) -> HttpResponse | None:
         """Two steps: the typed time is resolved and shown with its zone (nothing changes yet); confirming
         sends that resolved instant (ISO 8601 with its offset), so "in 2 hours" does not drift meanwhile."""
@@ -298,28 +298,28 @@ class ScheduledMessageAdmin(ServiceActionsMixin, admin.ModelAdmin):
         }
         return render(request, "admin/scheduling/reschedule.html", context)
 
-    @admin.action(description="Send selected now (pending only)", permissions=["send_now"])
+    @admin.action(description=gettext_lazy("Send selected now (pending only)"), permissions=["send_now"])
     def send_now_selected(self, request, queryset: QuerySet[ScheduledMessage]) -> None:
         by = operator(request)
-        self._each(request, queryset, lambda t: scheduled_message_send_now(task_id=t.pk, acted_by=by), "Queued now")
+        self._each(request, queryset, lambda t: scheduled_message_send_now(task_id=t.pk, acted_by=by), _("Queued now"))
 
-    @admin.action(description="Retry selected failed messages", permissions=["change"])
+    @admin.action(description=gettext_lazy("Retry selected failed messages"), permissions=["change"])
     def retry_failed_selected(self, request, queryset: QuerySet[ScheduledMessage]) -> None:
         by = operator(request)
-        self._each(request, queryset, lambda t: scheduled_message_retry(task_id=t.pk, acted_by=by), "Retrying")
+        self._each(request, queryset, lambda t: scheduled_message_retry(task_id=t.pk, acted_by=by), _("Retrying"))
 
     def has_resend_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("chat.resend_message")
 
-    @admin.action(description="Resend selected (sent but unconfirmed or failed)", permissions=["resend"])
+    @admin.action(description=gettext_lazy("Resend selected (sent but unconfirmed or failed)"), permissions=["resend"])
     def resend_selected(self, request, queryset: QuerySet[ScheduledMessage]) -> None:
         by = operator(request)
-        self._each(request, queryset, lambda t: scheduled_message_resend(task_id=t.pk, acted_by=by), "Resent")
+        self._each(request, queryset, lambda t: scheduled_message_resend(task_id=t.pk, acted_by=by), _("Resent"))
 
 
 # django-q2's task admins offer "resubmit" with no permission declared: a view-only operator could run a
 # task again. The same admins, with the action needing the change permission.
-@admin.action(description="Resubmit selected tasks to queue", permissions=["change"])
+@admin.action(description=gettext_lazy("Resubmit selected tasks to queue"), permissions=["change"])
 def resubmit_task(modeladmin, request, queryset) -> None:
     q_admin.resubmit_task(modeladmin, request, queryset)
 

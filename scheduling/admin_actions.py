@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.http import HttpRequest
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from chat.admin import badge
 from chat.fate import FATE_COLOURS
@@ -26,7 +28,7 @@ class ServiceActionsMixin:
     the service refused (with its reason)."""
 
     action_errors: tuple[type[Exception], ...] = (SchedulingError,)
-    action_noun = "item(s)"
+    action_noun = gettext_lazy("item(s)")
 
     def _each(self, request, queryset, func, verb: str) -> None:
         done, refused = 0, []
@@ -37,6 +39,7 @@ class ServiceActionsMixin:
             except self.action_errors as exc:
                 refused.append(f"{obj.pk}: {exc.message}")
         if done:
-            self.message_user(request, f"{verb} {done} {self.action_noun}.", messages.SUCCESS)
+            done_text = _("%(verb)s %(count)d %(noun)s.") % {"verb": verb, "count": done, "noun": self.action_noun}
+            self.message_user(request, done_text, messages.SUCCESS)
         if refused:
-            self.message_user(request, "Skipped " + "; ".join(refused), messages.WARNING)
+            self.message_user(request, _("Skipped %(refused)s") % {"refused": "; ".join(refused)}, messages.WARNING)

@@ -1,9 +1,10 @@
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
 
 
 class SchedulingConfig(AppConfig):
     name = "scheduling"
-    verbose_name = "Scheduling"
+    verbose_name = _("Scheduling")
 
     def ready(self) -> None:
         # Tools offered to the chat planner (scope chat): scheduled messages, timers, memory and notes;

@@ -3,6 +3,7 @@
 import secrets
 
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 _ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"
 
@@ -15,7 +16,7 @@ def short_id(prefix: str) -> str:
 class Actor(models.TextChoices):
     """Who created, cancelled or rescheduled a scheduled message."""
 
-    TOOL = "tool", "Planner tool"
-    OPERATOR = "operator", "Operator"
-    API = "api", "API"
-    SYSTEM = "system", "System"
+    TOOL = "tool", _("Planner tool")
+    OPERATOR = "operator", _("Operator")
+    API = "api", _("API")
+    SYSTEM = "system", _("System")

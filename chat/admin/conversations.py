@@ -8,6 +8,9 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.text import format_lazy
+from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext_lazy as _
 
 from chat.admin.base import ReadOnlyAdmin, fate_badge
 from chat.admin.cycles import cycles_url
@@ -37,30 +40,33 @@ class ChatSessionAdmin(ReadOnlyAdmin):
         "group_name", "created_at", "last_active_at", "cycles", "conversation",
     ]  # fmt: skip
 
-    @admin.display(description="user / group id")
+    @admin.display(description=_("user / group id"))
     def target(self, obj: ChatSession) -> str:
         return obj.target_id
 
-    @admin.display(description="last active", ordering="last_active_at")
+    @admin.display(description=_("last active"), ordering="last_active_at")
     def last_active_local(self, obj: ChatSession) -> str:
         return format_shown(obj.last_active_at, get_config().tzinfo)
 
-    @admin.display(description="messages")
+    @admin.display(description=_("messages"))
     def messages_link(self, obj: ChatSession) -> str:
         url = reverse("admin:chat_message_changelist") + f"?session__id__exact={obj.pk}"
-        return format_html('<a href="{}">messages</a>', url)
+        return format_html('<a href="{}">{}</a>', url, _("messages"))
 
-    @admin.display(description="planner cycles")
+    @admin.display(description=_("planner cycles"))
     def cycles(self, obj: ChatSession) -> SafeString:
         count = obj.cycles.count()
-        return format_html('<a href="{}">{} cycle{}</a>', cycles_url(obj.pk), count, "" if count == 1 else "s")
+        label = ngettext("%(count)d cycle", "%(count)d cycles", count) % {"count": count}
+        return format_html('<a href="{}">{}</a>', cycles_url(obj.pk), label)
 
-    @admin.display(description=f"conversation (last {CONVERSATION_TAIL} messages, oldest first)")
+    @admin.display(
+        description=format_lazy(_("conversation (last {count} messages, oldest first)"), count=CONVERSATION_TAIL)
+    )
     def conversation(self, obj: ChatSession) -> str:
         tz = get_config().tzinfo
         tail = list(obj.messages.order_by("-time", "-id")[:CONVERSATION_TAIL])[::-1]
         if not tail:
-            return "No messages yet."
+            return gettext("No messages yet.")
         nickname = get_config().bot.nickname
         rows = format_html_join(
             "",
@@ -88,13 +94,13 @@ class ChatSessionAdmin(ReadOnlyAdmin):
 class DeliveryFilter(admin.SimpleListFilter):
     """An outbound message's fate, and "needs attention" (unconfirmed or failed: nothing retries it)."""
 
-    title = "delivery"
+    title = _("delivery")
     parameter_name = "delivery"
     ATTENTION = "attention"
 
     def lookups(self, request, model_admin):
         return [
-            (self.ATTENTION, "Needs attention (unconfirmed or failed)"),
+            (self.ATTENTION, _("Needs attention (unconfirmed or failed)")),
             *((s, Fate(s).label) for s in DeliveryStatus.values),
         ]
 
@@ -116,7 +122,7 @@ class MessageAdmin(ReadOnlyAdmin):
     date_hierarchy = "time"
     actions = ["resend_selected"]
 
-    @admin.display(description="delivery", ordering="delivery_status")
+    @admin.display(description=_("delivery"), ordering="delivery_status")
     def delivery(self, obj: Message) -> SafeString | str:
         fate = message_fate(obj)
         if fate is None:
@@ -126,27 +132,27 @@ class MessageAdmin(ReadOnlyAdmin):
     def has_resend_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("chat.resend_message")
 
-    @admin.action(description="Resend selected (unconfirmed or failed outbound only)", permissions=["resend"])
+    @admin.action(description=_("Resend selected (unconfirmed or failed outbound only)"), permissions=["resend"])
     def resend_selected(self, request: HttpRequest, queryset: QuerySet[Message]) -> None:
         ids = list(queryset.values_list("id", flat=True))
         resent = messages_resend(message_ids=ids, by=f"operator:{request.user.get_username()}")
         if resent:
-            self.message_user(request, f"Put {len(resent)} message(s) back in the outbox.", messages.SUCCESS)
+            done = gettext("Put %(count)d message(s) back in the outbox.") % {"count": len(resent)}
+            self.message_user(request, done, messages.SUCCESS)
         if skipped := len(ids) - len(resent):
-            states = " or ".join(str(Fate(s).label).lower() for s in RESENDABLE)
-            self.message_user(
-                request, f"Skipped {skipped}: only outbound messages that are {states} can be resent.", messages.WARNING
-            )
+            states = gettext(" or ").join(str(Fate(s).label).lower() for s in RESENDABLE)
+            text = gettext("Skipped %(count)d: only outbound messages that are %(states)s can be resent.")
+            self.message_user(request, text % {"count": skipped, "states": states}, messages.WARNING)
 
-    @admin.display(description="time", ordering="time")
+    @admin.display(description=_("time"), ordering="time")
     def time_local(self, obj: Message) -> str:
         return format_shown(obj.time, get_config().tzinfo)
 
-    @admin.display(description="from")
+    @admin.display(description=_("from"))
     def who(self, obj: Message) -> str:
         return get_config().bot.nickname if obj.direction == "out" else (obj.sender_nickname or obj.sender_id)
 
-    @admin.display(description="text")
+    @admin.display(description=_("text"))
     def short_text(self, obj: Message) -> str:
         return obj.text if len(obj.text) <= 80 else obj.text[:79] + "…"
 
@@ -174,12 +180,12 @@ class AdapterPlatformAdmin(ReadOnlyAdmin):
     ]  # fmt: skip
     readonly_fields = fields
 
-    @admin.display(boolean=True, description="echoes deliveries")
+    @admin.display(boolean=True, description=_("echoes deliveries"))
     def echoes(self, obj: AdapterPlatform) -> bool | None:
         """Yes, no (shown never to echo: chat.delivery_gate), or unknown yet (unproven)."""
         return True if obj.echoes else (False if obj.never_echoes else None)
 
-    @admin.display(description="last echo", ordering="last_echo_at")
+    @admin.display(description=_("last echo"), ordering="last_echo_at")
     def last_echo_local(self, obj: AdapterPlatform) -> str:
         return format_shown(obj.last_echo_at, get_config().tzinfo) if obj.last_echo_at else "-"
 
@@ -192,7 +198,12 @@ class AdapterPlatformAdmin(ReadOnlyAdmin):
             "last_echo_local",
             "accept_format",
             "bot_account",
-            _platform_count(counts, "recent", DeliveryStatus.DELIVERED, f"delivered ({RECENT_DELIVERY_HOURS} h)"),
-            _platform_count(counts, "open", DeliveryStatus.UNCONFIRMED, "unconfirmed"),
-            _platform_count(counts, "open", DeliveryStatus.FAILED, "failed"),
+            _platform_count(
+                counts,
+                "recent",
+                DeliveryStatus.DELIVERED,
+                format_lazy(_("delivered ({hours} h)"), hours=RECENT_DELIVERY_HOURS),
+            ),
+            _platform_count(counts, "open", DeliveryStatus.UNCONFIRMED, _("unconfirmed")),
+            _platform_count(counts, "open", DeliveryStatus.FAILED, _("failed")),
         ]

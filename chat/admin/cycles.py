@@ -8,6 +8,7 @@ from django.db.models import Count, Sum
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.translation import gettext_lazy as _
 
 from chat.admin.base import ReadOnlyAdmin, ReadOnlyInline, error_badge, json_block
 from chat.models import LLMCall, PlannerCycle, ToolCallRecord
@@ -23,13 +24,13 @@ class ToolCallInline(ReadOnlyInline):
     fields = ("round", "name", "tool_call_id", "arguments_view", "result_view", "ok")
     readonly_fields = fields
 
-    @admin.display(description="Arguments")
+    @admin.display(description=_("Arguments"))
     def arguments_view(self, obj: ToolCallRecord) -> SafeString:
         if obj.arguments == {} and obj.raw_arguments and obj.raw_arguments.strip() not in ("", "{}"):
             return format_html("<code>{}</code> (not valid JSON)", obj.raw_arguments)
         return json_block(obj.arguments)
 
-    @admin.display(description="Result")
+    @admin.display(description=_("Result"))
     def result_view(self, obj: ToolCallRecord) -> SafeString:
         return json_block(obj.result)
 
@@ -75,25 +76,25 @@ class PlannerCycleAdmin(ReadOnlyAdmin):
     )
     readonly_fields = fields
 
-    @admin.display(description="Error", ordering="error")
+    @admin.display(description=_("Error"), ordering="error")
     def has_error(self, obj: PlannerCycle) -> SafeString | str:
         return error_badge(obj.error)
 
-    @admin.display(description="Total ms")
+    @admin.display(description=_("Total ms"))
     def total_ms(self, obj: PlannerCycle):
         return (obj.timings or {}).get("total_ms")
 
-    @admin.display(description="Session")
+    @admin.display(description=_("Session"))
     def session_link(self, obj: PlannerCycle) -> SafeString | str:
         if obj.session_id is None:
             return "-"
         return format_html('<a href="{}">{}</a> (all its cycles)', cycles_url(obj.session_id), obj.session)
 
-    @admin.display(description="Timings (ms)")
+    @admin.display(description=_("Timings (ms)"))
     def timings_view(self, obj: PlannerCycle) -> SafeString:
         return format_html_join(", ", "{}: {}", sorted((obj.timings or {}).items()))
 
-    @admin.display(description="Tokens and cost")
+    @admin.display(description=_("Tokens and cost"))
     def usage(self, obj: PlannerCycle) -> str:
         agg = obj.llm_calls.aggregate(
             calls=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"), cost=Sum("cost")
@@ -103,7 +104,7 @@ class PlannerCycleAdmin(ReadOnlyAdmin):
             f"cost {agg['cost'] or Decimal(0)}"
         )
 
-    @admin.display(description="Rendered prompt (the conversation sent to the model)")
+    @admin.display(description=_("Rendered prompt (the conversation sent to the model)"))
     def prompt_view(self, obj: PlannerCycle) -> SafeString:
         if not obj.prompt:
             return mark_safe("<em>no model call (offline planner, or failed before the prompt)</em>")

@@ -11,6 +11,7 @@ from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.translation import gettext_lazy as _
 
 from chat.admin.base import ReadOnlyAdmin, error_badge
 from chat.models import ChatSession, LLMCall
@@ -121,7 +122,7 @@ class LLMCallAdmin(ReadOnlyAdmin):
     list_select_related = ("session", "cycle")
     date_hierarchy = "created_at"
 
-    @admin.display(description="Error", ordering="error")
+    @admin.display(description=_("Error"), ordering="error")
     def has_error(self, obj: LLMCall) -> SafeString | str:
         return error_badge(obj.error)
 

@@ -29,6 +29,7 @@ from core.config.sections import (
     Budget,
     ChatSection,
     ConfigError,
+    ConsoleSection,
     LLMSection,
     ModelEntry,
     SchedulingSection,
@@ -38,7 +39,6 @@ from core.config.sections import (
 )
 from core.config.services import (
     ApiSection,
-    ConsoleSection,
     GatewaySection,
     LifeSection,
     McpSection,

@@ -14,11 +14,12 @@ from core.config.sections import (
     LLM_TASKS,
     BotSection,
     ChatSection,
+    ConsoleSection,
     LLMSection,
     SchedulingSection,
     Section,
 )
-from core.config.services import ApiSection, ConsoleSection, GatewaySection, LifeSection, McpSection, PluginsSection
+from core.config.services import ApiSection, GatewaySection, LifeSection, McpSection, PluginsSection
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""The bot's identity, its models and budgets, how it chats, and scheduled delivery: the first half of
-bot_config.toml's sections (one pydantic model each; a field's description is its documentation)."""
+"""The bot's identity, its models and budgets, how it chats, scheduled delivery and the console: the first
+half of bot_config.toml's sections (one pydantic model each; a field's description is its documentation)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 from typing import Annotated, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from django.utils.translation import gettext_noop
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
@@ -22,13 +23,13 @@ class Section(BaseModel):
 
 
 class BotSection(Section):
-    """Who the bot is."""
+    __doc__ = gettext_noop("""Who the bot is.""")
 
-    nickname: str = Field("麦麦", min_length=1, max_length=64, description="The bot's name in chats.")
+    nickname: str = Field("麦麦", min_length=1, max_length=64, description=gettext_noop("The bot's name in chats."))
     alias_names: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
         default_factory=lambda: ["MaiBot", "麦麦"],
         max_length=50,
-        description="Other names that count as mentioning the bot in a group chat.",
+        description=gettext_noop("Other names that count as mentioning the bot in a group chat."),
     )
     platform_accounts: dict[
         Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")],
@@ -36,7 +37,7 @@ class BotSection(Section):
     ] = Field(
         default_factory=dict,
         max_length=50,
-        description=(
+        description=gettext_noop(
             'The bot\'s own account id on each platform, e.g. {qq = "123456"}: `@<any name:that id>` is a '
             "mention, and group messages are sent as that account. Unset: what the adapter tells, if it does."
         ),
@@ -45,18 +46,18 @@ class BotSection(Section):
         "zh",
         max_length=16,
         pattern=r"^[a-z]{2}(-[A-Za-z]{2,4})?$",
-        description="The language the bot speaks (BCP 47, e.g. zh or en). Fixed texts follow it.",
+        description=gettext_noop("The language the bot speaks (BCP 47, e.g. zh or en). Fixed texts follow it."),
     )
     persona: str = Field(
         "你是麦麦，一个友善、简洁、有点俏皮的大学生。说话口语化，不长篇大论。",
         min_length=1,
         max_length=8000,
-        description="The persona given to the model at the top of every prompt.",
+        description=gettext_noop("The persona given to the model at the top of every prompt."),
     )
     time_zone: str = Field(
         "",
         max_length=64,
-        description=(
+        description=gettext_noop(
             "IANA time zone the bot lives in (times without an offset are read in it). "
             "Empty: the MAIBOT_TIME_ZONE environment setting."
         ),
@@ -96,14 +97,16 @@ def _check_key_variable(value: str) -> str:
 class ModelEntry(Section):
     """One named model a task may be routed to (`[[llm.models]]`)."""
 
-    name: ModelName = Field(description="The name tasks and budgets refer to.")
-    base_url: str = Field("", max_length=2048, description="API base URL. Empty: llm.base_url.")
-    api_key_env: str = Field("OPENAI_API_KEY", min_length=1, max_length=128, description="Key variable.")
-    model: str = Field(min_length=1, max_length=256, description="The provider's model id.")
-    price_input_per_1m: float = Field(0.0, ge=0, le=10_000, description="Price per 1M prompt tokens.")
-    price_output_per_1m: float = Field(0.0, ge=0, le=10_000, description="Price per 1M completion tokens.")
-    timeout: float = Field(120.0, gt=0, le=3600, description="Seconds before one call times out.")
-    max_concurrent: int = Field(4, ge=1, le=1000, description="Calls in flight at once per process.")
+    name: ModelName = Field(description=gettext_noop("The name tasks and budgets refer to."))
+    base_url: str = Field("", max_length=2048, description=gettext_noop("API base URL. Empty: llm.base_url."))
+    api_key_env: str = Field("OPENAI_API_KEY", min_length=1, max_length=128, description=gettext_noop("Key variable."))
+    model: str = Field(min_length=1, max_length=256, description=gettext_noop("The provider's model id."))
+    price_input_per_1m: float = Field(0.0, ge=0, le=10_000, description=gettext_noop("Price per 1M prompt tokens."))
+    price_output_per_1m: float = Field(
+        0.0, ge=0, le=10_000, description=gettext_noop("Price per 1M completion tokens.")
+    )
+    timeout: float = Field(120.0, gt=0, le=3600, description=gettext_noop("Seconds before one call times out."))
+    max_concurrent: int = Field(4, ge=1, le=1000, description=gettext_noop("Calls in flight at once per process."))
 
     @field_validator("api_key_env")
     @classmethod
@@ -121,14 +124,20 @@ class ModelEntry(Section):
 class Budget(Section):
     """A daily cap (`[[llm.budgets]]`), counted from local midnight in the bot's time zone."""
 
-    scope: Literal["model", "task", "session"] = Field(description="What the cap counts: model, task or session.")
+    scope: Literal["model", "task", "session"] = Field(
+        description=gettext_noop("What the cap counts: model, task or session.")
+    )
     target: str = Field(
         "",
         max_length=64,
-        description="The model's or the task's name; empty for a session cap (it holds for each chat).",
+        description=gettext_noop("The model's or the task's name; empty for a session cap (it holds for each chat)."),
     )
-    daily_tokens: int = Field(0, ge=0, le=10**12, description="Prompt + completion tokens per day (0: no cap).")
-    daily_cost: float = Field(0.0, ge=0, le=10**7, description="Cost per day, in the prices' currency (0: no cap).")
+    daily_tokens: int = Field(
+        0, ge=0, le=10**12, description=gettext_noop("Prompt + completion tokens per day (0: no cap).")
+    )
+    daily_cost: float = Field(
+        0.0, ge=0, le=10**7, description=gettext_noop("Cost per day, in the prices' currency (0: no cap).")
+    )
 
     @model_validator(mode="after")
     def _meaningful(self) -> Budget:
@@ -148,56 +157,70 @@ RAW_ONLY = {"raw_only": True}
 
 
 class LLMSection(Section):
-    """The OpenAI-compatible models the planner, the life loop and summaries call, and their budgets.
+    __doc__ = gettext_noop(
+        """The OpenAI-compatible models the planner, the life loop and summaries call, and their budgets.
 
     The single model of this section (base_url, model, ...) is named "default". More models go in
     [[llm.models]]; [llm.tasks] routes each task to an ordered list of them (the first that answers
     wins); [[llm.budgets]] caps daily spend. See docs/bot.md, "Cost control".
     """
+    )
 
     base_url: str = Field(
-        "", max_length=2048, description="API base URL, e.g. https://api.openai.com/v1 (OPENAI_BASE_URL overrides)."
+        "",
+        max_length=2048,
+        description=gettext_noop("API base URL, e.g. https://api.openai.com/v1 (OPENAI_BASE_URL overrides)."),
     )
-    model: str = Field("", max_length=256, description="Model name. Empty: offline mode (MAIBOT_LLM_MODEL overrides).")
+    model: str = Field(
+        "", max_length=256, description=gettext_noop("Model name. Empty: offline mode (MAIBOT_LLM_MODEL overrides).")
+    )
     api_key_env: str = Field(
         "OPENAI_API_KEY",
         min_length=1,
         max_length=128,
-        description=(
+        description=gettext_noop(
             "Name of the environment variable holding the API key: OPENAI_API_KEY, or one the deployment "
             "allows in MAIBOT_LLM_KEY_ENVS (comma-separated)."
         ),
     )
-    timeout: float = Field(120.0, gt=0, le=3600, description="Seconds before one LLM call times out.")
-    max_retries: int = Field(2, ge=0, le=10, description="Retries the SDK makes on connection errors and 5xx.")
-    temperature: float = Field(0.7, ge=0, le=2, description="Sampling temperature.")
+    timeout: float = Field(120.0, gt=0, le=3600, description=gettext_noop("Seconds before one LLM call times out."))
+    max_retries: int = Field(
+        2, ge=0, le=10, description=gettext_noop("Retries the SDK makes on connection errors and 5xx.")
+    )
+    temperature: float = Field(0.7, ge=0, le=2, description=gettext_noop("Sampling temperature."))
     price_input_per_1m: float = Field(
-        0.0, ge=0, le=10_000, description="Price per 1M prompt tokens (for the cost ledger)."
+        0.0, ge=0, le=10_000, description=gettext_noop("Price per 1M prompt tokens (for the cost ledger).")
     )
     price_output_per_1m: float = Field(
-        0.0, ge=0, le=10_000, description="Price per 1M completion tokens (for the cost ledger)."
+        0.0, ge=0, le=10_000, description=gettext_noop("Price per 1M completion tokens (for the cost ledger).")
     )
 
     models: list[ModelEntry] = Field(
         default_factory=list,
         max_length=20,
-        description="More models ([[llm.models]]: name, base_url, api_key_env, model, prices, timeout, "
-        "max_concurrent), edited in the TOML editor.",
+        description=gettext_noop(
+            "More models ([[llm.models]]: name, base_url, api_key_env, model, prices, timeout, "
+            "max_concurrent), edited in the TOML editor."
+        ),
         json_schema_extra=RAW_ONLY,
     )
     tasks: dict[LLMTask, list[ModelName]] = Field(
         default_factory=dict,
         max_length=len(LLM_TASKS),
-        description="Each task (planner, life, summary, utility) to an ordered list of model names: a provider "
-        'error or timeout tries the next. Unlisted tasks use "default" (this section\'s model), else the '
-        "first of [[llm.models]].",
+        description=gettext_noop(
+            "Each task (planner, life, summary, utility) to an ordered list of model names: a provider "
+            'error or timeout tries the next. Unlisted tasks use "default" (this section\'s model), else the '
+            "first of [[llm.models]]."
+        ),
         json_schema_extra=RAW_ONLY,
     )
     budgets: list[Budget] = Field(
         default_factory=list,
         max_length=100,
-        description="Daily caps ([[llm.budgets]]: scope model | task | session, target, daily_tokens, daily_cost). "
-        "A call that would run past one is not made. None by default.",
+        description=gettext_noop(
+            "Daily caps ([[llm.budgets]]: scope model | task | session, target, daily_tokens, daily_cost). "
+            "A call that would run past one is not made. None by default."
+        ),
         json_schema_extra=RAW_ONLY,
     )
 
@@ -242,122 +265,201 @@ _HHMM = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
 class TalkRule(Section):
     """talk_frequency for a chat and/or a time window (e.g. quiet hours 00:00-08:00 -> 0)."""
 
-    chat: str = Field("", max_length=200, description="platform:group:ID or platform:private:ID; empty: every chat.")
-    start: str = Field("00:00", max_length=5, pattern=_HHMM, description="Window start, local time (HH:MM).")
-    end: str = Field("00:00", max_length=5, pattern=_HHMM, description="Window end, exclusive (HH:MM).")
-    talk_frequency: float = Field(ge=0, le=1, description="The talk_frequency in force in the window.")
+    chat: str = Field(
+        "", max_length=200, description=gettext_noop("platform:group:ID or platform:private:ID; empty: every chat.")
+    )
+    start: str = Field(
+        "00:00", max_length=5, pattern=_HHMM, description=gettext_noop("Window start, local time (HH:MM).")
+    )
+    end: str = Field("00:00", max_length=5, pattern=_HHMM, description=gettext_noop("Window end, exclusive (HH:MM)."))
+    talk_frequency: float = Field(ge=0, le=1, description=gettext_noop("The talk_frequency in force in the window."))
 
 
 class ChatSection(Section):
-    """The per-session planner loop."""
+    __doc__ = gettext_noop("""The per-session planner loop.""")
 
     debounce_seconds: float = Field(
-        1.0, ge=0, le=60, description="Wait this long after a message so a burst becomes one cycle."
+        1.0, ge=0, le=60, description=gettext_noop("Wait this long after a message so a burst becomes one cycle.")
     )
-    max_rounds: int = Field(5, ge=1, le=20, description="Tool-call rounds per cycle before it must end.")
+    max_rounds: int = Field(5, ge=1, le=20, description=gettext_noop("Tool-call rounds per cycle before it must end."))
     no_reply_timeout: float = Field(
         300.0,
         gt=0,
         le=86_400,
-        description=(
+        description=gettext_noop(
             "Private chats: after no_reply, seconds before the planner looks once more without a new message."
         ),
     )
-    history_window: int = Field(30, ge=1, le=500, description="Recent messages shown to the planner.")
-    cycle_records: int = Field(5, ge=0, le=50, description="Previous cycle records shown to the planner.")
+    history_window: int = Field(30, ge=1, le=500, description=gettext_noop("Recent messages shown to the planner."))
+    cycle_records: int = Field(5, ge=0, le=50, description=gettext_noop("Previous cycle records shown to the planner."))
     model_failure_reply: str = Field(
         "抱歉，我现在脑子转不动了，过一会儿再来找我吧。",
         max_length=500,
-        description="Private chats: what the user is told when the model cannot answer (a wrong key, the provider "
-        "down), instead of silence. Empty: say nothing.",
+        description=gettext_noop(
+            "Private chats: what the user is told when the model cannot answer (a wrong key, the provider "
+            "down), instead of silence. Empty: say nothing."
+        ),
     )
     model_failure_reply_interval: float = Field(
         600.0,
         ge=0,
         le=86_400,
-        description="Seconds after telling a chat that the model failed before telling it again.",
+        description=gettext_noop("Seconds after telling a chat that the model failed before telling it again."),
     )
     talk_frequency: float = Field(
         0.5,
         ge=0,
         le=1,
-        description="Group chats: how readily the bot speaks unprompted (0 only when mentioned, 1 freely).",
+        description=gettext_noop(
+            "Group chats: how readily the bot speaks unprompted (0 only when mentioned, 1 freely)."
+        ),
     )
     talk_frequency_rules: list[TalkRule] = Field(
         default_factory=list,
         max_length=200,
-        description="[[chat.talk_frequency_rules]]: chat (empty: every chat), start and end (HH:MM, local; "
-        "equal: all day), talk_frequency. A rule for the chat beats one for every chat; then the first listed.",
+        description=gettext_noop(
+            "[[chat.talk_frequency_rules]]: chat (empty: every chat), start and end (HH:MM, local; "
+            "equal: all day), talk_frequency. A rule for the chat beats one for every chat; then the first listed."
+        ),
         json_schema_extra=RAW_ONLY,
     )
     ignored_chats: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
         default_factory=list,
         max_length=10_000,
-        description="Chats whose messages are stored but never planned: platform:group:ID or platform:private:ID.",
+        description=gettext_noop(
+            "Chats whose messages are stored but never planned: platform:group:ID or platform:private:ID."
+        ),
     )
     ignored_users: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
         default_factory=list,
         max_length=10_000,
-        description="People whose messages are stored but never planned, anywhere: platform:USER_ID.",
+        description=gettext_noop("People whose messages are stored but never planned, anywhere: platform:USER_ID."),
     )
     command_operators: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
         default_factory=list,
         max_length=1000,
-        description="If set, only these accounts (platform:USER_ID) may use commands (/list, /cancel, reminders, "
-        "plugin commands); others' commands are not run nor planned. Empty: everyone.",
+        description=gettext_noop(
+            "If set, only these accounts (platform:USER_ID) may use commands (/list, /cancel, reminders, "
+            "plugin commands); others' commands are not run nor planned. Empty: everyone."
+        ),
     )
     max_runtimes: int = Field(
         10_000,
         ge=1,
         le=100_000,
-        description="At most this many session loops live at once (an idle one costs ~6-10 KB and no CPU).",
+        description=gettext_noop(
+            "At most this many session loops live at once (an idle one costs ~6-10 KB and no CPU)."
+        ),
     )
     idle_evict_seconds: float = Field(
         1800.0,
         gt=0,
         le=604_800,
-        description="A session loop idle this long is stopped (it restarts on the next message).",
+        description=gettext_noop("A session loop idle this long is stopped (it restarts on the next message)."),
     )
     max_reply_length: int = Field(
         2000,
         ge=1,
         le=100_000,
-        description="Longest chat message the model may send (longer is rambling or a data dump: refused).",
+        description=gettext_noop(
+            "Longest chat message the model may send (longer is rambling or a data dump: refused)."
+        ),
     )
     tool_timeout: float = Field(
         30.0,
         gt=0,
         le=3600,
-        description="Seconds one tool call may run before the model is told it timed out; also the longest a "
-        "plugin's hook or event handler may take (one may ask for less).",
+        description=gettext_noop(
+            "Seconds one tool call may run before the model is told it timed out; also the longest a "
+            "plugin's hook or event handler may take (one may ask for less)."
+        ),
     )
 
 
 class SchedulingSection(Section):
-    """Scheduled private messages and their delivery."""
+    __doc__ = gettext_noop("""Scheduled private messages and their delivery.""")
 
-    horizon_days: int = Field(365, ge=1, le=3650, description="How far ahead a message may be scheduled.")
-    max_text_length: int = Field(1024, ge=1, le=100_000, description="Longest scheduled message text.")
-    max_pending_per_session: int = Field(20, ge=1, le=10_000, description="Pending scheduled messages per chat.")
+    horizon_days: int = Field(365, ge=1, le=3650, description=gettext_noop("How far ahead a message may be scheduled."))
+    max_text_length: int = Field(1024, ge=1, le=100_000, description=gettext_noop("Longest scheduled message text."))
+    max_pending_per_session: int = Field(
+        20, ge=1, le=10_000, description=gettext_noop("Pending scheduled messages per chat.")
+    )
     expire_after_seconds: int = Field(
         86400,
         ge=1,
         le=31_536_000,
-        description="An overdue message older than this (e.g. after downtime) fails as expired instead of sending.",
+        description=gettext_noop(
+            "An overdue message older than this (e.g. after downtime) fails as expired instead of sending."
+        ),
     )
-    max_attempts: int = Field(5, ge=1, le=100, description="Send attempts before a message fails.")
+    max_attempts: int = Field(5, ge=1, le=100, description=gettext_noop("Send attempts before a message fails."))
     retry_backoff_seconds: float = Field(
-        2.0, gt=0, le=3600, description="First retry delay; each further retry doubles it."
+        2.0, gt=0, le=3600, description=gettext_noop("First retry delay; each further retry doubles it.")
     )
     lease_seconds: float = Field(
         30.0,
         gt=0,
         le=3600,
-        description="Backstop: a claimed message not finished within this is taken back and sent once by a "
-        "cluster. One whose cluster died is taken back as soon as that cluster's heartbeat runs out "
-        "(console.heartbeat_seconds).",
+        description=gettext_noop(
+            "Backstop: a claimed message not finished within this is taken back and sent once by a "
+            "cluster. One whose cluster died is taken back as soon as that cluster's heartbeat runs out "
+            "(console.heartbeat_seconds)."
+        ),
     )
     poll_interval: float = Field(
-        0.25, gt=0, le=5, description="How often the dispatcher looks for newly due work (seconds)."
+        0.25, gt=0, le=5, description=gettext_noop("How often the dispatcher looks for newly due work (seconds).")
     )
-    batch_size: int = Field(2000, ge=1, le=10_000, description="Messages the dispatcher claims per round.")
+    batch_size: int = Field(
+        2000, ge=1, le=10_000, description=gettext_noop("Messages the dispatcher claims per round.")
+    )
+
+
+class ConsoleSection(Section):
+    __doc__ = gettext_noop("""The operator console: config hot reload, live logs, health checks.""")
+
+    reload_debounce_ms: int = Field(
+        300,
+        ge=10,
+        le=10_000,
+        description=gettext_noop(
+            "Config file changes are applied once the file has been quiet this long (milliseconds)."
+        ),
+        json_schema_extra={"requires_restart": True},  # the file watcher reads it when it starts
+    )
+    log_level: str = Field(
+        "INFO",
+        max_length=8,
+        pattern=r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)$",
+        description=gettext_noop(
+            "Lowest level of log records kept for the live log page (DEBUG, INFO, WARNING, ERROR)."
+        ),
+    )
+    log_retention_rows: int = Field(
+        20_000,
+        ge=100,
+        le=10_000_000,
+        description=gettext_noop("Log lines kept for the live log page; older ones are deleted."),
+    )
+    log_retention_days: int = Field(
+        7, ge=1, le=365, description=gettext_noop("Log lines older than this many days are deleted.")
+    )
+    heartbeat_seconds: float = Field(
+        2.0,
+        gt=0,
+        le=300,
+        description=gettext_noop(
+            "How often each server and cluster process writes its heartbeat (seconds). A process silent "
+            "for 4 times this counts as dead: the others take back the messages it had claimed and send them."
+        ),
+    )
+    cluster_stale_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description=gettext_noop(
+            "/healthz reports the cluster down when its last heartbeat is older than this (seconds)."
+        ),
+    )
+    health_requires_adapter: bool = Field(
+        False, description=gettext_noop("/healthz reports unhealthy (503) while no platform adapter is connected.")
+    )

@@ -1,5 +1,5 @@
 """The sections for what the bot connects to and runs: the adapter gateway, the HTTP API, MCP servers,
-plugins, the life loop and the console (one pydantic model each)."""
+plugins and the life loop (one pydantic model each)."""
 
 from __future__ import annotations
 
@@ -7,69 +7,88 @@ import os
 import re
 from typing import Annotated
 
+from django.utils.translation import gettext_noop
 from pydantic import Field, field_validator, model_validator
 
 from core.config.sections import RAW_ONLY, Section
 
 
 class GatewaySection(Section):
-    """Adapter connections, the browser chat page, and delivery of outbound messages (the outbox)."""
+    __doc__ = gettext_noop(
+        """Adapter connections, the browser chat page, and delivery of outbound messages (the outbox)."""
+    )
 
     offline_expiry_seconds: int = Field(
         3600,
         ge=1,
         le=2_592_000,
-        description="An outbound message waiting longer than this for its adapter fails (adapter_offline).",
+        description=gettext_noop(
+            "An outbound message waiting longer than this for its adapter fails (adapter_offline)."
+        ),
     )
     max_backlog: int = Field(
         20_000,
         ge=10,
         le=1_000_000,
-        description="Frames from one adapter connection waiting to be stored; past this the connection is "
-        "flooding and is closed (1008).",
+        description=gettext_noop(
+            "Frames from one adapter connection waiting to be stored; past this the connection is "
+            "flooding and is closed (1008)."
+        ),
     )
     delivery_lease_seconds: float = Field(
         60.0,
         gt=0,
         le=3600,
-        description="Backstop: an outbound message claimed for delivery and not marked within this is taken back "
-        "(a server marks its claims within a second; one that died loses them as soon as its heartbeat runs out, "
-        "see console.heartbeat_seconds). Taken back, it is handed over again where the platform's adapter echoes "
-        "deliveries (within max_delivery_attempts: twice if it had reached the platform but its echo was lost), "
-        "and fails as delivery_interrupted where it does not (never sent twice). Not scheduling.lease_seconds.",
+        description=gettext_noop(
+            "Backstop: an outbound message claimed for delivery and not marked within this is taken back "
+            "(a server marks its claims within a second; one that died loses them as soon as its heartbeat runs out, "
+            "see console.heartbeat_seconds). Taken back, it is handed over again where the platform's adapter echoes "
+            "deliveries (within max_delivery_attempts: twice if it had reached the platform but its echo was lost), "
+            "and fails as delivery_interrupted where it does not (never sent twice). Not scheduling.lease_seconds."
+        ),
     )
     outbox_poll_seconds: float = Field(
         0.2,
         gt=0,
         le=60,
-        description="Without Redis: how often the server looks for outbound messages other processes wrote.",
+        description=gettext_noop(
+            "Without Redis: how often the server looks for outbound messages other processes wrote."
+        ),
     )
     outbox_poll_seconds_with_redis: float = Field(
         5.0,
         gt=0,
         le=300,
-        description="With Redis: the safety-net poll for outbound messages (every send wakes the server at once).",
+        description=gettext_noop(
+            "With Redis: the safety-net poll for outbound messages (every send wakes the server at once)."
+        ),
     )
     outbox_sweep_seconds: float = Field(
         1.0,
         gt=0,
         le=600,
-        description="How often each server settles outbound messages past the offline expiry, past their delivery "
-        "lease, or claimed by a server that died.",
+        description=gettext_noop(
+            "How often each server settles outbound messages past the offline expiry, past their delivery "
+            "lease, or claimed by a server that died."
+        ),
     )
     confirm_seconds: float = Field(
         10.0,
         ge=1,
         le=3600,
-        description="For a platform whose adapter echoes deliveries: a message handed over with no echo within "
-        "this is handed over again (the wait doubles with each attempt). On a platform not yet known to echo, "
-        "one window without an echo shows that its adapter does not (learned once).",
+        description=gettext_noop(
+            "For a platform whose adapter echoes deliveries: a message handed over with no echo within "
+            "this is handed over again (the wait doubles with each attempt). On a platform not yet known to echo, "
+            "one window without an echo shows that its adapter does not (learned once)."
+        ),
     )
     max_delivery_attempts: int = Field(
         5,
         ge=1,
         le=20,
-        description="Hand-overs of one message at most, for a platform whose adapter echoes; then it is `unconfirmed`.",
+        description=gettext_noop(
+            "Hand-overs of one message at most, for a platform whose adapter echoes; then it is `unconfirmed`."
+        ),
     )
     keepalive_seconds: float = Field(
         15.0,
@@ -77,25 +96,31 @@ class GatewaySection(Section):
         # the promise could not be kept (maibot/management/commands/serve.py, keepalive_options).
         ge=6,
         le=300,
-        description="A dead or frozen adapter (or browser page) is dropped within this: the server pings "
-        "every connection that is idle (websocket ping / Engine.IO ping) and closes it when no answer comes.",
+        description=gettext_noop(
+            "A dead or frozen adapter (or browser page) is dropped within this: the server pings "
+            "every connection that is idle (websocket ping / Engine.IO ping) and closes it when no answer comes."
+        ),
         json_schema_extra={"requires_restart": True},  # daphne and the Socket.IO server take it at start
     )
     browser_max_text_length: int = Field(
-        4000, ge=1, le=100_000, description="Longest message the operator chat page (/chat/) accepts."
+        4000, ge=1, le=100_000, description=gettext_noop("Longest message the operator chat page (/chat/) accepts.")
     )
 
 
 class ApiSection(Section):
-    """The proactive message HTTP API."""
+    __doc__ = gettext_noop("""The proactive message HTTP API.""")
 
-    rate_limit_per_minute: int = Field(60, ge=1, le=1_000_000, description="Requests per minute per API token.")
-    max_text_length: int = Field(1024, ge=1, le=100_000, description="Longest text a proactive message may carry.")
+    rate_limit_per_minute: int = Field(
+        60, ge=1, le=1_000_000, description=gettext_noop("Requests per minute per API token.")
+    )
+    max_text_length: int = Field(
+        1024, ge=1, le=100_000, description=gettext_noop("Longest text a proactive message may carry.")
+    )
     max_image_bytes: int = Field(
         1_500_000,
         ge=1,
         le=1_800_000,
-        description=(
+        description=gettext_noop(
             "Largest base64 image a proactive message may carry (decoded bytes). Capped below the "
             "2.5 MB request body limit, which base64 (4/3 of the size) must fit in."
         ),
@@ -124,19 +149,22 @@ class McpServerEntry(Section):
         min_length=1,
         max_length=24,
         pattern=r"^[a-z][a-z0-9_]*$",
-        description="Unique short name; its tools are offered to the model as <name>__<tool>.",
+        description=gettext_noop("Unique short name; its tools are offered to the model as <name>__<tool>."),
     )
-    enabled: bool = Field(True, description="false: not started; its tools are not offered.")
+    enabled: bool = Field(True, description=gettext_noop("false: not started; its tools are not offered."))
     command: str | None = Field(
-        None, min_length=1, max_length=1024, description="stdio transport: the program to start (give this or url)."
+        None,
+        min_length=1,
+        max_length=1024,
+        description=gettext_noop("stdio transport: the program to start (give this or url)."),
     )
     args: list[Annotated[str, Field(max_length=1024)]] = Field(
-        default_factory=list, max_length=64, description="stdio transport: the program's arguments."
+        default_factory=list, max_length=64, description=gettext_noop("stdio transport: the program's arguments.")
     )
     env: dict[_ENV_NAME, Annotated[str, Field(max_length=4096)]] = Field(
         default_factory=dict,
         max_length=64,
-        description=(
+        description=gettext_noop(
             "stdio transport: extra environment variables. A value ${NAME} is read from this process's "
             "environment, for a NAME the deployment lists in MAIBOT_MCP_SECRET_ENVS (keep secrets out of this file)."
         ),
@@ -145,31 +173,34 @@ class McpServerEntry(Section):
         None,
         max_length=2048,
         pattern=r"^https?://",
-        description="Streamable-HTTP transport: the server's endpoint URL (give this or command).",
+        description=gettext_noop("Streamable-HTTP transport: the server's endpoint URL (give this or command)."),
     )
     headers: dict[Annotated[str, Field(min_length=1, max_length=128)], Annotated[str, Field(max_length=4096)]] = Field(
         default_factory=dict,
         max_length=64,
-        description="Streamable-HTTP transport: extra request headers (a value ${NAME}: as in env).",
+        description=gettext_noop("Streamable-HTTP transport: extra request headers (a value ${NAME}: as in env)."),
     )
     tools: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
         default_factory=lambda: ["*"],
         max_length=200,
-        description='The server\'s tools the model is offered (its own names); ["*"]: all of them.',
+        description=gettext_noop('The server\'s tools the model is offered (its own names); ["*"]: all of them.'),
     )
     scopes: list[Annotated[str, Field(pattern=r"^(chat|life)$")]] = Field(
         default_factory=lambda: ["chat"],
         max_length=2,
-        description=(
+        description=gettext_noop(
             "Where its tools are offered: chat (the chat planner, connected by the server process), life "
             "(the life loop, connected by each cluster worker on its first turn)."
         ),
     )
     call_timeout_seconds: float = Field(
-        30.0, ge=0.5, le=600, description="How long one tool call may take before it fails with tool_timeout."
+        30.0,
+        ge=0.5,
+        le=600,
+        description=gettext_noop("How long one tool call may take before it fails with tool_timeout."),
     )
     connect_timeout_seconds: float = Field(
-        20.0, ge=1, le=300, description="How long starting or connecting to the server may take."
+        20.0, ge=1, le=300, description=gettext_noop("How long starting or connecting to the server may take.")
     )
 
     @model_validator(mode="after")
@@ -190,13 +221,15 @@ class McpServerEntry(Section):
 
 
 class McpSection(Section):
-    """MCP servers whose tools join the bot's planner (the bot's own MCP endpoint is /mcp)."""
+    __doc__ = gettext_noop("""MCP servers whose tools join the bot's planner (the bot's own MCP endpoint is /mcp).""")
 
     servers: list[McpServerEntry] = Field(
         default_factory=list,
         max_length=32,
-        description="MCP servers ([[mcp.servers]]: name, command with args and env or url with headers, tools, "
-        "scopes, call_timeout_seconds, connect_timeout_seconds, enabled), edited in the TOML editor.",
+        description=gettext_noop(
+            "MCP servers ([[mcp.servers]]: name, command with args and env or url with headers, tools, "
+            "scopes, call_timeout_seconds, connect_timeout_seconds, enabled), edited in the TOML editor."
+        ),
         json_schema_extra=RAW_ONLY,
     )
 
@@ -213,113 +246,156 @@ class McpSection(Section):
 class PluginLimitsEntry(Section):
     """One plugin's own limits ([[plugins.limits]]); a key left out keeps the [plugins] value."""
 
-    plugin: str = Field(min_length=1, max_length=200, description="The plugin's id (its manifest's id).")
-    network: str | None = Field(None, max_length=16, pattern=r"^(isolated|none)$", description="As plugins.network.")
-    runner_memory_mb: int | None = Field(None, ge=0, le=65_536, description="As plugins.runner_memory_mb.")
-    runner_cpu_seconds_per_minute: float | None = Field(
-        None, ge=1, le=3600, description="As plugins.runner_cpu_seconds_per_minute."
+    plugin: str = Field(min_length=1, max_length=200, description=gettext_noop("The plugin's id (its manifest's id)."))
+    network: str | None = Field(
+        None, max_length=16, pattern=r"^(isolated|none)$", description=gettext_noop("As plugins.network.")
     )
-    runner_max_processes: int | None = Field(None, ge=8, le=4096, description="As plugins.runner_max_processes.")
-    runner_max_open_files: int | None = Field(None, ge=32, le=65_536, description="As plugins.runner_max_open_files.")
-    runner_max_file_mb: int | None = Field(None, ge=1, le=65_536, description="As plugins.runner_max_file_mb.")
-    sends_per_minute: int | None = Field(None, ge=1, le=100_000, description="As plugins.sends_per_minute.")
-    media_mb_per_minute: int | None = Field(None, ge=1, le=100_000, description="As plugins.media_mb_per_minute.")
+    runner_memory_mb: int | None = Field(
+        None, ge=0, le=65_536, description=gettext_noop("As plugins.runner_memory_mb.")
+    )
+    runner_cpu_seconds_per_minute: float | None = Field(
+        None, ge=1, le=3600, description=gettext_noop("As plugins.runner_cpu_seconds_per_minute.")
+    )
+    runner_max_processes: int | None = Field(
+        None, ge=8, le=4096, description=gettext_noop("As plugins.runner_max_processes.")
+    )
+    runner_max_open_files: int | None = Field(
+        None, ge=32, le=65_536, description=gettext_noop("As plugins.runner_max_open_files.")
+    )
+    runner_max_file_mb: int | None = Field(
+        None, ge=1, le=65_536, description=gettext_noop("As plugins.runner_max_file_mb.")
+    )
+    sends_per_minute: int | None = Field(
+        None, ge=1, le=100_000, description=gettext_noop("As plugins.sends_per_minute.")
+    )
+    media_mb_per_minute: int | None = Field(
+        None, ge=1, le=100_000, description=gettext_noop("As plugins.media_mb_per_minute.")
+    )
 
 
 class PluginsSection(Section):
-    """MaiBot SDK plugins ($MAIBOT_DATA_DIR/plugins/): their runner subprocesses, hot reload, dependencies."""
+    __doc__ = gettext_noop(
+        """MaiBot SDK plugins ($MAIBOT_DATA_DIR/plugins/): their runner subprocesses, hot reload, dependencies."""
+    )
 
     load_timeout: float = Field(
-        30.0, gt=0, le=600, description="A plugin's runner must start and finish on_load within this (seconds)."
+        30.0,
+        gt=0,
+        le=600,
+        description=gettext_noop("A plugin's runner must start and finish on_load within this (seconds)."),
     )
     cancel_grace: float = Field(
         2.0,
         gt=0,
         le=60,
-        description="A runner must confirm a cancelled call (timed out) within this, or it is stuck and restarted "
-        "(seconds).",
+        description=gettext_noop(
+            "A runner must confirm a cancelled call (timed out) within this, or it is stuck and restarted (seconds)."
+        ),
     )
     restart_backoff_seconds: float = Field(
-        1.0, gt=0, le=600, description="Wait before restarting a crashed runner; doubles on each crash (seconds)."
+        1.0,
+        gt=0,
+        le=600,
+        description=gettext_noop("Wait before restarting a crashed runner; doubles on each crash (seconds)."),
     )
     restart_backoff_max_seconds: float = Field(
-        60.0, gt=0, le=3600, description="The longest wait before restarting a crashed runner (seconds)."
+        60.0, gt=0, le=3600, description=gettext_noop("The longest wait before restarting a crashed runner (seconds).")
     )
     max_restarts: int = Field(
         5,
         ge=0,
         le=100,
-        description="Crashes within restart_window_seconds after which a plugin is left failed (reload to retry).",
+        description=gettext_noop(
+            "Crashes within restart_window_seconds after which a plugin is left failed (reload to retry)."
+        ),
     )
     restart_window_seconds: float = Field(
-        600.0, ge=1, le=86_400, description="The window max_restarts counts crashes in (seconds)."
+        600.0, ge=1, le=86_400, description=gettext_noop("The window max_restarts counts crashes in (seconds).")
     )
     runner_memory_mb: int = Field(
         2048,
         ge=0,
         le=65_536,
-        description="Address-space limit of each plugin runner (MB; 0: none). A plugin over it gets MemoryError.",
+        description=gettext_noop(
+            "Address-space limit of each plugin runner (MB; 0: none). A plugin over it gets MemoryError."
+        ),
     )
     network: str = Field(
         "isolated",
         max_length=16,
         pattern=r"^(isolated|none)$",
-        description="A runner's network: isolated (the internet through slirp4netns, never this machine's "
-        "loopback services; no network when slirp4netns is not installed) or none. A plugin the deployment "
-        "lists in MAIBOT_PLUGIN_HOST_NETWORK gets this machine's network instead.",
+        description=gettext_noop(
+            "A runner's network: isolated (the internet through slirp4netns, never this machine's "
+            "loopback services; no network when slirp4netns is not installed) or none. A plugin the deployment "
+            "lists in MAIBOT_PLUGIN_HOST_NETWORK gets this machine's network instead."
+        ),
     )
     runner_cpu_seconds_per_minute: float = Field(
         30.0,
         ge=1,
         le=3600,
-        description="CPU time a runner (all its processes) may use in any minute (seconds); past it the runner "
-        "is killed and restarted like a crashed one.",
+        description=gettext_noop(
+            "CPU time a runner (all its processes) may use in any minute (seconds); past it the runner "
+            "is killed and restarted like a crashed one."
+        ),
     )
     runner_max_processes: int = Field(
-        128, ge=8, le=4096, description="Processes and threads a runner may have at once (RLIMIT_NPROC)."
+        128, ge=8, le=4096, description=gettext_noop("Processes and threads a runner may have at once (RLIMIT_NPROC).")
     )
-    runner_max_open_files: int = Field(256, ge=32, le=65_536, description="Files a runner may have open at once.")
+    runner_max_open_files: int = Field(
+        256, ge=32, le=65_536, description=gettext_noop("Files a runner may have open at once.")
+    )
     runner_max_file_mb: int = Field(
         256,
         ge=1,
         le=65_536,
-        description="The largest file a runner may write (MB), and the size of its private /tmp.",
+        description=gettext_noop("The largest file a runner may write (MB), and the size of its private /tmp."),
     )
     sends_per_minute: int = Field(
         60,
         ge=1,
         le=100_000,
-        description="Messages a plugin may send (send.*) in any minute; past it a send fails with the reason.",
+        description=gettext_noop(
+            "Messages a plugin may send (send.*) in any minute; past it a send fails with the reason."
+        ),
     )
     media_mb_per_minute: int = Field(
         50,
         ge=1,
         le=100_000,
-        description="Image, emoji and voice bytes a plugin may send, and PNG bytes it may render, in any minute (MB).",
+        description=gettext_noop(
+            "Image, emoji and voice bytes a plugin may send, and PNG bytes it may render, in any minute (MB)."
+        ),
     )
     limits: list[PluginLimitsEntry] = Field(
         default_factory=list,
         max_length=500,
-        description="Per-plugin limits ([[plugins.limits]]: plugin = its id, then any of network, "
-        "runner_memory_mb, runner_cpu_seconds_per_minute, runner_max_processes, runner_max_open_files, "
-        "runner_max_file_mb, sends_per_minute, media_mb_per_minute), edited in the TOML editor.",
+        description=gettext_noop(
+            "Per-plugin limits ([[plugins.limits]]: plugin = its id, then any of network, "
+            "runner_memory_mb, runner_cpu_seconds_per_minute, runner_max_processes, runner_max_open_files, "
+            "runner_max_file_mb, sends_per_minute, media_mb_per_minute), edited in the TOML editor."
+        ),
         json_schema_extra=RAW_ONLY,
     )
     hot_reload: bool = Field(
         True,
-        description="Reload a plugin when one of its files or its config.toml changes, and load a plugin folder "
-        "put in while running (a removed folder always unloads its plugin).",
+        description=gettext_noop(
+            "Reload a plugin when one of its files or its config.toml changes, and load a plugin folder "
+            "put in while running (a removed folder always unloads its plugin)."
+        ),
         json_schema_extra={"requires_restart": True},
     )
     reload_debounce_ms: int = Field(
         500,
         ge=10,
         le=10_000,
-        description="Plugin file changes are applied once the folder has been quiet this long (milliseconds).",
+        description=gettext_noop(
+            "Plugin file changes are applied once the folder has been quiet this long (milliseconds)."
+        ),
         json_schema_extra={"requires_restart": True},
     )
     install_timeout: float = Field(
-        300.0, gt=0, le=3600, description="One dependency installation may take this long (seconds)."
+        300.0, gt=0, le=3600, description=gettext_noop("One dependency installation may take this long (seconds).")
     )
 
     @field_validator("limits")
@@ -333,71 +409,48 @@ class PluginsSection(Section):
 
 
 class LifeSection(Section):
-    """The life loop (timers, inner state) and the model's memory (slots, summaries, scratch notes)."""
-
-    turn_timeout: float = Field(120.0, gt=0, le=3600, description="Hard timeout of one life-loop turn (seconds).")
-    max_timers_per_session: int = Field(
-        20, ge=1, le=10_000, description="Active timers one chat may have (set_timer refuses more)."
+    __doc__ = gettext_noop(
+        """The life loop (timers, inner state) and the model's memory (slots, summaries, scratch notes)."""
     )
-    max_payload_length: int = Field(2000, ge=1, le=100_000, description="Longest timer payload (characters).")
+
+    turn_timeout: float = Field(
+        120.0, gt=0, le=3600, description=gettext_noop("Hard timeout of one life-loop turn (seconds).")
+    )
+    max_timers_per_session: int = Field(
+        20, ge=1, le=10_000, description=gettext_noop("Active timers one chat may have (set_timer refuses more).")
+    )
+    max_payload_length: int = Field(
+        2000, ge=1, le=100_000, description=gettext_noop("Longest timer payload (characters).")
+    )
     firing_requeue_seconds: float = Field(
         300.0,
         gt=0,
         le=86_400,
-        description="A timer firing no worker has started after this long is handed to the task queue again.",
+        description=gettext_noop(
+            "A timer firing no worker has started after this long is handed to the task queue again."
+        ),
     )
     inner_state_max_length: int = Field(
-        4000, ge=1, le=100_000, description="Longest inner state text the model or an operator may write."
+        4000, ge=1, le=100_000, description=gettext_noop("Longest inner state text the model or an operator may write.")
     )
     memory_max_slots: int = Field(
-        100, ge=1, le=10_000, description="Memory slots per scope: global, and each chat, may hold this many facts."
+        100,
+        ge=1,
+        le=10_000,
+        description=gettext_noop("Memory slots per scope: global, and each chat, may hold this many facts."),
     )
-    memory_max_content_length: int = Field(300, ge=1, le=10_000, description="Longest memory slot content.")
+    memory_max_content_length: int = Field(
+        300, ge=1, le=10_000, description=gettext_noop("Longest memory slot content.")
+    )
     summary_every_messages: int = Field(
         50,
         ge=0,
         le=100_000,
-        description="Refresh a chat's rolling summary after this many new messages (0: never summarize).",
+        description=gettext_noop("Refresh a chat's rolling summary after this many new messages (0: never summarize)."),
     )
     summary_max_messages: int = Field(
-        200, ge=1, le=5000, description="At most this many new messages are read by one summary refresh."
+        200, ge=1, le=5000, description=gettext_noop("At most this many new messages are read by one summary refresh.")
     )
-    scratch_notes_shown: int = Field(10, ge=0, le=200, description="The latest scratch notes shown to the planner.")
-
-
-class ConsoleSection(Section):
-    """The operator console: config hot reload, live logs, health checks."""
-
-    reload_debounce_ms: int = Field(
-        300,
-        ge=10,
-        le=10_000,
-        description="Config file changes are applied once the file has been quiet this long (milliseconds).",
-        json_schema_extra={"requires_restart": True},  # the file watcher reads it when it starts
-    )
-    log_level: str = Field(
-        "INFO",
-        max_length=8,
-        pattern=r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)$",
-        description="Lowest level of log records kept for the live log page (DEBUG, INFO, WARNING, ERROR).",
-    )
-    log_retention_rows: int = Field(
-        20_000, ge=100, le=10_000_000, description="Log lines kept for the live log page; older ones are deleted."
-    )
-    log_retention_days: int = Field(7, ge=1, le=365, description="Log lines older than this many days are deleted.")
-    heartbeat_seconds: float = Field(
-        2.0,
-        gt=0,
-        le=300,
-        description="How often each server and cluster process writes its heartbeat (seconds). A process silent "
-        "for 4 times this counts as dead: the others take back the messages it had claimed and send them.",
-    )
-    cluster_stale_seconds: float = Field(
-        30.0,
-        gt=0,
-        le=3600,
-        description="/healthz reports the cluster down when its last heartbeat is older than this (seconds).",
-    )
-    health_requires_adapter: bool = Field(
-        False, description="/healthz reports unhealthy (503) while no platform adapter is connected."
+    scratch_notes_shown: int = Field(
+        10, ge=0, le=200, description=gettext_noop("The latest scratch notes shown to the planner.")
     )

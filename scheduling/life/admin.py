@@ -11,6 +11,8 @@ from django.http import HttpRequest, HttpResponseRedirect
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from chat.admin import ReadOnlyAdmin, ReadOnlyInline
 from chat.models import CycleKind, LLMCall, ToolCallRecord
@@ -93,7 +95,7 @@ class TimerForm(forms.ModelForm):
 @admin.register(Timer)
 class TimerAdmin(ServiceActionsMixin, admin.ModelAdmin):
     action_errors = (LifeError,)
-    action_noun = "timer(s)"
+    action_noun = _("timer(s)")
     form = TimerForm
     list_display = ["id", "label", "badge", "spec", "next_fire_local", "session", "fire_count", "last_fired_local"]
     list_filter = ["status", "kind", "created_via"]
@@ -133,24 +135,24 @@ class TimerAdmin(ServiceActionsMixin, admin.ModelAdmin):
             fields.append("session")  # a timer stays with its chat
         return fields
 
-    @admin.display(description="status", ordering="status")
+    @admin.display(description=_("status"), ordering="status")
     def badge(self, obj: Timer) -> str:
         return status_badge(TIMER_COLOURS.get(obj.status, ""), obj.get_status_display())
 
-    @admin.display(description="next fire (bot time)", ordering="next_fire")
+    @admin.display(description=_("next fire (bot time)"), ordering="next_fire")
     def next_fire_local(self, obj: Timer) -> str:
         return local(obj.next_fire)
 
-    @admin.display(description="last fired", ordering="last_fired_at")
+    @admin.display(description=_("last fired"), ordering="last_fired_at")
     def last_fired_local(self, obj: Timer) -> str:
         return local(obj.last_fired_at)
 
-    @admin.display(description="next fires")
+    @admin.display(description=_("next fires"))
     def upcoming(self, obj: Timer) -> str:
         fires = timer_upcoming(obj, count=5)
         return format_html_join("", "<div>{}</div>", ((local(f),) for f in fires)) if fires else "-"
 
-    @admin.display(description="recent firings")
+    @admin.display(description=_("recent firings"))
     def recent_firings(self, obj: Timer) -> str:
         rows = []
         for f in obj.firings.select_related("cycle").order_by("-due_at")[:20]:
@@ -195,22 +197,22 @@ class TimerAdmin(ServiceActionsMixin, admin.ModelAdmin):
                 obj.pk = timer.pk
                 obj._state.adding = False
         except LifeError as exc:
-            self.message_user(request, f"Not saved: {exc.message}", messages.ERROR)
+            self.message_user(request, gettext("Not saved: %(error)s") % {"error": exc.message}, messages.ERROR)
             return
-        self.message_user(request, f"Next fire: {local(timer.next_fire)}", messages.INFO)
+        self.message_user(request, gettext("Next fire: %(time)s") % {"time": local(timer.next_fire)}, messages.INFO)
 
     def has_fire_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("scheduling.fire_timer")
 
-    @admin.action(description="Cancel selected (active only)", permissions=["change"])
+    @admin.action(description=_("Cancel selected (active only)"), permissions=["change"])
     def cancel_selected(self, request, queryset: QuerySet[Timer]) -> None:
         by = operator(request)
-        self._each(request, queryset, lambda t: timer_cancel(timer_id=t.pk, acted_by=by), "Cancelled")
+        self._each(request, queryset, lambda t: timer_cancel(timer_id=t.pk, acted_by=by), gettext("Cancelled"))
 
-    @admin.action(description="Fire selected now (active only)", permissions=["fire"])
+    @admin.action(description=_("Fire selected now (active only)"), permissions=["fire"])
     def fire_now_selected(self, request, queryset: QuerySet[Timer]) -> None:
         by = operator(request)
-        self._each(request, queryset, lambda t: timer_fire_now(timer_id=t.pk, acted_by=by), "Fired")
+        self._each(request, queryset, lambda t: timer_fire_now(timer_id=t.pk, acted_by=by), gettext("Fired"))
 
 
 # --- inner state ----------------------------------------------------------------------------------
@@ -247,28 +249,30 @@ class InnerStateAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
         return False
 
-    @admin.display(description="updated at")
+    @admin.display(description=_("updated at"))
     def updated_at_local(self, obj: InnerState) -> str:
         return local(obj.updated_at)
 
-    @admin.display(description="history")
+    @admin.display(description=_("history"))
     def revisions(self, obj: InnerState) -> str:
         rows = []
         for rev in InnerStateRevision.objects.select_related("user").order_by("-created_at", "-id")[:50]:
             who = rev.via + (f" ({rev.user.get_username()})" if rev.user else "")
             turn = (
-                format_html('<a href="{}">turn</a>', reverse("admin:scheduling_lifeturn_change", args=[rev.cycle_id]))
+                format_html(
+                    '<a href="{}">{}</a>', reverse("admin:scheduling_lifeturn_change", args=[rev.cycle_id]), _("turn")
+                )
                 if rev.cycle_id
                 else ""
             )
             rows.append([local(rev.created_at), who, turn, rev.text[:300], rev.previous_text[:300]])
-        return _table(["when", "by", "", "new text", "previous text"], rows)
+        return _table([_("when"), _("by"), "", _("new text"), _("previous text")], rows)
 
     def save_model(self, request, obj: InnerState, form, change: bool) -> None:
         try:
             inner_state_update(text=form.cleaned_data["text"], via="operator", user=request.user)
         except LifeError as exc:
-            self.message_user(request, f"Not saved: {exc.message}", messages.ERROR)
+            self.message_user(request, gettext("Not saved: %(error)s") % {"error": exc.message}, messages.ERROR)
 
 
 # --- memory ---------------------------------------------------------------------------------------
@@ -281,11 +285,11 @@ class MemorySlotForm(forms.ModelForm):
 
 
 class ScopeFilter(admin.SimpleListFilter):
-    title = "scope"
+    title = _("scope")
     parameter_name = "scope"
 
     def lookups(self, request, model_admin):
-        return [("global", "Global"), ("chat", "A chat")]
+        return [("global", _("Global")), ("chat", _("A chat"))]
 
     def queryset(self, request, queryset):
         if self.value() == "global":
@@ -304,7 +308,7 @@ class MemorySlotAdmin(admin.ModelAdmin):
     raw_id_fields = ["session"]
     list_select_related = ["session"]
 
-    @admin.display(description="scope")
+    @admin.display(description=_("scope"))
     def scope(self, obj: MemorySlot) -> str:
         return str(obj.session) if obj.session_id else "global"
 
@@ -315,7 +319,7 @@ class MemorySlotAdmin(admin.ModelAdmin):
         try:
             slot, _ = memory_slot_set(key=obj.key, content=obj.content, session=obj.session, via="operator")
         except LifeError as exc:
-            self.message_user(request, f"Not saved: {exc.message}", messages.ERROR)
+            self.message_user(request, gettext("Not saved: %(error)s") % {"error": exc.message}, messages.ERROR)
             return
         obj.pk = slot.pk
         obj._state.adding = False
@@ -372,15 +376,15 @@ class LifeTurnAdmin(ReadOnlyAdmin):
     def get_queryset(self, request):
         return super().get_queryset(request).filter(kind=CycleKind.LIFE).annotate(n_calls=Count("tool_calls"))
 
-    @admin.display(description="started (bot time)", ordering="started_at")
+    @admin.display(description=_("started (bot time)"), ordering="started_at")
     def started_local(self, obj) -> str:
         return local(obj.started_at)
 
-    @admin.display(description="tool calls", ordering="n_calls")
+    @admin.display(description=_("tool calls"), ordering="n_calls")
     def tool_call_count(self, obj) -> int:
         return obj.n_calls
 
-    @admin.display(description="prompt")
+    @admin.display(description=_("prompt"))
     def prompt_text(self, obj) -> str:
         return format_html_join(
             "", "<p><b>{}</b></p><pre style='white-space:pre-wrap'>{}</pre>",

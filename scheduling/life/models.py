@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
 
 from chat.models import ChatSession, PlannerCycle
 from scheduling.base import Actor, short_id
@@ -16,55 +17,71 @@ def new_timer_id() -> str:
 
 
 class TimerStatus(models.TextChoices):
-    ACTIVE = "active", "Active"
-    DONE = "done", "Done"
-    CANCELLED = "cancelled", "Cancelled"
-    FAILED = "failed", "Failed"
+    ACTIVE = "active", _("Active")
+    DONE = "done", _("Done")
+    CANCELLED = "cancelled", _("Cancelled")
+    FAILED = "failed", _("Failed")
 
 
 class TimerKindChoice(models.TextChoices):
-    AFTER = "after", "After a delay (once)"
-    EVERY = "every", "Every interval"
-    ONCE = "once", "Once at a time"
-    CRON = "cron", "Cron"
+    AFTER = "after", _("After a delay (once)")
+    EVERY = "every", _("Every interval")
+    ONCE = "once", _("Once at a time")
+    CRON = "cron", _("Cron")
 
 
 class Timer(models.Model):
     """Wakes the bot: at next_fire the dispatcher records a firing and a worker runs a life-loop turn."""
 
-    id = models.CharField(primary_key=True, max_length=16, default=new_timer_id, editable=False)
-    label = models.CharField(max_length=200)
+    id = models.CharField(primary_key=True, max_length=16, default=new_timer_id, editable=False, verbose_name=_("id"))
+    label = models.CharField(max_length=200, verbose_name=_("label"))
     # What the turn is about; `say:<text>` marks a literal message sent as written (also offline).
-    payload = models.TextField(blank=True)
+    payload = models.TextField(blank=True, verbose_name=_("payload"))
     spec = models.CharField(
-        max_length=200, help_text="As written: 5min, every:1h, once:2026-04-10 09:00, cron:0 8 * * *"
+        max_length=200,
+        help_text=_("As written: 5min, every:1h, once:2026-04-10 09:00, cron:0 8 * * *"),
+        verbose_name=_("spec"),
     )
-    kind = models.CharField(max_length=8, choices=TimerKindChoice.choices)
+    kind = models.CharField(max_length=8, choices=TimerKindChoice.choices, verbose_name=_("kind"))
     session = models.ForeignKey(
         ChatSession,
         null=True,
         blank=True,
         on_delete=models.CASCADE,
         related_name="timers",
-        help_text="Where send_message goes by default; empty for a timer of the bot's own.",
+        help_text=_("Where send_message goes by default; empty for a timer of the bot's own."),
+        verbose_name=_("session"),
     )
-    next_fire = models.DateTimeField(null=True, blank=True, help_text="UTC; empty once the timer is over.")
-    status = models.CharField(max_length=16, choices=TimerStatus.choices, default=TimerStatus.ACTIVE)
-    last_fired_at = models.DateTimeField(null=True, blank=True)
-    fire_count = models.PositiveIntegerField(default=0)
-    last_error = models.TextField(blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
-    created_via = models.CharField(max_length=16, choices=Actor.choices)
-    created_by_tool_call_id = models.CharField(max_length=128, blank=True)
+    next_fire = models.DateTimeField(
+        null=True, blank=True, help_text=_("UTC; empty once the timer is over."), verbose_name=_("next fire")
+    )
+    status = models.CharField(
+        max_length=16, choices=TimerStatus.choices, default=TimerStatus.ACTIVE, verbose_name=_("status")
+    )
+    last_fired_at = models.DateTimeField(null=True, blank=True, verbose_name=_("last fired at"))
+    fire_count = models.PositiveIntegerField(default=0, verbose_name=_("fire count"))
+    last_error = models.TextField(blank=True, verbose_name=_("last error"))
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
+    updated_at = models.DateTimeField(auto_now=True, verbose_name=_("updated at"))
+    created_via = models.CharField(max_length=16, choices=Actor.choices, verbose_name=_("created via"))
+    created_by_tool_call_id = models.CharField(max_length=128, blank=True, verbose_name=_("created by tool call id"))
     created_by_user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        verbose_name=_("created by user"),
     )
-    cancelled_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True, verbose_name=_("cancelled at"))
     # Set by the claiming UPDATE so the claimer can read back exactly the rows it advanced.
-    fire_token = models.CharField(max_length=32, blank=True, editable=False, db_index=True)
+    fire_token = models.CharField(
+        max_length=32, blank=True, editable=False, db_index=True, verbose_name=_("fire token")
+    )
 
     class Meta:
+        verbose_name = _("timer")
+        verbose_name_plural = _("timers")
         ordering = ["next_fire"]
         permissions = [("fire_timer", "Can fire timers now")]
         indexes = [
@@ -95,19 +112,19 @@ class Timer(models.Model):
 
 
 class FiringStatus(models.TextChoices):
-    PENDING = "pending", "Waiting for a worker"
-    RUNNING = "running", "Running"
-    DONE = "done", "Done"
-    SKIPPED = "skipped", "Skipped"
-    FAILED = "failed", "Failed"
+    PENDING = "pending", _("Waiting for a worker")
+    RUNNING = "running", _("Running")
+    DONE = "done", _("Done")
+    SKIPPED = "skipped", _("Skipped")
+    FAILED = "failed", _("Failed")
 
 
 class TimerFiring(models.Model):
     """One due instant of a timer, claimed by one dispatcher: the hand-off to a worker's life-loop turn."""
 
     timer = models.ForeignKey(Timer, on_delete=models.CASCADE, related_name="firings")
-    due_at = models.DateTimeField(help_text="The instant the timer was due (UTC).")
-    fired_at = models.DateTimeField(help_text="When the dispatcher claimed it.")
+    due_at = models.DateTimeField(help_text=_("The instant the timer was due (UTC)."))
+    fired_at = models.DateTimeField(help_text=_("When the dispatcher claimed it."))
     status = models.CharField(max_length=8, choices=FiringStatus.choices, default=FiringStatus.PENDING)
     enqueued_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -135,14 +152,14 @@ class TimerFiring(models.Model):
 class InnerState(models.Model):
     """The bot's own persistent note about its current situation (one row; history in revisions)."""
 
-    id = models.PositiveSmallIntegerField(primary_key=True, default=1, editable=False)
-    text = models.TextField(blank=True)
-    updated_at = models.DateTimeField(null=True, blank=True)
-    updated_by = models.CharField(max_length=160, blank=True)
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1, editable=False, verbose_name=_("id"))
+    text = models.TextField(blank=True, verbose_name=_("text"))
+    updated_at = models.DateTimeField(null=True, blank=True, verbose_name=_("updated at"))
+    updated_by = models.CharField(max_length=160, blank=True, verbose_name=_("updated by"))
 
     class Meta:
-        verbose_name = "inner state"
-        verbose_name_plural = "inner state"
+        verbose_name = _("inner state")
+        verbose_name_plural = _("inner state")
         constraints = [models.CheckConstraint(name="inner_state_single_row", condition=Q(id=1))]
 
     def __str__(self) -> str:
@@ -173,16 +190,23 @@ class MemorySlot(models.Model):
     """A short persistent fact the model keeps: global (no session) or about one chat."""
 
     session = models.ForeignKey(
-        ChatSession, null=True, blank=True, on_delete=models.CASCADE, related_name="memory_slots"
+        ChatSession,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="memory_slots",
+        verbose_name=_("session"),
     )
-    key = models.CharField(max_length=64)
-    content = models.TextField()
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
-    updated_via = models.CharField(max_length=16, blank=True)
-    updated_by_tool_call_id = models.CharField(max_length=128, blank=True)
+    key = models.CharField(max_length=64, verbose_name=_("key"))
+    content = models.TextField(verbose_name=_("content"))
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
+    updated_at = models.DateTimeField(auto_now=True, verbose_name=_("updated at"))
+    updated_via = models.CharField(max_length=16, blank=True, verbose_name=_("updated via"))
+    updated_by_tool_call_id = models.CharField(max_length=128, blank=True, verbose_name=_("updated by tool call id"))
 
     class Meta:
+        verbose_name = _("memory slot")
+        verbose_name_plural = _("memory slots")
         ordering = ["key"]
         constraints = [
             models.UniqueConstraint(fields=["key"], condition=Q(session__isnull=True), name="memory_global_key_unique"),
@@ -200,16 +224,19 @@ class MemorySlot(models.Model):
 class SessionSummary(models.Model):
     """The rolling summary of a long conversation, refreshed by the model every N new messages."""
 
-    session = models.OneToOneField(ChatSession, on_delete=models.CASCADE, related_name="summary")
-    text = models.TextField(blank=True)
+    session = models.OneToOneField(
+        ChatSession, on_delete=models.CASCADE, related_name="summary", verbose_name=_("session")
+    )
+    text = models.TextField(blank=True, verbose_name=_("text"))
     # The last message folded into the summary; newer ones are what the next refresh reads.
-    last_message_id = models.BigIntegerField(default=0)
-    refreshed_at = models.DateTimeField(null=True, blank=True)
-    refresh_requested_at = models.DateTimeField(null=True, blank=True)
-    error = models.TextField(blank=True)
+    last_message_id = models.BigIntegerField(default=0, verbose_name=_("last message id"))
+    refreshed_at = models.DateTimeField(null=True, blank=True, verbose_name=_("refreshed at"))
+    refresh_requested_at = models.DateTimeField(null=True, blank=True, verbose_name=_("refresh requested at"))
+    error = models.TextField(blank=True, verbose_name=_("error"))
 
     class Meta:
-        verbose_name_plural = "session summaries"
+        verbose_name = _("session summary")
+        verbose_name_plural = _("session summaries")
 
     def __str__(self) -> str:
         return f"summary of {self.session}"
@@ -234,5 +261,6 @@ class LifeTurn(PlannerCycle):
     """Life-loop turns (PlannerCycle rows of kind life), for the admin."""
 
     class Meta:
+        verbose_name = _("life-loop turn")
+        verbose_name_plural = _("life-loop turns")
         proxy = True
-        verbose_name = "life-loop turn"

@@ -4,6 +4,7 @@ the calls made to the bot's own endpoint (/mcp) are in api.admin."""
 from __future__ import annotations
 
 from django.contrib import admin
+from django.utils.translation import gettext_lazy as _
 
 from chat.admin import ReadOnlyAdmin, badge
 from scheduling.mcp.models import McpLinkState, McpServerState
@@ -49,18 +50,18 @@ class McpServerStateAdmin(ReadOnlyAdmin):
     ]
     readonly_fields = fields
 
-    @admin.display(description="State", ordering="state")
+    @admin.display(description=_("State"), ordering="state")
     def state_badge(self, obj: McpServerState):
         return badge(STATE_COLOURS.get(obj.state, "#6b7280"), obj.get_state_display())
 
-    @admin.display(description="Tools offered")
+    @admin.display(description=_("Tools offered"))
     def tool_count(self, obj: McpServerState) -> int:
         return len(obj.tools or [])
 
-    @admin.display(description="Mean call latency")
+    @admin.display(description=_("Mean call latency"))
     def mean_latency(self, obj: McpServerState) -> str:
         return f"{obj.mean_call_ms:.0f} ms" if obj.mean_call_ms is not None else "—"
 
-    @admin.display(description="Last error")
+    @admin.display(description=_("Last error"))
     def last_error_short(self, obj: McpServerState) -> str:
         return (obj.last_error[:80] + "…") if len(obj.last_error) > 80 else obj.last_error

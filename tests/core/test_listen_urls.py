@@ -57,3 +57,15 @@ def test_a_wildcard_bind_prints_loopback_and_the_machines_own_addresses(settings
 def test_a_named_bind_prints_that_name_only(settings, tmp_path):
     assert printed_setup_urls(settings, tmp_path, "127.0.0.1") == ["http://127.0.0.1:8733/setup/"]
     assert open_urls("bot.example.com", 80, "/setup/") == ["http://bot.example.com:80/setup/"]
+
+
+def test_run_clusters_start_up_lines_name_addresses_a_browser_can_open():
+    from maibot.management.commands.run_cluster import cluster_banner
+
+    lines = cluster_banner("0.0.0.0", 8733, ["127.0.0.1:8734", "127.0.0.1:8735"])
+    assert "0.0.0.0" not in lines
+    assert "operator console: http://127.0.0.1:8733/admin/" in lines
+    assert "adapters connect: ws://127.0.0.1:8733/ws" in lines
+    for address in machine_addresses(ipv6=False):
+        assert f"http://{address}:8733/admin/" in lines
+    assert cluster_banner("bot.example.com", 80, []).count("/admin/") == 1

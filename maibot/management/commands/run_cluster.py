@@ -18,6 +18,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from core.config import get_config
+from core.listen import open_urls
 from maibot.management.commands.serve import Command as ServeCommand
 from maibot.management.commands.serve import (
     child_spec,
@@ -115,16 +116,24 @@ class Command(ServeCommand):
         clusters = options["clusters"]
         for i in range(1, clusters + 1):
             children.append(child_spec(f"cluster{i}", manage_argv("qcluster")))
-        base = f"http://{host}:{port}"
-        banner = (
-            self.style.SUCCESS(f"maibot cluster is starting: HAProxy, {WEB_SERVERS} servers, {clusters} clusters")
-            + f"\n  operator console: {base}/admin/"
-            + f"\n  API docs:         {base}/api/v1/docs"
-            + f"\n  adapters connect: ws://{host}:{port}/ws"
-            + f"\n  servers:          {', '.join(servers)} (behind the balancer)"
-            + f"\n  database:         {settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[1]}"
-            + f" {settings.DATABASES['default']['NAME']}"
-            + f"\n  redis:            {'yes' if settings.REDIS_URL else 'no'}"
-        )
+        banner = self.style.SUCCESS(
+            f"maibot cluster is starting: HAProxy, {WEB_SERVERS} servers, {clusters} clusters"
+        ) + cluster_banner(host, port, servers)
         # The balancer first: no new request reaches a server that is stopping.
         exec_supervisor({"children": children, "banner": banner, "first": 1, "stopped": "maibot cluster stopped"})
+
+
+def cluster_banner(host: str, port: int | str, servers: list[str]) -> str:
+    """The start-up lines after the title: addresses a browser can open (for a wildcard bind, 127.0.0.1 and
+    this machine's own addresses, never 0.0.0.0: core.listen), then the servers, database and Redis."""
+    base, *others = (url.rstrip("/") for url in open_urls(host, port))
+    database = settings.DATABASES["default"]
+    return (
+        f"\n  operator console: {base}/admin/"
+        + "".join(f"\n                    {other}/admin/" for other in others)
+        + f"\n  API docs:         {base}/api/v1/docs"
+        + f"\n  adapters connect: {base.replace('http://', 'ws://')}/ws"
+        + f"\n  servers:          {', '.join(servers)} (behind the balancer)"
+        + f"\n  database:         {database['ENGINE'].rsplit('.', 1)[1]} {database['NAME']}"
+        + f"\n  redis:            {'yes' if settings.REDIS_URL else 'no'}"
+    )
