@@ -99,7 +99,7 @@ test-live: venv-dev venv-mm07
 # neither suite's database), and one build at a time in this folder.
 test-postgres: venv-dev venv-mm07
 	MAIBOT_DATA_DIR=$(CURDIR)/.test-data-pg DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS_TEST_URL) $(BIN)/python -m pytest \
-		-n $(PYTEST_WORKERS) --ignore=tests/maibot/test_pyz.py $(PYTEST_ARGS)
+		-n $(PYTEST_WORKERS) --ignore=tests/maibot/test_pyz.py -m "not browser and not static" $(PYTEST_ARGS)
 
 lint: venv-dev
 	$(BIN)/ruff check .

@@ -18,6 +18,8 @@ import pytest
 
 from tests.conftest import CHROMIUM_ARGS, require_chromium
 
+pytestmark = pytest.mark.static  # never the database: the PostgreSQL suite leaves it out
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -13,6 +13,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.static  # never the database: the PostgreSQL suite leaves it out
+
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ["core", "chat", "scheduling", "api", "plugins", "console", "maibot"]
 

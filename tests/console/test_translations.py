@@ -23,6 +23,8 @@ from django.test import override_settings
 
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.static  # never the database: the PostgreSQL suite leaves it out
+
 LOCALE_DIR = ROOT / "console" / "locale"
 LOCALES = ("zh_Hans", "en")
 # What makemessages must not read: the tests, benchmarks, docs, the catalogs themselves, data dirs, builds.
