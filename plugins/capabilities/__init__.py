@@ -2,7 +2,8 @@
 {"capability": ..., "args": {...}})`), answered with our data and services, one module per domain:
 send (the one send service), chat (streams = our sessions), message, llm (our client: routing, budgets,
 the ledger), config, render (headless Chromium), maisaka (the planner's context and proactive turns),
-api (plugins' @API components), components (a plugin's own tools and commands switched on or off).
+api (plugins' @API components), components (a plugin's own tools and commands switched on or off),
+database (a plugin's own rows, bounded).
 
 Arguments and results are those the SDK (maibot-plugin-sdk 2.16.0) sends and expects, in the shapes
 MaiBot's own host returns. As in MaiBot, a plugin may call only the capabilities its manifest
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 
 from plugins import limits
-from plugins.capabilities import api, chat, components, config, llm, maisaka, message, render, send
+from plugins.capabilities import api, chat, components, config, database, llm, maisaka, message, render, send
 from plugins.capabilities.common import message as _message  # noqa: F401  (plugins.bridge uses it)
 
 if TYPE_CHECKING:
@@ -71,6 +72,11 @@ IMPLEMENTATIONS: dict[str, Capability] = {
     "api.list": api.list_apis,
     "component.enable": components.enable,
     "component.disable": components.disable,
+    "database.get": database.get,
+    "database.save": database.save,
+    "database.query": database.query,
+    "database.count": database.count,
+    "database.delete": database.delete,
 }
 SUPPORTED = frozenset(IMPLEMENTATIONS)
 

@@ -137,7 +137,8 @@ def message(message: Message, session: ChatSession) -> dict[str, Any]:
 # --- segments from plugins ---------------------------------------------------------------------------
 
 
-def _data_problem(value: Any) -> str:
+def data_problem(value: Any, max_bytes: int = MAX_CUSTOM_JSON) -> str:
+    """Why `value` is not storable JSON (types, NUL, NaN, depth, size), or "" when it is."""
     import json
 
     stack = [(value, 0)]
@@ -153,11 +154,11 @@ def _data_problem(value: Any) -> str:
         elif not (item is None or isinstance(item, bool | int | float)):
             return f"holds a {type(item).__name__}, not JSON"
     try:
-        size = len(json.dumps(value, ensure_ascii=False).encode("utf-8"))
+        size = len(json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8"))
     except (TypeError, ValueError, UnicodeEncodeError) as exc:
         return f"is not JSON: {exc}"
-    if size > MAX_CUSTOM_JSON:
-        return f"is larger than {MAX_CUSTOM_JSON} bytes as JSON"
+    if size > max_bytes:
+        return f"is larger than {max_bytes} bytes as JSON"
     return ""
 
 
@@ -219,7 +220,7 @@ def plugin_segment(raw: Any, where: str) -> dict[str, Any]:
         return {"type": "reply", "data": target}
     if data is None:
         raise CapabilityArgError(f"{where} ({kind}) has no data")
-    if problem := _data_problem(data):
+    if problem := data_problem(data):
         raise CapabilityArgError(f"{where}.data {problem}")
     return {"type": kind, "data": data}
 
