@@ -3,7 +3,7 @@
 send (the one send service), chat (streams = our sessions), message, llm (our client: routing, budgets,
 the ledger), config, render (headless Chromium), maisaka (the planner's context and proactive turns),
 api (plugins' @API components), components (a plugin's own tools and commands switched on or off),
-database (a plugin's own rows, bounded).
+database (a plugin's own rows, bounded), person (the people who wrote to the bot).
 
 Arguments and results are those the SDK (maibot-plugin-sdk 2.16.0) sends and expects, in the shapes
 MaiBot's own host returns. As in MaiBot, a plugin may call only the capabilities its manifest
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 
 from plugins import limits
-from plugins.capabilities import api, chat, components, config, database, llm, maisaka, message, render, send
+from plugins.capabilities import api, chat, components, config, database, llm, maisaka, message, person, render, send
 from plugins.capabilities.common import message as _message  # noqa: F401  (plugins.bridge uses it)
 
 if TYPE_CHECKING:
@@ -77,6 +77,9 @@ IMPLEMENTATIONS: dict[str, Capability] = {
     "database.query": database.query,
     "database.count": database.count,
     "database.delete": database.delete,
+    "person.get_id": person.get_id,
+    "person.get_value": person.get_value,
+    "person.get_id_by_name": person.get_id_by_name,
 }
 SUPPORTED = frozenset(IMPLEMENTATIONS)
 

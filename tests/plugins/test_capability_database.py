@@ -6,18 +6,17 @@ nothing."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 import shutil
 from pathlib import Path
 
 import pytest
 
-from plugins.capabilities import database, make_context
+from plugins.capabilities import database
 from plugins.host import PluginHost, PluginState
-from plugins.manifest import Manifest
 from plugins.models import PluginDataRow
-from plugins.records import PluginRecord
+from tests.plugins.sdk_context import plugin as sdk_plugin
+from tests.plugins.sdk_context import run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -27,25 +26,8 @@ VICTIM = "test.core.db-victim"
 FIXTURE = Path(__file__).resolve().parent / "hostile_fixtures" / "db_snoop"
 
 
-def plugin(plugin_id: str, capabilities: list[str] = DB_CAPS) -> tuple[PluginRecord, object]:
-    """A plugin record declaring `capabilities` and the real SDK's PluginContext over our rpc_call."""
-    manifest = Manifest.model_validate(
-        {
-            "manifest_version": 2,
-            "id": plugin_id,
-            "version": "1.0.0",
-            "name": plugin_id,
-            "host_application": {"min_version": "1.0.0", "max_version": "1.99.99"},
-            "sdk": {"min_version": "2.0.0", "max_version": "2.99.99"},
-            "capabilities": capabilities,
-        }
-    )
-    record = PluginRecord(folder=Path("/nonexistent"), plugin_id=plugin_id, manifest=manifest)
-    return record, make_context(record)
-
-
-def run(coro):
-    return asyncio.run(coro)
+def plugin(plugin_id: str, capabilities: list[str] = DB_CAPS):
+    return sdk_plugin(plugin_id, capabilities)
 
 
 def test_rows_come_back_in_maibots_shapes(settings, tmp_path):
