@@ -223,6 +223,9 @@ class Media(models.Model):
     description = models.TextField(blank=True)
     emotion = models.CharField(max_length=64, blank=True)
     usage_count = models.PositiveIntegerField(default=0)
+    # The plugin that registered an emoji through emoji.register ("" when it came from a chat or the
+    # operator): only that plugin may delete it again.
+    registered_by = models.CharField(max_length=128, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -230,6 +233,24 @@ class Media(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.sha256[:12]}"
+
+
+class EmojiManager(models.Manager):
+    def get_queryset(self):
+        return super().get_queryset().filter(kind=MediaKind.EMOJI)
+
+
+class Emoji(Media):
+    """The emoji library: every emoji media row (received in chats, sent, or registered by a plugin).
+    Its description and emotion are what the planner's send_emoji and the emoji.* capabilities pick
+    by; the operator describes emojis in the admin."""
+
+    objects = EmojiManager()
+
+    class Meta:
+        proxy = True
+        verbose_name = "emoji"
+        verbose_name_plural = "emoji library"
 
 
 class CommandResponse(models.Model):

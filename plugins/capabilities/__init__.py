@@ -3,7 +3,8 @@
 send (the one send service), chat (streams = our sessions), message, llm (our client: routing, budgets,
 the ledger), config, render (headless Chromium), maisaka (the planner's context and proactive turns),
 api (plugins' @API components), components (a plugin's own tools and commands switched on or off),
-database (a plugin's own rows, bounded), person (the people who wrote to the bot).
+database (a plugin's own rows, bounded), person (the people who wrote to the bot),
+emoji (the emoji library).
 
 Arguments and results are those the SDK (maibot-plugin-sdk 2.16.0) sends and expects, in the shapes
 MaiBot's own host returns. As in MaiBot, a plugin may call only the capabilities its manifest
@@ -26,7 +27,20 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 
 from plugins import limits
-from plugins.capabilities import api, chat, components, config, database, llm, maisaka, message, person, render, send
+from plugins.capabilities import (
+    api,
+    chat,
+    components,
+    config,
+    database,
+    emoji,
+    llm,
+    maisaka,
+    message,
+    person,
+    render,
+    send,
+)
 from plugins.capabilities.common import message as _message  # noqa: F401  (plugins.bridge uses it)
 
 if TYPE_CHECKING:
@@ -80,6 +94,14 @@ IMPLEMENTATIONS: dict[str, Capability] = {
     "person.get_id": person.get_id,
     "person.get_value": person.get_value,
     "person.get_id_by_name": person.get_id_by_name,
+    "emoji.get_by_description": emoji.get_by_description,
+    "emoji.get_random": emoji.get_random,
+    "emoji.get_count": emoji.get_count,
+    "emoji.get_emotions": emoji.get_emotions,
+    "emoji.get_all": emoji.get_all,
+    "emoji.get_info": emoji.get_info,
+    "emoji.register": emoji.register,
+    "emoji.delete": emoji.delete,
 }
 SUPPORTED = frozenset(IMPLEMENTATIONS)
 

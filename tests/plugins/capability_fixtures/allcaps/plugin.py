@@ -113,10 +113,10 @@ class AllCapsPlugin(MaiBotPlugin):
             "llm": await ctx.llm.generate(""),
         }
         try:
-            await ctx.emoji.get_random(1)
-            outcomes["emoji"] = "answered"
+            await ctx.llm.transcribe_audio(audio_base64="AAAA")
+            outcomes["asr"] = "answered"
         except RuntimeError as exc:
-            outcomes["emoji"] = str(exc)
+            outcomes["asr"] = str(exc)
         await ctx.send.text("bad: " + json.dumps(outcomes, ensure_ascii=False, sort_keys=True, default=str), stream_id)
         return True, "bad arguments answered", True
 
