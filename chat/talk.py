@@ -8,6 +8,8 @@ one source of "now" here (tests inject theirs).
 
 from __future__ import annotations
 
+import math
+import threading
 from collections.abc import Callable
 from datetime import datetime
 
@@ -17,6 +19,10 @@ from chat.models import ChatSession, Message
 from core.config import BotConfig, TalkRule, get_config
 
 clock: Callable[[], datetime] = timezone.now
+MAX_ADJUSTED = 10_000  # chats whose talk frequency a plugin may adjust at once
+
+_adjust_lock = threading.Lock()
+_adjust: dict[str, float] = {}  # session_id → factor (frequency.set_adjust)
 
 
 def chat_key(session: ChatSession) -> str:
@@ -41,9 +47,34 @@ def _in_window(rule: TalkRule, minute_of_day: int) -> bool:
     return minute_of_day >= start or minute_of_day < end  # across midnight, e.g. 22:00-06:00
 
 
+def talk_adjust(session_id: str) -> float:
+    """The factor a plugin set for this chat's talk_frequency (frequency.set_adjust); 1.0 when none."""
+    with _adjust_lock:
+        return _adjust.get(session_id, 1.0)
+
+
+def talk_adjust_set(session_id: str, factor: float) -> None:
+    """Multiply this chat's talk_frequency by `factor` (≥ 0; 1.0 removes the adjustment). Kept in this
+    process, as MaiBot keeps it on the chat's runtime: a restart forgets it."""
+    if not math.isfinite(factor) or factor < 0:
+        raise ValueError(f"the talk frequency factor must be a finite number ≥ 0, not {factor!r}")
+    with _adjust_lock:
+        if factor == 1.0:
+            _adjust.pop(session_id, None)
+        elif session_id in _adjust or len(_adjust) < MAX_ADJUSTED:
+            _adjust[session_id] = factor
+        else:
+            raise ValueError(f"{MAX_ADJUSTED} chats already have an adjusted talk frequency")
+
+
 def talk_frequency(session: ChatSession, *, cfg: BotConfig | None = None, now: datetime | None = None) -> float:
-    """The talk_frequency in force for `session` now: a rule for this chat whose window holds beats a
-    rule for every chat; among equals the first listed; no rule: chat.talk_frequency."""
+    """The talk_frequency in force for `session` now, times the chat's adjustment (talk_adjust)."""
+    return _configured_frequency(session, cfg=cfg, now=now) * talk_adjust(session.session_id)
+
+
+def _configured_frequency(session: ChatSession, *, cfg: BotConfig | None, now: datetime | None) -> float:
+    """A rule for this chat whose window holds beats a rule for every chat; among equals the first
+    listed; no rule: chat.talk_frequency."""
     cfg = cfg or get_config()
     rules = cfg.chat.talk_frequency_rules
     if not rules:

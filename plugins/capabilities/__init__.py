@@ -34,6 +34,7 @@ from plugins.capabilities import (
     config,
     database,
     emoji,
+    frequency,
     llm,
     maisaka,
     message,
@@ -102,6 +103,16 @@ IMPLEMENTATIONS: dict[str, Capability] = {
     "emoji.get_info": emoji.get_info,
     "emoji.register": emoji.register,
     "emoji.delete": emoji.delete,
+    "message.count_new": message.count_new,
+    "frequency.set_adjust": frequency.set_adjust,
+    "frequency.get_adjust": frequency.get_adjust,
+    "frequency.get_current_talk_value": frequency.get_current_talk_value,
+    "tool.get_definitions": components.tool_definitions,
+    "component.get_all_plugins": components.get_all_plugins,
+    "component.get_plugin_info": components.get_plugin_info,
+    "component.list_loaded_plugins": components.list_loaded_plugins,
+    "component.list_registered_plugins": components.list_loaded_plugins,
+    "component.reload_plugin": components.reload_plugin,
 }
 SUPPORTED = frozenset(IMPLEMENTATIONS)
 

@@ -207,3 +207,26 @@ async def build_readable(record: PluginRecord, args: dict[str, Any]) -> dict[str
     if len(messages) > MAX_BY_TIME:
         return {"success": False, "error": f"at most {MAX_BY_TIME} messages"}
     return {"success": True, "text": readable(messages, **options)}
+
+
+async def count_new(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
+    """message.count_new: how many messages (the bot's too) one chat has after `since` (or `start_time`;
+    exclusive), up to `end_time` (inclusive) when given, as MaiBot's count_messages."""
+    stream_id = stream_id_of(args, "chat_id", "stream_id")
+    if not stream_id:
+        return {"success": False, "error": "缺少必要参数 chat_id"}
+    since = args.get("since")
+    try:
+        start = instant(since if since is not None else args.get("start_time", 0), "since")
+        end = instant(args["end_time"], "end_time") if args.get("end_time") not in (None, "") else None
+    except ValueError as exc:
+        return {"success": False, "error": str(exc)}
+
+    def count() -> int:
+        session = session_of(stream_id)
+        if session is None:
+            return 0
+        rows = session.messages.filter(time__gt=start)
+        return (rows.filter(time__lte=end) if end is not None else rows).count()
+
+    return {"success": True, "count": await db(count)}
