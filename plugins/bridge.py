@@ -35,6 +35,7 @@ from core.config import get_config
 from plugins import cache as plugin_cache
 from plugins import events as plugin_events
 from plugins import gateways, plugin_apis
+from plugins.records import parameters_schema
 
 if TYPE_CHECKING:
     from plugins.records import ComponentHost, ComponentInfo, PluginRecord
@@ -44,39 +45,6 @@ logger = logging.getLogger(__name__)
 MAX_DESCRIPTION = 1024
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what OpenAI-compatible APIs accept as a function name
 COMMAND_ORDER = 0  # plugins' commands are asked before the built-in offline commands
-
-
-def parameters_schema(metadata: dict[str, Any]) -> dict[str, Any]:
-    """The JSON Schema of a tool's arguments from the SDK's declaration (typed parameters or raw)."""
-    typed = metadata.get("parameters") or []
-    if typed:
-        properties: dict[str, Any] = {}
-        required = []
-        for p in typed:
-            prop: dict[str, Any] = {"type": p.get("param_type") or "string"}
-            if p.get("description"):
-                prop["description"] = p["description"]
-            if p.get("enum_values"):
-                prop["enum"] = list(p["enum_values"])
-            if p.get("items_schema"):
-                prop["items"] = p["items_schema"]
-            if p.get("properties"):
-                prop["properties"] = p["properties"]
-            if p.get("default") is not None:
-                prop["default"] = p["default"]
-            properties[p["name"]] = prop
-            if p.get("required"):
-                required.append(p["name"])
-        schema: dict[str, Any] = {"type": "object", "properties": properties}
-        if required:
-            schema["required"] = required
-        return schema
-    raw = metadata.get("parameters_raw") or {}
-    if raw.get("type") == "object":
-        return dict(raw)
-    if raw:
-        return {"type": "object", "properties": dict(raw)}
-    return {"type": "object", "properties": {}}
 
 
 def _chat_args(ctx: ToolContext) -> dict[str, Any]:

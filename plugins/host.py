@@ -244,7 +244,12 @@ def _host_records() -> list[dict[str, PluginRecord]]:
     return [h.records for h in (host, life_host) if h is not None]
 
 
+def _host_of(plugin_id: str) -> PluginHost | None:
+    return next((h for h in (host, life_host) if h is not None and plugin_id in h.records), None)
+
+
 records.host_records = _host_records
+records.host_of = _host_of
 
 # The host of this cluster worker for its life-loop turns (start_for_life_loop); None until first used.
 life_host: PluginHost | None = None

@@ -33,6 +33,8 @@ def _no_hosts() -> list[dict[str, PluginRecord]]:
 # reads another plugin's record (config.get_plugin). plugins.host installs the lookup: this module sits
 # below the host, which must not be imported back from the capabilities it serves.
 host_records: Callable[[], list[dict[str, PluginRecord]]] = _no_hosts
+# The host holding a plugin (to reload it: component.reload_plugin); installed by plugins.host likewise.
+host_of: Callable[[str], Any] = lambda plugin_id: None  # noqa: E731
 
 
 @dataclass
@@ -139,3 +141,36 @@ class ComponentHost(Protocol):
     ) -> Any: ...
 
     def on_unregister(self, undo: Callable[[], None]) -> None: ...
+
+
+def parameters_schema(metadata: dict[str, Any]) -> dict[str, Any]:
+    """The JSON Schema of a tool's arguments from the SDK's declaration (typed parameters or raw)."""
+    typed = metadata.get("parameters") or []
+    if typed:
+        properties: dict[str, Any] = {}
+        required = []
+        for p in typed:
+            prop: dict[str, Any] = {"type": p.get("param_type") or "string"}
+            if p.get("description"):
+                prop["description"] = p["description"]
+            if p.get("enum_values"):
+                prop["enum"] = list(p["enum_values"])
+            if p.get("items_schema"):
+                prop["items"] = p["items_schema"]
+            if p.get("properties"):
+                prop["properties"] = p["properties"]
+            if p.get("default") is not None:
+                prop["default"] = p["default"]
+            properties[p["name"]] = prop
+            if p.get("required"):
+                required.append(p["name"])
+        schema: dict[str, Any] = {"type": "object", "properties": properties}
+        if required:
+            schema["required"] = required
+        return schema
+    raw = metadata.get("parameters_raw") or {}
+    if raw.get("type") == "object":
+        return dict(raw)
+    if raw:
+        return {"type": "object", "properties": dict(raw)}
+    return {"type": "object", "properties": {}}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from plugins.records import PluginState
+from plugins.records import PluginState, parameters_schema
 
 if TYPE_CHECKING:
     from plugins.records import PluginRecord
@@ -84,8 +84,6 @@ def _info(record: PluginRecord) -> dict[str, Any]:
 
 async def tool_definitions(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
     """tool.get_definitions: every loaded plugin's enabled tools, as MaiBot's ToolInfo.get_llm_definition."""
-    from plugins.bridge import parameters_schema
-
     tools = []
     for other in _loaded():
         for c in other.components:
@@ -115,15 +113,6 @@ async def get_plugin_info(record: PluginRecord, args: dict[str, Any]) -> dict[st
     return {"success": True, "plugin": {**_info(found), "default_config": {}, "config_schema": {}}}
 
 
-def _host_of(plugin_id: str):
-    from plugins import host as hosts
-
-    for candidate in (hosts.host, getattr(hosts, "life_host", None)):
-        if candidate is not None and plugin_id in candidate.records:
-            return candidate
-    return None
-
-
 async def reload_plugin(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
     """component.reload_plugin: a plugin reloads itself (its code and config.toml, as the admin's reload):
     the reload starts once this call has answered, since it replaces the runner that made the call.
@@ -136,7 +125,9 @@ async def reload_plugin(record: PluginRecord, args: dict[str, Any]) -> dict[str,
         return {"success": False, "error": "缺少必要参数 plugin_name"}
     if name != record.plugin_id:
         return {"success": False, "error": f"a plugin may reload only itself here, not {name}"}
-    host = _host_of(name)
+    from plugins import records
+
+    host = records.host_of(name)
     if host is None:
         return {"success": False, "error": f"未找到插件: {name}"}
     now = time.monotonic()
