@@ -41,6 +41,7 @@ from plugins.capabilities import (
     person,
     render,
     send,
+    statistics,
 )
 from plugins.capabilities.common import message as _message  # noqa: F401  (plugins.bridge uses it)
 
@@ -113,6 +114,13 @@ IMPLEMENTATIONS: dict[str, Capability] = {
     "component.list_loaded_plugins": components.list_loaded_plugins,
     "component.list_registered_plugins": components.list_loaded_plugins,
     "component.reload_plugin": components.reload_plugin,
+    "statistics.local.models": statistics.models,
+    "statistics.local.model_trend": statistics.model_trend,
+    "statistics.local.token_trend": statistics.token_trend,
+    "statistics.local.token_distribution": statistics.token_distribution,
+    "statistics.local.message_trend": statistics.message_trend,
+    "statistics.local.tool_trend": statistics.tool_trend,
+    "statistics.local.online_time_trend": statistics.online_time_trend,
 }
 SUPPORTED = frozenset(IMPLEMENTATIONS)
 
