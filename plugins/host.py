@@ -187,8 +187,8 @@ class PluginHost(PluginLoading, RunnerLifecycle, PluginReloading, ComponentCalls
             for p in runners:
                 self.loop.call_soon_threadsafe(p.kill)
 
-    def on_unregister(self, undo: Callable[[], None]) -> None:
-        self._undo.setdefault(self._registering, []).append(undo)
+    def on_unregister(self, undo: Callable[[], None], plugin_id: str = "") -> None:
+        self._undo.setdefault(plugin_id or self._registering, []).append(undo)
 
     def _unregister(self, plugin_id: str) -> None:
         for undo in reversed(self._undo.pop(plugin_id, [])):

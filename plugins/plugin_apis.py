@@ -149,3 +149,31 @@ async def call_api(
     if not isinstance(args, dict):
         raise PluginApiError("the API's arguments must be a JSON object")
     return await api.host.ainvoke(api.record, api.component, dict(args), timeout)
+
+
+MAX_DYNAMIC_APIS = 64  # dynamic APIs one plugin may offer at once
+
+
+def replace_dynamic_apis(host: ComponentHost, record: PluginRecord, declared: list[ComponentInfo]) -> tuple[int, int]:
+    """Make `declared` the plugin's dynamic APIs (api.replace_dynamic): the plugin's previous dynamic
+    APIs not in it go away. Raises PluginApiError when one would replace a static (@API) API of the
+    plugin, or when there are more than MAX_DYNAMIC_APIS. Returns (registered, taken offline)."""
+    global _apis
+    if len(declared) > MAX_DYNAMIC_APIS:
+        raise PluginApiError(f"a plugin may offer at most {MAX_DYNAMIC_APIS} dynamic APIs")
+    with _lock:
+        mine = {k: a for k, a in _apis.items() if k[0] == record.plugin_id}
+        new: dict[tuple[str, str, str], RegisteredApi] = {}
+        for component in declared:
+            api = RegisteredApi(host=host, record=record, component=component)
+            key = (api.plugin_id, api.name, api.version)
+            if key in mine and not mine[key].component.metadata.get("dynamic"):
+                raise PluginApiError(f"动态 API 不能覆盖静态 API: {key[0]}.{key[1]}@{key[2]}")
+            if key in new:
+                raise PluginApiError(f"动态 API 重复声明: {key[0]}.{key[1]}@{key[2]}")
+            new[key] = api
+        offline = [k for k, a in mine.items() if a.component.metadata.get("dynamic") and k not in new]
+        _apis = {**{k: v for k, v in _apis.items() if k not in offline}, **new}
+    for key in new.keys() - mine.keys():  # gone when the plugin unloads or reloads, as its @APIs
+        host.on_unregister(lambda key=key: unregister_api(key), record.plugin_id)
+    return len(new), len(offline)

@@ -140,7 +140,8 @@ class ComponentHost(Protocol):
         self, record: PluginRecord, component: ComponentInfo, args: dict[str, Any], timeout: float
     ) -> Any: ...
 
-    def on_unregister(self, undo: Callable[[], None]) -> None: ...
+    def on_unregister(self, undo: Callable[[], None], plugin_id: str = "") -> None:
+        """`undo` runs when the plugin (`plugin_id`, default the one registering) is unregistered."""
 
 
 def parameters_schema(metadata: dict[str, Any]) -> dict[str, Any]:

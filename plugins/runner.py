@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import importlib
 import importlib.machinery
 import importlib.util
@@ -285,6 +286,9 @@ class Runner:
         handler = getattr(self.instance, handler_name or name, None) if handler_name or name else None
         if handler is None:
             handler = getattr(self.instance, f"handle_{name}", None)
+        if handler is None and handler_name in (getattr(self.instance, "_dynamic_api_handlers", None) or {}):
+            # A dynamic API (api.replace_dynamic): the SDK's own dispatch answers it.
+            handler = functools.partial(self.instance.invoke_component, handler_name)
         if handler is None or not callable(handler):
             raise LookupError(f"plugin {self.plugin_id} has no handler for {name}")
         result = handler(**message.args)

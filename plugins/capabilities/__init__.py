@@ -86,6 +86,7 @@ IMPLEMENTATIONS: dict[str, Capability] = {
     "api.call": api.call,
     "api.get": api.get,
     "api.list": api.list_apis,
+    "api.replace_dynamic": api.replace_dynamic,
     "component.enable": components.enable,
     "component.disable": components.disable,
     "database.get": database.get,
