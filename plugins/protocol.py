@@ -118,6 +118,10 @@ class LoadResult(BaseModel):
     allow_hot_reload: bool
     disabled: bool
     components: list[Component]
+    # What component.get_plugin_config_schema answers (the SDK's get_default_config and
+    # get_webui_config_schema; {} when the plugin's SDK gives none).
+    default_values: dict[str, Any] = {}
+    config_schema: dict[str, Any] = {}
 
 
 _from_runner: TypeAdapter[Hello | Reply | Cancelled | Call] = TypeAdapter(RunnerMessage)

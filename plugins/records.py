@@ -65,6 +65,8 @@ class PluginRecord:
     context: Any = None  # the host-side PluginContext whose rpc_call answers the runner's cap.call
     process: Any = None  # its runner (plugins.supervisor.RunnerProcess) while one runs
     config: dict[str, Any] = field(default_factory=dict)  # its config.toml as its config_model normalized it
+    default_values: dict[str, Any] = field(default_factory=dict)  # its SDK's default config (component.*)
+    config_schema: dict[str, Any] = field(default_factory=dict)  # its SDK's WebUI config schema
     config_digest: str = ""  # of the config.toml text in force (the watcher skips our own writes)
     allow_hot_reload: bool = True
     runner_state: str = ""  # running / restarting / crashed / stopped

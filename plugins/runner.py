@@ -18,6 +18,7 @@ import functools
 import importlib
 import importlib.machinery
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -92,6 +93,25 @@ def parse_config(text: str) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"config.toml: {exc}") from None
+
+
+def config_description(instance: Any, plugin_id: str) -> dict[str, Any]:
+    """The plugin's default config and its config schema, as MaiBot's runner reports them ({} when the
+    SDK's methods fail or give something else)."""
+    found: dict[str, Any] = {"default_values": {}, "config_schema": {}}
+    calls = {
+        "default_values": lambda: instance.get_default_config(),
+        "config_schema": lambda: instance.get_webui_config_schema(plugin_id=plugin_id),
+    }
+    for key, call in calls.items():
+        try:
+            value = call()
+        except Exception as exc:  # a plugin's own bug: it still loads
+            logger.warning("plugin %s: %s failed: %s", plugin_id, key, exc)
+            continue
+        if isinstance(value, dict):
+            found[key] = json.loads(json.dumps(value, default=str))
+    return found
 
 
 def default_config_text(instance: Any) -> str:
@@ -264,6 +284,7 @@ class Runner:
             "allow_hot_reload": allow_hot_reload,
             "disabled": any(section.get("enabled") is False for section in sections),
             "components": [],
+            **config_description(instance, self.plugin_id),
         }
         if result["disabled"]:
             return result

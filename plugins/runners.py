@@ -109,6 +109,7 @@ class RunnerLifecycle:
         self._unregister(record.plugin_id)
         record.warnings = sorted(set(record.warnings) | set(reply.warnings))
         record.config = dict(reply.config)
+        record.default_values, record.config_schema = dict(reply.default_values), dict(reply.config_schema)
         record.config_digest = text_digest(reply.config_text)
         config_path = record.folder / CONFIG_FILE
         if reply.default_config and reply.config_text and not config_path.exists():

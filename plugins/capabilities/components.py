@@ -109,8 +109,37 @@ async def get_plugin_info(record: PluginRecord, args: dict[str, Any]) -> dict[st
     found = next((r for r in _loaded() if r.plugin_id == name), None)
     if found is None:
         return {"success": False, "error": f"未找到插件: {name}"}
-    # A plugin's defaults and schema stay in its runner here; what it has configured is config.get_plugin.
-    return {"success": True, "plugin": {**_info(found), "default_config": {}, "config_schema": {}}}
+    defaults = {"default_config": found.default_values, "config_schema": found.config_schema}
+    return {"success": True, "plugin": {**_info(found), **defaults}}
+
+
+async def get_plugin_config_schema(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
+    name = str(args.get("plugin_name") or record.plugin_id).strip()
+    found = next((r for r in _loaded() if r.plugin_id == name), None)
+    if found is None:
+        return {"success": False, "error": f"未找到插件: {name}"}
+    return {"success": True, "plugin_id": name, "schema": found.config_schema, "default_config": found.default_values}
+
+
+async def update_plugin_config(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
+    # As MaiBot 1.3: only its built-in plugin manager may; there is none here (the operator edits a
+    # plugin's config.toml on the Plugins page).
+    return {"success": False, "error": "仅插件管理内置插件可以修改插件配置"}
+
+
+async def load_plugin(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
+    """component.load_plugin: answers for a plugin that is loaded ({"success", "count": 1}); loading one
+    that is not (refused, failed, disabled) is the operator's, on the Plugins page."""
+    name = str(args.get("plugin_name") or "").strip()
+    if not name:
+        return {"success": False, "error": "缺少必要参数 plugin_name"}
+    if any(r.plugin_id == name for r in _loaded()):
+        return {"success": True, "count": 1}
+    return {"success": False, "error": f"插件 {name} 热重载失败: plugins are loaded by the operator (admin › Plugins)"}
+
+
+async def unload_plugin(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
+    return {"success": False, "error": "新运行时不支持单独卸载插件，请使用 reload"}  # MaiBot 1.3's answer
 
 
 async def reload_plugin(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:

@@ -67,7 +67,10 @@ def test_tools_and_plugins_are_listed_as_maibot_lists_them(load_plugins, monkeyp
     host = load_plugins("weather")
     monkeypatch.setattr(hosts, "host", host)
     caps = ["tool.get_definitions", "component.get_all_plugins", "component.get_plugin_info"]
-    _, ctx = plugin("test.core.lister", [*caps, "component.list_loaded_plugins"])
+    more = ["component.get_plugin_config_schema", "component.load_plugin", "component.unload_plugin"]
+    _, ctx = plugin(
+        "test.core.lister", [*caps, *more, "component.list_loaded_plugins", "component.update_plugin_config"]
+    )
 
     tools = {t["name"]: t["definition"] for t in run(ctx.tool.get_definitions())}
     weather = tools["get_weather"]
@@ -79,7 +82,20 @@ def test_tools_and_plugins_are_listed_as_maibot_lists_them(load_plugins, monkeyp
     listed = {c["name"]: c for c in plugins[WEATHER]["components"]}
     assert listed["get_weather"]["type"] == "TOOL" and listed["get_weather"]["enabled"] is True
     info = run(ctx.component.get_plugin_info(WEATHER))
-    assert info["name"] == WEATHER and info["default_config"] == {}
+    assert info["name"] == WEATHER and info["default_config"]["hello"] == {"greeting": "Hello"}
+    schema = run(ctx.component.get_plugin_config_schema(WEATHER))
+    assert schema["plugin_id"] == WEATHER and schema["default_config"] == info["default_config"]
+    assert "hello" in str(schema["schema"]) and schema["schema"] == info["config_schema"]
+    assert run(ctx.component.load_plugin(WEATHER)) == {"success": True, "count": 1}
+    assert run(ctx.component.load_plugin("no.such.plugin"))["success"] is False
+    assert run(ctx.component.unload_plugin(WEATHER)) == {
+        "success": False,
+        "error": "新运行时不支持单独卸载插件，请使用 reload",
+    }
+    refused = run(
+        ctx.call_capability("component.update_plugin_config", plugin_name=WEATHER, key="hello.greeting", value="x")
+    )
+    assert refused == {"success": False, "error": "仅插件管理内置插件可以修改插件配置"}
     missing = run(ctx.component.get_plugin_info("no.such.plugin"))
     assert missing == {"success": False, "error": "未找到插件: no.such.plugin"}
     with pytest.raises(RuntimeError, match=re.escape("component.reload_plugin is not declared")):
