@@ -34,6 +34,9 @@ class FakeLLM:
         self.requests: list[dict[str, Any]] = []
         self.answered = 0  # answers resolved (delays served), whether or not the client still listened
         self.default: Answer = lambda body: self.text("ok")
+        # /embeddings: a vector per input ([characters, code point sum mod 97, 1.0]), or this status's error.
+        self.embedding_requests: list[dict[str, Any]] = []
+        self.embedding_status = 200
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -48,6 +51,11 @@ class FakeLLM:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
+                if self.path.rstrip("/").endswith("/embeddings"):
+                    with fake._lock:
+                        fake.embedding_requests.append(body)
+                    self._send(*fake.embeddings(body))
+                    return
                 if not self.path.rstrip("/").endswith("/chat/completions"):
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
                     return
@@ -76,6 +84,17 @@ class FakeLLM:
         self.base_url = f"http://{host}:{self.port}/v1"
         # A short poll interval: stop() (server.shutdown) waits for the serving loop's next poll.
         self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+
+    def embeddings(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if self.embedding_status != 200:
+            return self.embedding_status, {"error": {"message": f"embedding failed ({self.embedding_status})"}}
+        texts = body.get("input") if isinstance(body.get("input"), list) else [body.get("input") or ""]
+        data = [
+            {"object": "embedding", "index": i, "embedding": [float(len(t)), float(sum(map(ord, t)) % 97), 1.0]}
+            for i, t in enumerate(texts)
+        ]
+        usage = {"prompt_tokens": sum(len(t) for t in texts), "total_tokens": sum(len(t) for t in texts)}
+        return 200, {"object": "list", "data": data, "model": body.get("model"), "usage": usage}
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> FakeLLM:

@@ -214,6 +214,14 @@ class LLMSection(Section):
         ),
         json_schema_extra=RAW_ONLY,
     )
+    embedding: list[ModelName] = Field(
+        default_factory=list,
+        max_length=20,
+        description="Embedding models (plugins' llm.embed): an ordered list of model names, each an "
+        "OpenAI-compatible /embeddings model; a provider error tries the next. Empty: llm.embed answers that "
+        "none is configured.",
+        json_schema_extra=RAW_ONLY,
+    )
     budgets: list[Budget] = Field(
         default_factory=list,
         max_length=100,
@@ -247,6 +255,8 @@ class LLMSection(Section):
             unknown = [n for n in route if n not in known]
             if unknown:
                 raise ValueError(f"task {task!r} names unknown model(s): {', '.join(unknown)}")
+        if unknown := [n for n in self.embedding if n not in known]:
+            raise ValueError(f"llm.embedding names unknown model(s): {', '.join(unknown)}")
         for budget in self.budgets:
             if budget.scope == "model" and budget.target not in known:
                 raise ValueError(f"a budget names the unknown model {budget.target!r}")

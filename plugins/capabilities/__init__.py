@@ -69,6 +69,7 @@ IMPLEMENTATIONS: dict[str, Capability] = {
     "llm.generate": llm.generate,
     "llm.generate_with_tools": llm.generate_with_tools,
     "llm.get_available_models": llm.get_available_models,
+    "llm.embed": llm.embed,
     "message.get_recent": message.get_recent,
     "message.get_by_id": message.get_by_id,
     "message.get_by_time_in_chat": message.get_by_time_in_chat,

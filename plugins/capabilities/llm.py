@@ -96,3 +96,38 @@ async def get_available_models(record: PluginRecord, args: dict[str, Any]) -> di
     from core.config import get_config
 
     return {"success": True, "models": [PLUGIN_TASK] if get_config().llm_route(PLUGIN_TASK) else []}
+
+
+def _embed_texts(args: dict[str, Any]) -> tuple[str | None, list[str]]:
+    """MaiBot's arguments: `text` (or `input`) one text, `texts` (or `inputs`) several, not both."""
+    text = args.get("text") if args.get("text") is not None else args.get("input")
+    text = text.strip() or None if isinstance(text, str) else None
+    texts = args.get("texts") if args.get("texts") is not None else args.get("inputs")
+    found: list[str] = []
+    for index, item in enumerate(texts if isinstance(texts, list) else [], start=1):
+        if not isinstance(item, str) or not item.strip():
+            raise ValueError(f"texts 第 {index} 项必须为非空字符串")
+        found.append(item.strip())
+    return text, found
+
+
+async def embed(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
+    """llm.embed: embeddings from the models of `[llm] embedding` (chat.agent.embeddings: budgets, the
+    ledger with purpose plugin:<id>). One `text` → {embedding, model_name}; `texts` → {results: [...]}.
+    `task_name` / `model` are not honoured: the operator's embedding route decides."""
+    from chat.agent.embeddings import embed_sync
+
+    try:
+        text, texts = _embed_texts(args)
+    except ValueError as exc:
+        return {"success": False, "error": str(exc)}
+    if text is None and not texts:
+        return {"success": False, "error": "缺少必要参数 text 或 texts"}
+    if text is not None and texts:
+        return {"success": False, "error": "text 与 texts 只能提供一个"}
+    purpose = f"plugin:{record.plugin_id}"[:32]
+    result = await db(lambda: embed_sync(purpose=purpose, texts=[text] if text is not None else texts))
+    if result.error:
+        return {"success": False, "error": result.error}
+    items = [{"embedding": vector, "model_name": result.model_name} for vector in result.vectors]
+    return {"success": True, **items[0]} if text is not None else {"success": True, "results": items}
