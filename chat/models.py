@@ -485,3 +485,21 @@ class ApiToken(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+
+class KnowledgeEntry(models.Model):
+    """One piece of knowledge the operator wrote into the knowledge store (admin › Knowledge): what
+    plugins' knowledge.search finds (chat.knowledge). A title and a text; a disabled entry is kept but
+    never found."""
+
+    title = models.CharField(max_length=200)
+    content = models.TextField(max_length=20_000)
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True, db_index=True)
+
+    class Meta:
+        verbose_name_plural = "knowledge"
+
+    def __str__(self) -> str:
+        return self.title
