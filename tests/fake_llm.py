@@ -37,6 +37,10 @@ class FakeLLM:
         # /embeddings: a vector per input ([characters, code point sum mod 97, 1.0]), or this status's error.
         self.embedding_requests: list[dict[str, Any]] = []
         self.embedding_status = 200
+        # /audio/transcriptions: `transcript` (the raw multipart bodies kept), or this status's error.
+        self.transcription_requests: list[bytes] = []
+        self.transcription_status = 200
+        self.transcript = "你好，麦麦"
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -50,7 +54,18 @@ class FakeLLM:
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}")
+                raw = self.rfile.read(length)
+                if self.path.rstrip("/").endswith("/audio/transcriptions"):  # multipart: the file's bytes
+                    with fake._lock:
+                        fake.transcription_requests.append(raw)
+                    self._send(
+                        fake.transcription_status,
+                        {"text": fake.transcript}
+                        if fake.transcription_status == 200
+                        else {"error": {"message": "asr failed"}},
+                    )
+                    return
+                body = json.loads(raw or b"{}")
                 if self.path.rstrip("/").endswith("/embeddings"):
                     with fake._lock:
                         fake.embedding_requests.append(body)

@@ -222,6 +222,14 @@ class LLMSection(Section):
         "none is configured.",
         json_schema_extra=RAW_ONLY,
     )
+    voice: list[ModelName] = Field(
+        default_factory=list,
+        max_length=20,
+        description="Speech-to-text models (plugins' llm.transcribe_audio): an ordered list of model names, "
+        "each an OpenAI-compatible /audio/transcriptions model. Empty: llm.transcribe_audio answers that none "
+        "is configured.",
+        json_schema_extra=RAW_ONLY,
+    )
     budgets: list[Budget] = Field(
         default_factory=list,
         max_length=100,
@@ -255,8 +263,9 @@ class LLMSection(Section):
             unknown = [n for n in route if n not in known]
             if unknown:
                 raise ValueError(f"task {task!r} names unknown model(s): {', '.join(unknown)}")
-        if unknown := [n for n in self.embedding if n not in known]:
-            raise ValueError(f"llm.embedding names unknown model(s): {', '.join(unknown)}")
+        for route in ("embedding", "voice"):
+            if unknown := [n for n in getattr(self, route) if n not in known]:
+                raise ValueError(f"llm.{route} names unknown model(s): {', '.join(unknown)}")
         for budget in self.budgets:
             if budget.scope == "model" and budget.target not in known:
                 raise ValueError(f"a budget names the unknown model {budget.target!r}")

@@ -71,6 +71,7 @@ IMPLEMENTATIONS: dict[str, Capability] = {
     "llm.generate_with_tools": llm.generate_with_tools,
     "llm.get_available_models": llm.get_available_models,
     "llm.embed": llm.embed,
+    "llm.transcribe_audio": llm.transcribe_audio,
     "message.get_recent": message.get_recent,
     "message.get_by_id": message.get_by_id,
     "message.get_by_time_in_chat": message.get_by_time_in_chat,

@@ -115,7 +115,7 @@ async def embed(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
     """llm.embed: embeddings from the models of `[llm] embedding` (chat.agent.embeddings: budgets, the
     ledger with purpose plugin:<id>). One `text` → {embedding, model_name}; `texts` → {results: [...]}.
     `task_name` / `model` are not honoured: the operator's embedding route decides."""
-    from chat.agent.embeddings import embed_sync
+    from chat.agent.provider_calls import embed_sync
 
     try:
         text, texts = _embed_texts(args)
@@ -131,3 +131,27 @@ async def embed(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
         return {"success": False, "error": result.error}
     items = [{"embedding": vector, "model_name": result.model_name} for vector in result.vectors]
     return {"success": True, **items[0]} if text is not None else {"success": True, "results": items}
+
+
+async def transcribe_audio(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
+    """llm.transcribe_audio: speech to text from the models of `[llm] voice` (chat.agent.provider_calls:
+    budgets, the ledger with purpose plugin:<id>). MaiBot's arguments (`audio_base64`, `voice_base64` or
+    `base64`, a data: URL too) and result ({success: the text is not empty, text, content}); audio up to
+    10 MB. `task_name` / `model` are not honoured: the operator's voice route decides."""
+    from chat.agent.provider_calls import transcribe_sync
+    from chat.media import MediaError, decode_base64, sniff_mime
+
+    encoded = next((str(args[k]).strip() for k in ("audio_base64", "voice_base64", "base64") if args.get(k)), "")
+    if not encoded:
+        return {"success": False, "error": "缺少必要参数 audio_base64 或 voice_base64"}
+    try:
+        audio = decode_base64(encoded)
+    except MediaError as exc:
+        return {"success": False, "error": f"audio_base64: {exc}"}
+    extension = {"audio/mpeg": "mp3", "audio/ogg": "ogg", "audio/amr": "amr", "audio/silk": "silk"}
+    filename = f"voice.{extension.get(sniff_mime(audio), 'wav')}"
+    purpose = f"plugin:{record.plugin_id}"[:32]
+    result = await db(lambda: transcribe_sync(purpose=purpose, audio=audio, filename=filename))
+    if result.error:
+        return {"success": False, "error": result.error}
+    return {"success": bool(result.text), "text": result.text, "content": result.text}

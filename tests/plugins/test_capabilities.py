@@ -81,8 +81,8 @@ def test_all_twenty_capabilities_are_answered_and_the_admin_lists_only_the_other
 def test_the_example_plugin_declares_the_twenty_and_only_an_unanswered_one_is_listed(allcaps):
     host, _ = allcaps
     record = host.records[ALLCAPS]
-    assert set(record.declared_capabilities) == TWENTY | {"llm.transcribe_audio"}
-    assert record.unsupported_capabilities == ["llm.transcribe_audio"]
+    assert set(record.declared_capabilities) == TWENTY | {"send.video"}
+    assert record.unsupported_capabilities == ["send.video"]
 
 
 def test_sends_go_through_the_send_service_with_segments_adapters_accept(allcaps, make_session):

@@ -187,7 +187,7 @@ async def test_the_example_plugin_calls_every_capability_through_a_live_server(s
             assert "no chat with stream_id no-such-stream" in bad["proactive"]["error"]
             assert bad["context"]["success"] is False and bad["llm"]["success"] is False
             assert "no API test.maibot.nobody.nothing" in bad["api"]["error"]
-            assert bad["asr"] == "capability llm.transcribe_audio is not supported by this host"
+            assert bad["video"] == "capability send.video is not supported by this host"
             assert len(fake.requests) == 2  # commands intercept: no model call for either
             assert proc.popen.poll() is None
         finally:

@@ -1,6 +1,7 @@
-"""Capabilities MaiBot 1.2's host answers that plugins of the public index declare, answered here with the
-same arguments and results: message.get_by_time (every chat), config.get_plugin / config.get_all (another
-plugin's secrets left out), component.enable / component.disable (a plugin's own components)."""
+"""Every capability MaiBot 1.3.15's host registers is answered here; and those MaiBot 1.2's host answers
+that plugins of the public index declare, answered with the same arguments and results:
+message.get_by_time (every chat), config.get_plugin / config.get_all (another plugin's secrets left
+out), component.enable / component.disable (a plugin's own components)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,35 @@ MANIFEST = {
     "host_application": {"min_version": "1.0.0", "max_version": "1.99.99"},
     "sdk": {"min_version": "2.0.0", "max_version": "2.99.99"},
 }
+
+
+# MaiBot 1.3.15's capability registry (src/plugin_runtime/capabilities/registry.py, 73 names).
+MAIBOT_13_CAPABILITIES = {
+    "api.call", "api.get", "api.list", "api.replace_dynamic", "chat.get_all_streams", "chat.get_group_streams",
+    "chat.get_private_streams", "chat.get_stream_by_group_id", "chat.get_stream_by_user_id", "chat.open_session",
+    "component.disable", "component.enable", "component.get_all_plugins", "component.get_plugin_config_schema",
+    "component.get_plugin_info", "component.list_loaded_plugins", "component.list_registered_plugins",
+    "component.load_plugin", "component.reload_plugin", "component.unload_plugin",
+    "component.update_plugin_config", "config.get", "config.get_all", "config.get_plugin", "database.count",
+    "database.delete", "database.get", "database.query", "database.save", "emoji.delete", "emoji.get_all",
+    "emoji.get_by_description", "emoji.get_count", "emoji.get_emotions", "emoji.get_info", "emoji.get_random",
+    "emoji.register", "frequency.get_adjust", "frequency.get_current_talk_value", "frequency.set_adjust",
+    "knowledge.search", "llm.embed", "llm.generate", "llm.generate_with_tools", "llm.get_available_models",
+    "llm.transcribe_audio", "maisaka.context.append", "maisaka.proactive.trigger", "message.build_readable",
+    "message.count_new", "message.get_by_id", "message.get_by_time", "message.get_by_time_in_chat",
+    "message.get_recent", "person.get_id", "person.get_id_by_name", "person.get_value", "render.html2png",
+    "send.command", "send.custom", "send.emoji", "send.forward", "send.hybrid", "send.image", "send.text",
+    "statistics.local.message_trend", "statistics.local.model_trend", "statistics.local.models",
+    "statistics.local.online_time_trend", "statistics.local.token_distribution", "statistics.local.token_trend",
+    "statistics.local.tool_trend", "tool.get_definitions",
+}  # fmt: skip
+
+
+def test_every_capability_maibot_13_answers_is_answered_here():
+    from plugins.capabilities import SUPPORTED
+
+    assert len(MAIBOT_13_CAPABILITIES) == 73
+    assert sorted(MAIBOT_13_CAPABILITIES - SUPPORTED) == []
 
 
 def record(plugin_id: str, **fields) -> PluginRecord:

@@ -67,7 +67,7 @@ def test_each_broken_plugin_is_refused_with_its_reason_and_the_others_load(load_
     kinds = {c.name: (c.kind, c.registered) for c in weather.components}
     assert kinds["get_weather"] == ("TOOL", True) and kinds["wave"] == ("ACTION", True)
     assert kinds["hello"] == ("COMMAND", True)
-    assert weather.unsupported_capabilities == ["llm.transcribe_audio"]
+    assert weather.unsupported_capabilities == ["send.video"]
     assert weather.config["hello"]["greeting"] == "Hi"  # its config.toml, validated by its config_model
     assert weather.runner_pid and weather.runner_pid != os.getpid()  # its code runs in a runner of its own
     assert registry.get("get_weather") is not None
@@ -204,10 +204,8 @@ def test_plugin_tools_run_as_planner_tools_recorded_like_built_ins(load_plugins,
 
     failed = call(turn, "failing_tool", {})
     assert failed["error"] == {"code": "tool_failed", "message": "ValueError: the weather station is down"}
-    unsupported = call(turn, "transcribe_voice", {})
-    assert unsupported["result"]["content"] == (
-        "no transcript: capability llm.transcribe_audio is not supported by this host"
-    )
+    unsupported = call(turn, "send_video", {})
+    assert unsupported["result"]["content"] == "no video: capability send.video is not supported by this host"
     undeclared = call(turn, "undeclared", {})
     assert undeclared["error"]["message"] == (
         "RuntimeError: capability person.get_id is not declared in plugin test.maibot.weather's manifest"
@@ -308,7 +306,7 @@ def test_admin_plugins_page_lists_states_reasons_and_unanswered_capabilities(loa
     assert "dependency cycle: test.maibot.cycle-a -&gt; test.maibot.cycle-b -&gt; test.maibot.cycle-a" in page
     assert "host_application needs MaiBot &gt;= 2.0.0" in page
     assert "ImportError: this plugin needs a module that is not there" in page
-    assert "llm.transcribe_audio" in page and "ACTION <code>wave</code>" in page
+    assert "send.video" in page and "ACTION <code>wave</code>" in page
     assert "test.maibot.unruly" in page and "running, pid" in page
     assert 'name="action"' not in page  # a viewer is offered no action
 

@@ -113,10 +113,10 @@ class AllCapsPlugin(MaiBotPlugin):
             "llm": await ctx.llm.generate(""),
         }
         try:
-            await ctx.llm.transcribe_audio(audio_base64="AAAA")
-            outcomes["asr"] = "answered"
+            await ctx.call_capability("send.video", video_base64="AAAA", stream_id=stream_id)
+            outcomes["video"] = "answered"
         except RuntimeError as exc:
-            outcomes["asr"] = str(exc)
+            outcomes["video"] = str(exc)
         await ctx.send.text("bad: " + json.dumps(outcomes, ensure_ascii=False, sort_keys=True, default=str), stream_id)
         return True, "bad arguments answered", True
 

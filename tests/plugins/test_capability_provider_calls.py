@@ -1,9 +1,11 @@
-"""llm.embed through the real maibot-plugin-sdk's PluginContext and the real openai client against a local
-OpenAI-compatible server (tests/fake_llm.py): MaiBot 1.3's shapes (one embedding, or results), the
-operator's `[llm] embedding` route, the ledger and the daily budgets; refusals are error results."""
+"""llm.embed and llm.transcribe_audio through the real maibot-plugin-sdk's PluginContext and the real
+openai client against a local OpenAI-compatible server (tests/fake_llm.py): MaiBot 1.3's shapes (one
+embedding or results; text and content), the operator's `[llm] embedding` / `[llm] voice` routes, the
+ledger and the daily budgets; refusals are error results."""
 
 from __future__ import annotations
 
+import base64
 import re
 
 import pytest
@@ -77,3 +79,22 @@ def test_a_plugin_that_did_not_declare_llm_embed_is_refused(server):
     ):
         run(ctx.llm.embed("x"))
     assert server.embedding_requests == []
+
+
+def test_speech_becomes_text_through_the_voice_route(server):
+    _, ctx = plugin(EMBEDDER, ["llm.transcribe_audio"])
+    ogg = b"OggS" + b"\x00" * 64
+    assert run(ctx.llm.transcribe_audio(audio_base64=base64.b64encode(ogg).decode()))["error"] == (
+        "no voice model is configured ([llm] voice)"
+    )
+    with config.override(llm={"voice": ["default"]}):
+        heard = run(ctx.llm.transcribe_audio(ogg))  # bytes: the SDK encodes them
+        data_url = run(ctx.llm.transcribe_audio("data:audio/ogg;base64," + base64.b64encode(ogg).decode()))
+        server.transcript = ""
+        silent = run(ctx.llm.transcribe_audio(ogg))
+    assert heard == data_url == {"success": True, "text": "你好，麦麦", "content": "你好，麦麦"}
+    assert silent == {"success": False, "text": "", "content": ""}  # as MaiBot: no text is no success
+    (first, *_) = server.transcription_requests
+    assert ogg in first and b'filename="voice.ogg"' in first and b"fake-model" in first
+    assert LLMCall.objects.filter(purpose=f"plugin:{EMBEDDER}").count() == 3
+    assert run(ctx.llm.transcribe_audio(audio_base64=""))["error"] == "缺少必要参数 audio_base64 或 voice_base64"
