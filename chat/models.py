@@ -215,21 +215,23 @@ def media_upload_to(instance: Media, filename: str) -> str:
 class Media(models.Model):
     """An image, emoji or voice clip, stored once by content hash; messages reference it by hash."""
 
-    sha256 = models.CharField(max_length=64)
-    kind = models.CharField(max_length=8, choices=MediaKind.choices)
-    file = models.FileField(upload_to=media_upload_to, max_length=255)
-    mime = models.CharField(max_length=64, blank=True)
-    size = models.PositiveIntegerField(default=0)
-    description = models.TextField(blank=True)
-    emotion = models.CharField(max_length=64, blank=True)
-    usage_count = models.PositiveIntegerField(default=0)
+    sha256 = models.CharField(max_length=64, verbose_name=_("content hash (SHA-256)"))
+    kind = models.CharField(max_length=8, choices=MediaKind.choices, verbose_name=_("kind"))
+    file = models.FileField(upload_to=media_upload_to, max_length=255, verbose_name=_("file"))
+    mime = models.CharField(max_length=64, blank=True, verbose_name=_("MIME type"))
+    size = models.PositiveIntegerField(default=0, verbose_name=_("size (bytes)"))
+    description = models.TextField(blank=True, verbose_name=_("description"))
+    emotion = models.CharField(max_length=64, blank=True, verbose_name=_("emotion"))
+    usage_count = models.PositiveIntegerField(default=0, verbose_name=_("times used"))
     # The plugin that registered an emoji through emoji.register ("" when it came from a chat or the
     # operator): only that plugin may delete it again.
-    registered_by = models.CharField(max_length=128, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    registered_by = models.CharField(max_length=128, blank=True, verbose_name=_("registered by plugin"))
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["sha256", "kind"], name="media_unique_hash_kind")]
+        verbose_name = _("media")
+        verbose_name_plural = _("media")
 
     def __str__(self) -> str:
         return f"{self.kind} {self.sha256[:12]}"
@@ -249,8 +251,8 @@ class Emoji(Media):
 
     class Meta:
         proxy = True
-        verbose_name = "emoji"
-        verbose_name_plural = "emoji library"
+        verbose_name = _("emoji")
+        verbose_name_plural = _("emoji library")
 
 
 class CommandResponse(models.Model):
@@ -492,14 +494,15 @@ class KnowledgeEntry(models.Model):
     plugins' knowledge.search finds (chat.knowledge). A title and a text; a disabled entry is kept but
     never found."""
 
-    title = models.CharField(max_length=200)
-    content = models.TextField(max_length=20_000)
-    enabled = models.BooleanField(default=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True, db_index=True)
+    title = models.CharField(max_length=200, verbose_name=_("title"))
+    content = models.TextField(max_length=20_000, verbose_name=_("text"))
+    enabled = models.BooleanField(default=True, verbose_name=_("enabled"))
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
+    updated_at = models.DateTimeField(auto_now=True, db_index=True, verbose_name=_("updated at"))
 
     class Meta:
-        verbose_name_plural = "knowledge"
+        verbose_name = _("knowledge entry")
+        verbose_name_plural = _("knowledge")
 
     def __str__(self) -> str:
         return self.title

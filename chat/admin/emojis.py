@@ -6,6 +6,8 @@ import base64
 
 from django.contrib import admin
 from django.utils.html import format_html
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from chat.models import Emoji
 
@@ -26,7 +28,7 @@ class EmojiAdmin(admin.ModelAdmin):
     def has_add_permission(self, request) -> bool:
         return False  # emojis come from chats and plugins; the library only describes them
 
-    @admin.display(description="emoji")
+    @admin.display(description=_("emoji"))
     def preview(self, obj: Emoji):
         if obj.size > PREVIEW_MAX_BYTES or not obj.mime.startswith("image/"):
             return f"{obj.mime or '?'}, {obj.size // 1024} KB"
@@ -34,10 +36,12 @@ class EmojiAdmin(admin.ModelAdmin):
             with obj.file.open("rb") as fh:
                 data = base64.b64encode(fh.read()).decode()
         except OSError as exc:
-            return f"file missing: {exc}"
+            return gettext("file missing: %(error)s") % {"error": exc}
         style = "max-height:64px;max-width:96px"
         return format_html('<img src="data:{};base64,{}" style="{}" alt="">', obj.mime, data, style)
 
-    @admin.display(description="from", ordering="registered_by")
+    @admin.display(description=_("from"), ordering="registered_by")
     def origin(self, obj: Emoji) -> str:
-        return f"plugin {obj.registered_by}" if obj.registered_by else "chats"
+        if obj.registered_by:
+            return gettext("plugin %(plugin)s") % {"plugin": obj.registered_by}
+        return gettext("chats")

@@ -217,17 +217,21 @@ class LLMSection(Section):
     embedding: list[ModelName] = Field(
         default_factory=list,
         max_length=20,
-        description="Embedding models (plugins' llm.embed): an ordered list of model names, each an "
-        "OpenAI-compatible /embeddings model; a provider error tries the next. Empty: llm.embed answers that "
-        "none is configured.",
+        description=gettext_noop(
+            "Embedding models (plugins' llm.embed): an ordered list of model names, each an "
+            "OpenAI-compatible /embeddings model; a provider error tries the next. Empty: llm.embed answers "
+            "that none is configured."
+        ),
         json_schema_extra=RAW_ONLY,
     )
     voice: list[ModelName] = Field(
         default_factory=list,
         max_length=20,
-        description="Speech-to-text models (plugins' llm.transcribe_audio): an ordered list of model names, "
-        "each an OpenAI-compatible /audio/transcriptions model. Empty: llm.transcribe_audio answers that none "
-        "is configured.",
+        description=gettext_noop(
+            "Speech-to-text models (plugins' llm.transcribe_audio): an ordered list of model names, each an "
+            "OpenAI-compatible /audio/transcriptions model. Empty: llm.transcribe_audio answers that none is "
+            "configured."
+        ),
         json_schema_extra=RAW_ONLY,
     )
     budgets: list[Budget] = Field(
