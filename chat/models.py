@@ -213,7 +213,8 @@ def media_upload_to(instance: Media, filename: str) -> str:
 
 
 class Media(models.Model):
-    """An image, emoji or voice clip, stored once by content hash; messages reference it by hash."""
+    """An image, emoji or voice clip, stored once by content hash; messages reference it by hash. An
+    emoji a plugin registered (emoji.register) names it in `registered_by`: only it may delete it."""
 
     sha256 = models.CharField(max_length=64, verbose_name=_("content hash (SHA-256)"))
     kind = models.CharField(max_length=8, choices=MediaKind.choices, verbose_name=_("kind"))
@@ -223,8 +224,6 @@ class Media(models.Model):
     description = models.TextField(blank=True, verbose_name=_("description"))
     emotion = models.CharField(max_length=64, blank=True, verbose_name=_("emotion"))
     usage_count = models.PositiveIntegerField(default=0, verbose_name=_("times used"))
-    # The plugin that registered an emoji through emoji.register ("" when it came from a chat or the
-    # operator): only that plugin may delete it again.
     registered_by = models.CharField(max_length=128, blank=True, verbose_name=_("registered by plugin"))
     created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
 
@@ -237,17 +236,8 @@ class Media(models.Model):
         return f"{self.kind} {self.sha256[:12]}"
 
 
-class EmojiManager(models.Manager):
-    def get_queryset(self):
-        return super().get_queryset().filter(kind=MediaKind.EMOJI)
-
-
 class Emoji(Media):
-    """The emoji library: every emoji media row (received in chats, sent, or registered by a plugin).
-    Its description and emotion are what the planner's send_emoji and the emoji.* capabilities pick
-    by; the operator describes emojis in the admin."""
-
-    objects = EmojiManager()
+    """The emoji library: the media rows of kind emoji (filter by it), described by the operator."""
 
     class Meta:
         proxy = True
@@ -490,14 +480,11 @@ class ApiToken(models.Model):
 
 
 class KnowledgeEntry(models.Model):
-    """One piece of knowledge the operator wrote into the knowledge store (admin › Knowledge): what
-    plugins' knowledge.search finds (chat.knowledge). A title and a text; a disabled entry is kept but
-    never found."""
+    """An entry of the operator's knowledge store, what knowledge.search finds unless disabled."""
 
     title = models.CharField(max_length=200, verbose_name=_("title"))
     content = models.TextField(max_length=20_000, verbose_name=_("text"))
     enabled = models.BooleanField(default=True, verbose_name=_("enabled"))
-    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
     updated_at = models.DateTimeField(auto_now=True, db_index=True, verbose_name=_("updated at"))
 
     class Meta:

@@ -25,6 +25,9 @@ class EmojiAdmin(admin.ModelAdmin):
     ordering = ("-usage_count", "-created_at")
     list_per_page = 24
 
+    def get_queryset(self, request):
+        return super().get_queryset(request).filter(kind="emoji")
+
     def has_add_permission(self, request) -> bool:
         return False  # emojis come from chats and plugins; the library only describes them
 

@@ -76,7 +76,7 @@ def _payloads(emojis, undescribed: str = RANDOM_EMOTION) -> list[dict[str, str]]
 def _library():
     from chat.models import Emoji
 
-    return Emoji.objects.all()
+    return Emoji.objects.filter(kind="emoji")
 
 
 async def get_by_description(record: PluginRecord, args: dict[str, Any]) -> dict[str, Any]:
