@@ -33,9 +33,11 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 SERVER_CONFIG = "[gateway]\nconfirm_seconds = 2.0\nmax_delivery_attempts = 3\noutbox_poll_seconds_with_redis = 1.0\n"
 CLUSTER_CONFIG = "[scheduling]\nbatch_size = 10\n"
 # A SIGKILLed process's in-flight messages reach the adapter within this of their due time, and go out
-# within DEAD_CLAIM_AFTER_KILL of the kill (its heartbeat runs out 8 s after its last beat).
+# within DEAD_CLAIM_AFTER_KILL of the kill: its heartbeat runs out 8 s after its last beat, and the rest of
+# the burst follows; a claim that waited out its lease (30 s from the claim, at the due time) would come
+# back after 29 s or more. (12 s was missed by 0.14 s at load 13.)
 DEAD_CLAIM_LATENESS = 15.0
-DEAD_CLAIM_AFTER_KILL = 12.0
+DEAD_CLAIM_AFTER_KILL = 20.0
 
 
 @pytest.fixture(scope="module")
