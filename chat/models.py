@@ -8,7 +8,7 @@ import uuid
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
-from django.utils.translation import gettext
+from django.utils.translation import gettext, gettext_noop
 from django.utils.translation import gettext_lazy as _
 
 
@@ -133,7 +133,7 @@ class Message(models.Model):
     sender_nickname = models.CharField(max_length=255, blank=True, verbose_name=_("sender nickname"))
     sender_cardname = models.CharField(max_length=255, blank=True, verbose_name=_("sender cardname"))
     receiver_id = models.CharField(max_length=128, blank=True, verbose_name=_("receiver id"))
-    segments = ReadableJSONField(default=list, placeholder=UNREADABLE_SEGMENTS)
+    segments = ReadableJSONField(default=list, placeholder=UNREADABLE_SEGMENTS, verbose_name=_("segments"))
     text = models.TextField(blank=True, verbose_name=_("text"))
     # The platform id of the quoted message, when this message quotes one.
     reply_to_platform_id = models.CharField(max_length=128, blank=True, verbose_name=_("reply to platform id"))
@@ -167,9 +167,9 @@ class Message(models.Model):
         verbose_name_plural = _("messages")
         ordering = ["time", "id"]
         permissions = [
-            ("resend_message", "Can resend unconfirmed or failed outbound messages"),
+            ("resend_message", gettext_noop("Can resend unconfirmed or failed outbound messages")),
             # The console's send box (console.transcript): writes into a chat through the one send service.
-            ("send_operator_message", "Can write into a chat as the operator"),
+            ("send_operator_message", gettext_noop("Can write into a chat as the operator")),
         ]
         constraints = [
             models.CheckConstraint(
@@ -228,6 +228,8 @@ class Media(models.Model):
     created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
 
     class Meta:
+        verbose_name = _("media file")
+        verbose_name_plural = _("media files")
         constraints = [models.UniqueConstraint(fields=["sha256", "kind"], name="media_unique_hash_kind")]
         verbose_name = _("media")
         verbose_name_plural = _("media")
@@ -253,6 +255,10 @@ class CommandResponse(models.Model):
     success = models.BooleanField(default=False)
     payload = ReadableJSONField(default=dict, placeholder={"unreadable": "nested too deeply to show"})
     received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("command response")
+        verbose_name_plural = _("command responses")
 
 
 class AdapterPlatform(models.Model):
@@ -302,6 +308,8 @@ class AdapterConnection(models.Model):
     close_code = models.IntegerField(null=True, blank=True)
 
     class Meta:
+        verbose_name = _("adapter connection")
+        verbose_name_plural = _("adapter connections")
         ordering = ["-connected_at"]
 
 
@@ -341,7 +349,12 @@ class PlannerCycle(models.Model):
         indexes = [models.Index(fields=["session", "started_at"])]
 
     def __str__(self) -> str:
-        return f"{self.kind} cycle {self.cycle_id} {self.action}"
+        # In the operator's language on a console page; English elsewhere (logs).
+        return gettext("%(kind)s %(cycle)s %(action)s") % {
+            "kind": self.get_kind_display(),
+            "cycle": self.cycle_id,
+            "action": self.action,
+        }
 
 
 class ToolCallRecord(models.Model):
@@ -360,6 +373,8 @@ class ToolCallRecord(models.Model):
     created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
 
     class Meta:
+        verbose_name = _("tool call record")
+        verbose_name_plural = _("tool call records")
         ordering = ["id"]
 
 
@@ -401,6 +416,9 @@ class LLMCall(models.Model):
         verbose_name_plural = _("LLM calls")
         ordering = ["-created_at"]
 
+    def __str__(self) -> str:
+        return gettext("LLM call %(id)s: %(model)s") % {"id": self.pk, "model": self.model}
+
 
 class LLMSpend(models.Model):
     """One budget's spend on one local day (bot time zone): the counter capped calls are admitted
@@ -416,6 +434,8 @@ class LLMSpend(models.Model):
     alerted_at = models.DateTimeField(null=True, blank=True)  # when the operators were told it is reached
 
     class Meta:
+        verbose_name = _("daily LLM spend")
+        verbose_name_plural = _("daily LLM spend")
         ordering = ["-day", "scope", "target"]
         constraints = [models.UniqueConstraint(fields=["day", "scope", "target"], name="llmspend_one_row_per_day")]
 
@@ -469,7 +489,7 @@ class ApiToken(models.Model):
     class Meta:
         verbose_name = _("API token")
         verbose_name_plural = _("API tokens")
-        permissions = [("revoke_apitoken", "Can revoke API tokens")]
+        permissions = [("revoke_apitoken", gettext_noop("Can revoke API tokens"))]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
