@@ -349,12 +349,8 @@ class PlannerCycle(models.Model):
         indexes = [models.Index(fields=["session", "started_at"])]
 
     def __str__(self) -> str:
-        # In the operator's language on a console page; English elsewhere (logs).
-        return gettext("%(kind)s %(cycle)s %(action)s") % {
-            "kind": self.get_kind_display(),
-            "cycle": self.cycle_id,
-            "action": self.action,
-        }
+        # The kind in the operator's language on a console page; English elsewhere (logs).
+        return f"{self.get_kind_display()} {self.cycle_id} {self.action}"
 
 
 class ToolCallRecord(models.Model):
