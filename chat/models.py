@@ -228,8 +228,6 @@ class Media(models.Model):
     created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
 
     class Meta:
-        verbose_name = _("media file")
-        verbose_name_plural = _("media files")
         constraints = [models.UniqueConstraint(fields=["sha256", "kind"], name="media_unique_hash_kind")]
         verbose_name = _("media")
         verbose_name_plural = _("media")
@@ -337,9 +335,8 @@ class PlannerCycle(models.Model):
     outcome = models.TextField(blank=True, verbose_name=_("outcome"))
     replanned = models.BooleanField(default=False, verbose_name=_("replanned"))
     trigger = models.CharField(max_length=255, blank=True, verbose_name=_("trigger"))
-    prompt = models.JSONField(
-        default=list, blank=True, verbose_name=_("prompt")
-    )  # the rendered messages sent to the model
+    # The rendered messages sent to the model
+    prompt = models.JSONField(default=list, blank=True, verbose_name=_("prompt"))
     error = models.TextField(blank=True, verbose_name=_("error"))
 
     class Meta:
@@ -349,7 +346,6 @@ class PlannerCycle(models.Model):
         indexes = [models.Index(fields=["session", "started_at"])]
 
     def __str__(self) -> str:
-        # The kind in the operator's language on a console page; English elsewhere (logs).
         return f"{self.get_kind_display()} {self.cycle_id} {self.action}"
 
 
@@ -389,16 +385,12 @@ class LLMCall(models.Model):
         ChatSession, null=True, blank=True, on_delete=models.SET_NULL, verbose_name=_("session")
     )
     purpose = models.CharField(max_length=32, verbose_name=_("purpose"))  # planner | life | summary | ...
-    task = models.CharField(
-        max_length=16, blank=True, db_index=True, verbose_name=_("task")
-    )  # planner | life | summary | utility
+    # One of planner | life | summary | utility
+    task = models.CharField(max_length=16, blank=True, db_index=True, verbose_name=_("task"))
     model = models.CharField(max_length=128, verbose_name=_("model"))  # the provider's model id
-    model_name = models.CharField(
-        max_length=64, blank=True, verbose_name=_("model name")
-    )  # the config's name for it (llm.models)
-    attempt = models.PositiveSmallIntegerField(
-        default=0, verbose_name=_("attempt")
-    )  # 0: the task's first model; 1, 2…: fallbacks
+    model_name = models.CharField(max_length=64, blank=True, verbose_name=_("model name"))  # its llm.models name
+    # 0: the task's first model; 1, 2…: fallbacks
+    attempt = models.PositiveSmallIntegerField(default=0, verbose_name=_("attempt"))
     prompt_tokens = models.PositiveIntegerField(default=0, verbose_name=_("prompt tokens"))
     completion_tokens = models.PositiveIntegerField(default=0, verbose_name=_("completion tokens"))
     cached_tokens = models.PositiveIntegerField(default=0, verbose_name=_("cached tokens"))
@@ -475,12 +467,9 @@ class ApiToken(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True, verbose_name=_("last used at"))
     revoked_at = models.DateTimeField(null=True, blank=True, verbose_name=_("revoked at"))
     scopes = models.JSONField(default=default_api_scopes, verbose_name=_("scopes"))
-    allowed_channels = models.JSONField(
-        default=list, blank=True, verbose_name=_("allowed channels")
-    )  # platforms, e.g. ["qq"]
-    allowed_conversations = models.JSONField(
-        default=list, blank=True, verbose_name=_("allowed conversations")
-    )  # conversation (session) ids
+    # Platforms (e.g. ["qq"]) and conversation (session) ids.
+    allowed_channels = models.JSONField(default=list, blank=True, verbose_name=_("allowed channels"))
+    allowed_conversations = models.JSONField(default=list, blank=True, verbose_name=_("allowed conversations"))
 
     class Meta:
         verbose_name = _("API token")
