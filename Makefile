@@ -120,7 +120,8 @@ clean:
 	rm -rf .test-data .test-data-pg build dist *.egg-info
 
 # The console's translations (console/locale): every marked string into both catalogs (then translate the
-# new ones in zh_Hans; en is the source text, filled by msgen), compiled. Needs GNU gettext.
+# new ones in zh_Hans; en is the source text, filled by msgen), compiled. Needs GNU gettext. New entries
+# start empty, never as fuzzy guesses: the project's makemessages runs msgmerge with --no-fuzzy-matching.
 MESSAGES_IGNORE = $(foreach d,tests bench docs locale data dist build site maibot-data,--ignore=$(d))
 messages: venv
 	$(BIN)/python manage.py makemessages -l zh_Hans -l en --no-obsolete --no-location $(MESSAGES_IGNORE)

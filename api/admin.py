@@ -32,19 +32,23 @@ class ListField(forms.CharField):
 class ApiTokenForm(forms.ModelForm):
     scopes = forms.MultipleChoiceField(
         choices=ApiScope.choices,
+        label=_("Scopes"),
         widget=forms.CheckboxSelectMultiple,
         initial=default_api_scopes,
         help_text=_("New tokens: send, and read and cancel their own messages only."),
     )
     allowed_channels = ListField(
         required=False,
+        label=_("Allowed channels"),
         help_text=_(
             "Platforms it may send to, comma-separated (e.g. qq). Empty: every platform but the operators' "
             "browser chat (web), which a token reaches only when it names it here."
         ),
     )
     allowed_conversations = ListField(
-        required=False, help_text=_("Conversation ids it may send to, comma-separated. Empty: any conversation.")
+        required=False,
+        label=_("Allowed conversations"),
+        help_text=_("Conversation ids it may send to, comma-separated. Empty: any conversation."),
     )
 
     class Meta:
@@ -88,11 +92,11 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def mcp_calls(self, obj: ApiToken):
         # The token's recent calls to the bot's MCP endpoint (/mcp), in their own list.
         url = reverse("admin:api_mcpendpointcall_changelist") + f"?token__id__exact={obj.pk}"
-        return format_html('<a href="{}">recent calls</a>', url)
+        return format_html('<a href="{}">{}</a>', url, gettext("recent calls"))
 
     @admin.display(description=_("State"))
     def state(self, obj: ApiToken) -> str:
-        return "active" if obj.is_active else "revoked"
+        return gettext("active") if obj.is_active else gettext("revoked")
 
     def save_model(self, request: HttpRequest, obj: ApiToken, form, change: bool) -> None:
         if change:
@@ -117,7 +121,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
             return super().response_add(request, obj, post_url_continue)
         context = {
             **self.admin_site.each_context(request),
-            "title": f"API token {obj.name} created",
+            "title": gettext("API token %(name)s created") % {"name": obj.name},
             "opts": self.opts,
             "token": obj,
             "raw_token": raw,

@@ -23,6 +23,8 @@ class IdempotencyRecord(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
+        verbose_name = _("idempotency record")
+        verbose_name_plural = _("idempotency records")
         db_table = "chat_idempotencyrecord"
         constraints = [models.UniqueConstraint(fields=["token", "key"], name="idempotency_unique_key")]
 
@@ -35,6 +37,8 @@ class ApiRateWindow(models.Model):
     count = models.PositiveIntegerField(default=0)
 
     class Meta:
+        verbose_name = _("API rate window")
+        verbose_name_plural = _("API rate windows")
         db_table = "chat_apiratewindow"
         constraints = [models.UniqueConstraint(fields=["token", "window_start"], name="api_rate_window_unique")]
 

@@ -8,7 +8,7 @@ import uuid
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
-from django.utils.translation import gettext
+from django.utils.translation import gettext, gettext_noop
 from django.utils.translation import gettext_lazy as _
 
 
@@ -133,7 +133,7 @@ class Message(models.Model):
     sender_nickname = models.CharField(max_length=255, blank=True, verbose_name=_("sender nickname"))
     sender_cardname = models.CharField(max_length=255, blank=True, verbose_name=_("sender cardname"))
     receiver_id = models.CharField(max_length=128, blank=True, verbose_name=_("receiver id"))
-    segments = ReadableJSONField(default=list, placeholder=UNREADABLE_SEGMENTS)
+    segments = ReadableJSONField(default=list, placeholder=UNREADABLE_SEGMENTS, verbose_name=_("segments"))
     text = models.TextField(blank=True, verbose_name=_("text"))
     # The platform id of the quoted message, when this message quotes one.
     reply_to_platform_id = models.CharField(max_length=128, blank=True, verbose_name=_("reply to platform id"))
@@ -167,9 +167,9 @@ class Message(models.Model):
         verbose_name_plural = _("messages")
         ordering = ["time", "id"]
         permissions = [
-            ("resend_message", "Can resend unconfirmed or failed outbound messages"),
+            ("resend_message", gettext_noop("Can resend unconfirmed or failed outbound messages")),
             # The console's send box (console.transcript): writes into a chat through the one send service.
-            ("send_operator_message", "Can write into a chat as the operator"),
+            ("send_operator_message", gettext_noop("Can write into a chat as the operator")),
         ]
         constraints = [
             models.CheckConstraint(
@@ -254,6 +254,10 @@ class CommandResponse(models.Model):
     payload = ReadableJSONField(default=dict, placeholder={"unreadable": "nested too deeply to show"})
     received_at = models.DateTimeField(auto_now_add=True)
 
+    class Meta:
+        verbose_name = _("command response")
+        verbose_name_plural = _("command responses")
+
 
 class AdapterPlatform(models.Model):
     """What we know about a platform's adapter across its connections and our restarts."""
@@ -302,6 +306,8 @@ class AdapterConnection(models.Model):
     close_code = models.IntegerField(null=True, blank=True)
 
     class Meta:
+        verbose_name = _("adapter connection")
+        verbose_name_plural = _("adapter connections")
         ordering = ["-connected_at"]
 
 
@@ -329,9 +335,8 @@ class PlannerCycle(models.Model):
     outcome = models.TextField(blank=True, verbose_name=_("outcome"))
     replanned = models.BooleanField(default=False, verbose_name=_("replanned"))
     trigger = models.CharField(max_length=255, blank=True, verbose_name=_("trigger"))
-    prompt = models.JSONField(
-        default=list, blank=True, verbose_name=_("prompt")
-    )  # the rendered messages sent to the model
+    # The rendered messages sent to the model
+    prompt = models.JSONField(default=list, blank=True, verbose_name=_("prompt"))
     error = models.TextField(blank=True, verbose_name=_("error"))
 
     class Meta:
@@ -341,7 +346,7 @@ class PlannerCycle(models.Model):
         indexes = [models.Index(fields=["session", "started_at"])]
 
     def __str__(self) -> str:
-        return f"{self.kind} cycle {self.cycle_id} {self.action}"
+        return f"{self.get_kind_display()} {self.cycle_id} {self.action}"
 
 
 class ToolCallRecord(models.Model):
@@ -360,6 +365,8 @@ class ToolCallRecord(models.Model):
     created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
 
     class Meta:
+        verbose_name = _("tool call record")
+        verbose_name_plural = _("tool call records")
         ordering = ["id"]
 
 
@@ -378,16 +385,12 @@ class LLMCall(models.Model):
         ChatSession, null=True, blank=True, on_delete=models.SET_NULL, verbose_name=_("session")
     )
     purpose = models.CharField(max_length=32, verbose_name=_("purpose"))  # planner | life | summary | ...
-    task = models.CharField(
-        max_length=16, blank=True, db_index=True, verbose_name=_("task")
-    )  # planner | life | summary | utility
+    # One of planner | life | summary | utility
+    task = models.CharField(max_length=16, blank=True, db_index=True, verbose_name=_("task"))
     model = models.CharField(max_length=128, verbose_name=_("model"))  # the provider's model id
-    model_name = models.CharField(
-        max_length=64, blank=True, verbose_name=_("model name")
-    )  # the config's name for it (llm.models)
-    attempt = models.PositiveSmallIntegerField(
-        default=0, verbose_name=_("attempt")
-    )  # 0: the task's first model; 1, 2…: fallbacks
+    model_name = models.CharField(max_length=64, blank=True, verbose_name=_("model name"))  # its llm.models name
+    # 0: the task's first model; 1, 2…: fallbacks
+    attempt = models.PositiveSmallIntegerField(default=0, verbose_name=_("attempt"))
     prompt_tokens = models.PositiveIntegerField(default=0, verbose_name=_("prompt tokens"))
     completion_tokens = models.PositiveIntegerField(default=0, verbose_name=_("completion tokens"))
     cached_tokens = models.PositiveIntegerField(default=0, verbose_name=_("cached tokens"))
@@ -400,6 +403,9 @@ class LLMCall(models.Model):
         verbose_name = _("LLM call")
         verbose_name_plural = _("LLM calls")
         ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return gettext("LLM call %(id)s: %(model)s") % {"id": self.pk, "model": self.model}
 
 
 class LLMSpend(models.Model):
@@ -416,6 +422,8 @@ class LLMSpend(models.Model):
     alerted_at = models.DateTimeField(null=True, blank=True)  # when the operators were told it is reached
 
     class Meta:
+        verbose_name = _("daily LLM spend")
+        verbose_name_plural = _("daily LLM spend")
         ordering = ["-day", "scope", "target"]
         constraints = [models.UniqueConstraint(fields=["day", "scope", "target"], name="llmspend_one_row_per_day")]
 
@@ -459,17 +467,14 @@ class ApiToken(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True, verbose_name=_("last used at"))
     revoked_at = models.DateTimeField(null=True, blank=True, verbose_name=_("revoked at"))
     scopes = models.JSONField(default=default_api_scopes, verbose_name=_("scopes"))
-    allowed_channels = models.JSONField(
-        default=list, blank=True, verbose_name=_("allowed channels")
-    )  # platforms, e.g. ["qq"]
-    allowed_conversations = models.JSONField(
-        default=list, blank=True, verbose_name=_("allowed conversations")
-    )  # conversation (session) ids
+    # Platforms (e.g. ["qq"]) and conversation (session) ids.
+    allowed_channels = models.JSONField(default=list, blank=True, verbose_name=_("allowed channels"))
+    allowed_conversations = models.JSONField(default=list, blank=True, verbose_name=_("allowed conversations"))
 
     class Meta:
         verbose_name = _("API token")
         verbose_name_plural = _("API tokens")
-        permissions = [("revoke_apitoken", "Can revoke API tokens")]
+        permissions = [("revoke_apitoken", gettext_noop("Can revoke API tokens"))]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"

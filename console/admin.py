@@ -3,16 +3,19 @@ the login (its form checks one password at a time per client and username: core.
 failed attempts (django-axes' page, its one action held to a permission)."""
 
 from axes.admin import AccessAttemptAdmin
+from axes.conf import settings as axes_settings
 from axes.models import AccessAttempt
 from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
+from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from chat.admin import ReadOnlyAdmin
 from chat.admin.conversations import ChatSessionAdmin
 from chat.models import ChatSession
+from console.permissions import label_permissions_of_users_and_groups
 from core.login_lock import SerializedLoginForm
 from core.models import ConfigChange
 
@@ -42,6 +45,13 @@ class LoginAttemptAdmin(AccessAttemptAdmin):
     def cleanup_expired_attempts(self, request, queryset) -> None:
         super().cleanup_expired_attempts(request, queryset)
 
+    @admin.display(description=_("Status"))
+    def status(self, obj: AccessAttempt) -> str:
+        left = axes_settings.AXES_FAILURE_LIMIT - obj.failures_since_start
+        if left <= 0:
+            return gettext("Locked out")
+        return ngettext("%(count)d attempt left", "%(count)d attempts left", left) % {"count": left}
+
 
 admin.site.unregister(AccessAttempt)
 admin.site.register(AccessAttempt, LoginAttemptAdmin)
@@ -61,3 +71,6 @@ class ConsoleChatSessionAdmin(ChatSessionAdmin):
 
 admin.site.unregister(ChatSession)
 admin.site.register(ChatSession, ConsoleChatSessionAdmin)
+
+
+label_permissions_of_users_and_groups()

@@ -9,6 +9,7 @@ class ConsoleConfig(AppConfig):
     verbose_name = _("Console")
 
     def ready(self) -> None:
-        from console.third_party import name_third_party_apps
+        from console.third_party import name_axes_rows, name_third_party_apps
 
         name_third_party_apps()
+        name_axes_rows()

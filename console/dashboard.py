@@ -128,7 +128,8 @@ def timers_summary(limit: int = 10) -> dict[str, Any] | None:
     qs = Timer.objects.all()
     counts: dict[str, int] = {}
     if "status" in names:
-        counts = dict(qs.values_list("status").annotate(n=Count("pk")))
+        labels = dict(Timer._meta.get_field("status").flatchoices)  # each state by its name on the page
+        counts = {str(labels.get(s, s)): n for s, n in qs.values_list("status").annotate(n=Count("pk"))}
         qs = qs.filter(status__in=["active", "pending"])
     upcoming = list(qs.filter(**{f"{due_field}__isnull": False}).order_by(due_field)[:limit]) if due_field else []
     return {"counts": counts, "upcoming": [(t, getattr(t, due_field)) for t in upcoming], "due_field": due_field}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import gettext_noop
 
 
 class LogEntry(models.Model):
@@ -21,6 +22,8 @@ class LogEntry(models.Model):
     pid = models.PositiveIntegerField(default=0)
 
     class Meta:
+        verbose_name = _("log line")
+        verbose_name_plural = _("log lines")
         ordering = ["id"]
         indexes = [models.Index(fields=["level", "id"], name="logentry_level_idx")]
         verbose_name_plural = "log entries"
@@ -55,6 +58,8 @@ class ProcessHeartbeat(models.Model):
     alive_until = models.DateTimeField(null=True, db_index=True)
 
     class Meta:
+        verbose_name = _("process heartbeat")
+        verbose_name_plural = _("process heartbeats")
         ordering = ["-beat_at"]
 
     def __str__(self) -> str:
@@ -65,16 +70,21 @@ class Console(models.Model):
     """No table: only the operator console's permissions (superusers have them all)."""
 
     class Meta:
+        verbose_name = _("console")
+        verbose_name_plural = _("console")
         managed = False
         default_permissions = ()
         permissions = [
-            ("view_console", "Can view the dashboard and the live logs"),
-            ("change_config", "Can edit the bot configuration"),
-            ("change_llm_provider", "Can change the model provider (llm.base_url, llm.api_key_env)"),
-            ("test_llm_models", "Can test the configured models (each test is a paid call)"),
+            ("view_console", gettext_noop("Can view the dashboard and the live logs")),
+            ("change_config", gettext_noop("Can edit the bot configuration")),
+            ("change_llm_provider", gettext_noop("Can change the model provider (llm.base_url, llm.api_key_env)")),
+            ("test_llm_models", gettext_noop("Can test the configured models (each test is a paid call)")),
             (
                 "change_mcp_servers",
-                "Can change the MCP servers (mcp.servers: the programs the bot starts, the URLs and headers it uses)",
+                gettext_noop(
+                    "Can change the MCP servers (mcp.servers: the programs the bot starts, "
+                    "the URLs and headers it uses)"
+                ),
             ),
         ]
 

@@ -51,6 +51,32 @@ def _shown(value, tz) -> str:
     return str(value)
 
 
+# The history's events and their details' keys, as the page names them (the rows keep the codes).
+HISTORY_EVENTS = {
+    "created": gettext_lazy("created"),
+    "cancelled": gettext_lazy("cancelled"),
+    "rescheduled": gettext_lazy("rescheduled"),
+    "edited": gettext_lazy("text edited"),
+    "send_now": gettext_lazy("sent now"),
+    "retried": gettext_lazy("retried"),
+    "resent": gettext_lazy("resent"),
+    "attempt_failed": gettext_lazy("attempt failed"),
+}
+HISTORY_DETAILS = {
+    "send_at": gettext_lazy("send at"),
+    "reason": gettext_lazy("reason"),
+    "old": gettext_lazy("was"),
+    "new": gettext_lazy("now"),
+    "old_text": gettext_lazy("previous text"),
+    "previous_error": gettext_lazy("previous error"),
+    "previous": gettext_lazy("previous state"),
+    "error": gettext_lazy("error"),
+    "content_type": gettext_lazy("content type"),
+    "format": gettext_lazy("format"),
+    "media": gettext_lazy("media"),
+}
+
+
 # Upcoming first (pending, the next due at the top), then everything else newest first.
 UPCOMING_FIRST = [
     Case(When(status=ScheduledStatus.PENDING, then=Value(0)), default=Value(1)).asc(),
@@ -116,7 +142,7 @@ class RescheduleForm(forms.Form):
 class ScheduledMessageForm(forms.ModelForm):
     """Editing a pending message: its text and time. The time is read in the bot's time zone."""
 
-    send_at = LocalDateTimeField(help_text=TYPED_TIME_HELP)
+    send_at = LocalDateTimeField(label=gettext_lazy("Send at"), help_text=TYPED_TIME_HELP)
 
     class Meta:
         model = ScheduledMessage
@@ -156,9 +182,12 @@ class ScheduledMessageAdmin(ServiceActionsMixin, admin.ModelAdmin):
     ]  # fmt: skip
     fieldsets = [
         (None, {"fields": ["id", "session", "chat_type", "badge", "message_text", "send_at", "send_at_local"]}),
-        ("Delivery", {"fields": ["due_at", "attempts", "last_error", "sent_message", "sent_at", "lateness"]}),
         (
-            "Audit",
+            gettext_lazy("Delivery"),
+            {"fields": ["due_at", "attempts", "last_error", "sent_message", "sent_at", "lateness"]},
+        ),
+        (
+            gettext_lazy("Audit"),
             {
                 "fields": [
                     "created_at",
@@ -222,16 +251,19 @@ class ScheduledMessageAdmin(ServiceActionsMixin, admin.ModelAdmin):
             (
                 (
                     _shown(event.get("at", ""), tz),
-                    event.get("event", ""),
+                    HISTORY_EVENTS.get(event.get("event", ""), event.get("event", "")),
                     event.get("by", ""),
-                    ", ".join(f"{k}={_shown(v, tz)}" for k, v in event.items() if k not in {"at", "event", "by"}),
+                    ", ".join(
+                        f"{HISTORY_DETAILS.get(k, k)}={_shown(v, tz)}"
+                        for k, v in event.items()
+                        if k not in {"at", "event", "by"}
+                    ),
                 )
                 for event in obj.history
             ),
         )
-        return format_html(
-            '<table class="history"><tr><th>at</th><th>event</th><th>by</th><th>details</th></tr>{}</table>', rows
-        )
+        head = format_html_join("", "<th>{}</th>", ((h,) for h in (_("when"), _("event"), _("by"), _("details"))))
+        return format_html('<table class="history"><tr>{}</tr>{}</table>', head, rows)
 
     # --- editing: only pending tasks, only through the services -----------------------------------
     def has_add_permission(self, request: HttpRequest) -> bool:

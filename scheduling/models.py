@@ -6,6 +6,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import gettext_noop
 
 from chat.models import ApiToken, ChatSession, ChatType, Message
 from core.config import format_shown, get_config
@@ -111,7 +112,7 @@ class ScheduledMessage(models.Model):
         verbose_name = _("scheduled message")
         verbose_name_plural = _("scheduled messages")
         ordering = ["send_at"]
-        permissions = [("send_now_scheduledmessage", "Can send scheduled messages now")]
+        permissions = [("send_now_scheduledmessage", gettext_noop("Can send scheduled messages now"))]
         indexes = [
             models.Index(fields=["status", "due_at"], name="scheduled_due_idx"),
             models.Index(fields=["session", "status"], name="scheduled_session_status_idx"),

@@ -7,6 +7,7 @@ from django.contrib import admin
 from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
+from django.utils.translation import gettext
 
 from chat.fate import (
     FATE_COLOURS,
@@ -42,7 +43,7 @@ def error_badge(error: str) -> SafeString | str:
     (never the admin's boolean icons, whose green tick reads as "fine")."""
     if not error:
         return "-"
-    return badge(ERROR_COLOUR, "error", error[:500])
+    return badge(ERROR_COLOUR, gettext("error"), error[:500])
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

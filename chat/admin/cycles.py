@@ -7,7 +7,8 @@ from django.contrib import admin
 from django.db.models import Count, Sum
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString, mark_safe
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from chat.admin.base import ReadOnlyAdmin, ReadOnlyInline, error_badge, json_block
@@ -27,7 +28,7 @@ class ToolCallInline(ReadOnlyInline):
     @admin.display(description=_("Arguments"))
     def arguments_view(self, obj: ToolCallRecord) -> SafeString:
         if obj.arguments == {} and obj.raw_arguments and obj.raw_arguments.strip() not in ("", "{}"):
-            return format_html("<code>{}</code> (not valid JSON)", obj.raw_arguments)
+            return format_html("<code>{}</code> {}", obj.raw_arguments, gettext("(not valid JSON)"))
         return json_block(obj.arguments)
 
     @admin.display(description=_("Result"))
@@ -88,7 +89,9 @@ class PlannerCycleAdmin(ReadOnlyAdmin):
     def session_link(self, obj: PlannerCycle) -> SafeString | str:
         if obj.session_id is None:
             return "-"
-        return format_html('<a href="{}">{}</a> (all its cycles)', cycles_url(obj.session_id), obj.session)
+        return format_html(
+            '<a href="{}">{}</a> {}', cycles_url(obj.session_id), obj.session, gettext("(all its cycles)")
+        )
 
     @admin.display(description=_("Timings (ms)"))
     def timings_view(self, obj: PlannerCycle) -> SafeString:
@@ -99,15 +102,22 @@ class PlannerCycleAdmin(ReadOnlyAdmin):
         agg = obj.llm_calls.aggregate(
             calls=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"), cost=Sum("cost")
         )
-        return (
-            f"{agg['calls']} LLM call(s): {agg['prompt'] or 0} prompt + {agg['completion'] or 0} completion tokens, "
-            f"cost {agg['cost'] or Decimal(0)}"
+        text = ngettext(
+            "%(calls)d LLM call: %(prompt)d prompt + %(completion)d completion tokens, cost %(cost)s",
+            "%(calls)d LLM calls: %(prompt)d prompt + %(completion)d completion tokens, cost %(cost)s",
+            agg["calls"],
         )
+        return text % {
+            "calls": agg["calls"],
+            "prompt": agg["prompt"] or 0,
+            "completion": agg["completion"] or 0,
+            "cost": agg["cost"] or Decimal(0),
+        }
 
     @admin.display(description=_("Rendered prompt (the conversation sent to the model)"))
     def prompt_view(self, obj: PlannerCycle) -> SafeString:
         if not obj.prompt:
-            return mark_safe("<em>no model call (offline planner, or failed before the prompt)</em>")
+            return format_html("<em>{}</em>", gettext("no model call (offline planner, or failed before the prompt)"))
         rows = []
         for message in obj.prompt:
             body = message.get("content") or ""

@@ -10,7 +10,9 @@ from django.db.models.functions import TruncDate
 from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils import timezone
+from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from chat.admin.base import ReadOnlyAdmin, error_badge
@@ -25,8 +27,9 @@ def usage_chart_svg(days: list[dict], width: int = 760, height: int = 220) -> Sa
     peak = max((d["prompt_tokens"] + d["completion_tokens"] for d in days), default=0) or 1
     step = plot_w / max(len(days), 1)
     bar = max(step * 0.7, 1)
+    prompt, completion = escape(gettext("prompt")), escape(gettext("completion"))
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" role="img" aria-label="Tokens per day" '
+        f'<svg xmlns="http://www.w3.org/2000/svg" role="img" aria-label="{escape(gettext("Tokens per day"))}" '
         f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" style="font:11px sans-serif">',
         f'<line x1="{pad_l}" y1="{pad_t + plot_h}" x2="{width - 10}" y2="{pad_t + plot_h}" stroke="#888"/>',
         f'<text x="{pad_l - 6}" y="{pad_t + 8}" text-anchor="end">{peak}</text>',
@@ -39,7 +42,11 @@ def usage_chart_svg(days: list[dict], width: int = 760, height: int = 220) -> Sa
         c_h = plot_h * d["completion_tokens"] / peak
         y_p = pad_t + plot_h - p_h
         day = d["day"].isoformat()
-        tip = f"{day}: {d['prompt_tokens']} prompt, {d['completion_tokens']} completion tokens, cost {d['cost']}"
+        tip = escape(
+            gettext("{day}: {prompt} prompt, {completion} completion tokens, cost {cost}").format(
+                day=day, prompt=d["prompt_tokens"], completion=d["completion_tokens"], cost=d["cost"]
+            )
+        )
         parts.append(
             f'<g class="bar"><title>{tip}</title>'
             f'<rect x="{x:.1f}" y="{y_p:.1f}" width="{bar:.1f}" height="{p_h:.1f}" fill="#417690"/>'
@@ -49,11 +56,11 @@ def usage_chart_svg(days: list[dict], width: int = 760, height: int = 220) -> Sa
             parts.append(f'<text x="{x + bar / 2:.1f}" y="{height - 12}" text-anchor="middle">{d["day"]:%m-%d}</text>')
     parts.append(
         f'<rect x="{width - 190}" y="{pad_t}" width="10" height="10" fill="#417690"/>'
-        f'<text x="{width - 176}" y="{pad_t + 9}">prompt</text>'
+        f'<text x="{width - 176}" y="{pad_t + 9}">{prompt}</text>'
         f'<rect x="{width - 120}" y="{pad_t}" width="10" height="10" fill="#f5a623"/>'
-        f'<text x="{width - 106}" y="{pad_t + 9}">completion</text></svg>'
+        f'<text x="{width - 106}" y="{pad_t + 9}">{completion}</text></svg>'
     )
-    # Every interpolated value above is a number, a date or a Decimal: nothing user-controlled.
+    # Every interpolated value above is a number, a date, a Decimal or an escaped catalog text.
     return mark_safe("".join(parts))
 
 
@@ -140,7 +147,9 @@ class LLMCallAdmin(ReadOnlyAdmin):
         summary = usage_summary(days=days)
         context = {
             **self.admin_site.each_context(request),
-            "title": "LLM usage",
+            "title": _("LLM usage"),
+            "app_name": self.opts.app_config.verbose_name,
+            "calls_name": self.opts.verbose_name_plural,
             "days": days,
             "chart": usage_chart_svg(summary["per_day"]),
             **summary,

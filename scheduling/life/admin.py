@@ -116,18 +116,18 @@ class TimerAdmin(ServiceActionsMixin, admin.ModelAdmin):
             return [(None, {"fields": main, "description": self._spec_help()})]
         return [
             (None, {"fields": main, "description": self._spec_help()}),
-            ("Firing", {"fields": ["kind", "status", "next_fire_local", "upcoming", "last_fired_local", "fire_count",
+            (_("Firing"), {"fields": ["kind", "status", "next_fire_local", "upcoming", "last_fired_local", "fire_count",
                                    "last_error", "recent_firings"]}),
-            ("Audit", {"fields": ["created_at", "updated_at", "created_via", "created_by_tool_call_id",
+            (_("Audit"), {"fields": ["created_at", "updated_at", "created_via", "created_by_tool_call_id",
                                   "created_by_user", "cancelled_at"]}),
         ]  # fmt: skip
 
     @staticmethod
     def _spec_help() -> str:
-        return (
-            f"Spec: 5min / 2小时 (once, after that delay), every:1h (repeats), once:2026-04-10 09:00, "
-            f"cron:0 8 * * * — times in {get_config().tzinfo}. A payload starting with say: is sent as written."
-        )
+        return gettext(
+            "Spec: 5min / 2小时 (once, after that delay), every:1h (repeats), once:2026-04-10 09:00, "
+            "cron:0 8 * * * — times in %(zone)s. A payload starting with say: is sent as written."
+        ) % {"zone": get_config().tzinfo}
 
     def get_readonly_fields(self, request, obj=None):
         fields = list(self.readonly_fields)
@@ -160,7 +160,7 @@ class TimerAdmin(ServiceActionsMixin, admin.ModelAdmin):
                 format_html(
                     '<a href="{}">{}</a>',
                     reverse("admin:scheduling_lifeturn_change", args=[f.cycle_id]),
-                    f.outcome or "turn",
+                    f.outcome or gettext("turn"),
                 )
                 if f.cycle_id
                 else f.outcome or "-"
@@ -168,7 +168,7 @@ class TimerAdmin(ServiceActionsMixin, admin.ModelAdmin):
             rows.append(
                 [local(f.due_at), f"{f.lateness_seconds * 1000:.0f} ms", f.get_status_display(), turn, f.error[:200]]
             )
-        return _table(["due", "lateness", "status", "turn", "error"], rows)
+        return _table([_("due"), _("lateness"), _("status"), _("turn"), _("error")], rows)
 
     def has_change_permission(self, request: HttpRequest, obj: Timer | None = None) -> bool:
         if obj is not None and obj.status != TimerStatus.ACTIVE:
@@ -228,7 +228,9 @@ class InnerStateForm(forms.ModelForm):
         text = (self.cleaned_data.get("text") or "").strip()
         limit = get_config().life.inner_state_max_length
         if len(text) > limit:
-            raise ValidationError(f"{len(text)} characters; the limit is {limit}")
+            raise ValidationError(
+                gettext("%(length)d characters; the limit is %(limit)d") % {"length": len(text), "limit": limit}
+            )
         return text
 
 
@@ -310,7 +312,7 @@ class MemorySlotAdmin(admin.ModelAdmin):
 
     @admin.display(description=_("scope"))
     def scope(self, obj: MemorySlot) -> str:
-        return str(obj.session) if obj.session_id else "global"
+        return str(obj.session) if obj.session_id else gettext("Global")
 
     def get_readonly_fields(self, request, obj=None):
         return ["session", "key"] if obj is not None else []

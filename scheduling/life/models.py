@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils.translation import gettext, gettext_noop
 from django.utils.translation import gettext_lazy as _
 
 from chat.models import ChatSession, PlannerCycle
@@ -83,7 +84,7 @@ class Timer(models.Model):
         verbose_name = _("timer")
         verbose_name_plural = _("timers")
         ordering = ["next_fire"]
-        permissions = [("fire_timer", "Can fire timers now")]
+        permissions = [("fire_timer", gettext_noop("Can fire timers now"))]
         indexes = [
             models.Index(fields=["status", "next_fire"], name="timer_due_idx"),
             models.Index(fields=["session", "status"], name="timer_session_status_idx"),
@@ -136,6 +137,8 @@ class TimerFiring(models.Model):
     error = models.TextField(blank=True)
 
     class Meta:
+        verbose_name = _("timer firing")
+        verbose_name_plural = _("timer firings")
         ordering = ["-due_at"]
         indexes = [models.Index(fields=["status", "fired_at"], name="firing_status_idx")]
         # The database itself refuses a second firing of the same due instant.
@@ -163,7 +166,7 @@ class InnerState(models.Model):
         constraints = [models.CheckConstraint(name="inner_state_single_row", condition=Q(id=1))]
 
     def __str__(self) -> str:
-        return "Inner state"
+        return gettext("Inner state")
 
 
 class InnerStateRevision(models.Model):
@@ -180,10 +183,15 @@ class InnerStateRevision(models.Model):
     tool_call_id = models.CharField(max_length=128, blank=True)
 
     class Meta:
+        verbose_name = _("inner state revision")
+        verbose_name_plural = _("inner state revisions")
         ordering = ["-created_at", "-id"]
 
     def __str__(self) -> str:
-        return f"inner state @ {self.created_at:%Y-%m-%d %H:%M:%S} by {self.via}"
+        return gettext("inner state at %(time)s by %(via)s") % {
+            "time": f"{self.created_at:%Y-%m-%d %H:%M:%S}",
+            "via": self.via,
+        }
 
 
 class MemorySlot(models.Model):
@@ -239,7 +247,7 @@ class SessionSummary(models.Model):
         verbose_name_plural = _("session summaries")
 
     def __str__(self) -> str:
-        return f"summary of {self.session}"
+        return gettext("summary of %(session)s") % {"session": self.session}
 
 
 class ScratchNote(models.Model):
@@ -251,6 +259,8 @@ class ScratchNote(models.Model):
     tool_call_id = models.CharField(max_length=128, blank=True)
 
     class Meta:
+        verbose_name = _("scratch note")
+        verbose_name_plural = _("scratch notes")
         ordering = ["created_at", "id"]
 
     def __str__(self) -> str:

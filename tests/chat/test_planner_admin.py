@@ -87,7 +87,7 @@ def test_cycle_page_shows_prompt_tool_calls_and_cost(admin_client, recorded):
     assert "你是麦麦 &lt;persona&gt;" in page  # the rendered prompt, escaped
     assert "Alice: remind me in 3 seconds" in page
     assert "schedule_private_message" in page and "call_abc" in page and "sm_xyz" in page
-    assert "1 LLM call(s): 1200 prompt + 80 completion tokens, cost 0.004200" in page
+    assert "1 LLM call: 1200 prompt + 80 completion tokens, cost 0.004200" in page
     assert 'name="_save"' not in page  # read-only
 
 
