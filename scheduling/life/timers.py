@@ -33,6 +33,7 @@ from scheduling.life.models import FiringStatus, Timer, TimerFiring, TimerStatus
 from scheduling.models import Actor
 from scheduling.services import ActedBy
 from scheduling.timespec import TimerSpec, TimeSpecError, parse_timer_spec
+from scheduling.wakeups import dispatchers_wake_on_commit
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +117,7 @@ def timer_create(
             )
             timer.full_clean()
             timer.save(force_insert=True)
+            dispatchers_wake_on_commit()
     except LifeError:
         raise
     except DatabaseError as exc:
@@ -160,6 +162,7 @@ def timer_fire_now(*, timer_id: str, acted_by: ActedBy, now: datetime | None = N
     with transaction.atomic():
         timer = _active_for_update(timer_id)
         Timer.objects.filter(pk=timer.pk, status=TimerStatus.ACTIVE).update(next_fire=now, updated_at=now)
+        dispatchers_wake_on_commit()
     logger.info("timer %s fired now by %s", timer_id, acted_by.describe())
     timer.refresh_from_db()
     return timer
@@ -186,6 +189,8 @@ def timer_update(
             parsed = timer_spec(spec)
             changes.update(spec=parsed.text, kind=parsed.kind, next_fire=timer_first_fire(parsed, now))
         Timer.objects.filter(pk=timer.pk, status=TimerStatus.ACTIVE).update(**changes)
+        if "next_fire" in changes:
+            dispatchers_wake_on_commit()
     logger.info("timer %s updated by %s: %s", timer_id, acted_by.describe(), sorted(changes))
     timer.refresh_from_db()
     return timer
