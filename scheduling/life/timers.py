@@ -374,6 +374,8 @@ class FiringHandOff:
 # A firing claimed but never enqueued (the cluster died in between) waits this long before it is
 # handed over again; longer than a 10,000-firing burst takes to enqueue.
 UNENQUEUED_GRACE = timedelta(seconds=30)
+# The upkeep's conditions are strict (`enqueued_at < cutoff`): the dispatcher looks just past the instant.
+JUST_PAST = timedelta(milliseconds=1)
 
 
 def requeue_stale_firings(now: datetime) -> int:
@@ -413,12 +415,38 @@ class TimerSource:
 
     def next_due(self) -> datetime | None:
         # ORDER BY … LIMIT 1: SQLite answers MIN() WHERE status = … by reading every active timer.
-        return (
+        fire = (
             Timer.objects.filter(status=TimerStatus.ACTIVE, next_fire__isnull=False)
             .order_by("next_fire")
             .values_list("next_fire", flat=True)
             .first()
         )
+        upkeep = self._upkeep_due()
+        return min((d for d in (fire, upkeep) if d is not None), default=None)
+
+    def _upkeep_due(self) -> datetime | None:
+        """When the next firing in progress becomes stale (requeue_stale_firings) or a turn lost
+        (fail_lost_turns): the dispatcher sleeps until then, not polls. Never before the next maintenance
+        round may run (no spinning on one it could not settle). One query over the firings in progress
+        (a handful: the status index)."""
+        life = get_config().life
+        requeue, lost = timedelta(seconds=life.firing_requeue_seconds), timedelta(seconds=life.turn_timeout + 60)
+        instants = []
+        in_progress = TimerFiring.objects.filter(status__in=[FiringStatus.PENDING, FiringStatus.RUNNING])
+        for status, fired_at, enqueued_at, started_at in in_progress.values_list(
+            "status", "fired_at", "enqueued_at", "started_at"
+        ):
+            if status == FiringStatus.RUNNING:
+                if started_at is not None:  # a running turn always has one (the worker's claim sets it)
+                    instants.append(started_at + lost)
+            else:
+                instants.append(enqueued_at + requeue if enqueued_at else fired_at + UNENQUEUED_GRACE)
+        if not instants:
+            return None
+        due = min(instants) + JUST_PAST
+        if self._last_maintenance is not None:
+            due = max(due, self._last_maintenance + timedelta(seconds=self.maintenance_every))
+        return due
 
     def run_due(self, now: datetime) -> bool:
         limit = get_config().scheduling.batch_size
