@@ -336,6 +336,8 @@ class _ChannelListener(GatewayListener):
                 raise
             except Exception:
                 logger.exception("channel layer receive failed; retrying")
+                self.gateway.deliverer.wake()  # something may have been missed: look now
+                last_join = 0.0  # Redis may have restarted without its groups: join again
                 await asyncio.sleep(1)
                 continue
             if message.get("type") == "outbox.wake":
@@ -445,6 +447,7 @@ class _ChannelInbox:
             except Exception:
                 logger.exception("channel layer receive failed; retrying")
                 self._woken.set()  # something may have been missed: look now
+                last_join = 0.0  # Redis may have restarted without its groups: join again
                 await asyncio.sleep(1)
                 continue
             if message.get("type") == "dispatch.wake":
