@@ -209,7 +209,10 @@ class Deliverer:
             return False
         epoch = self.heartbeat.vouch() if self.heartbeat is not None else None
         if epoch is None:
-            return False  # no claim this process cannot vouch for (the heartbeat logs why it lapsed)
+            # No claim this process cannot vouch for (the heartbeat logs why it lapsed): look again after
+            # a beat, when it may vouch again; nothing else would wake this deliverer for these rows.
+            self._look_again_after_a_beat()
+            return False
         token, batch = await self._claim(
             adapter_platforms=platforms,
             web_users=users,
@@ -230,6 +233,7 @@ class Deliverer:
             first = min(confirm_window(d.attempts) for d in awaiting)
             self._next_deadline = min(self._next_deadline, self._loop.time() + first)
         if done.lapsed:
+            self._look_again_after_a_beat()
             logger.warning(
                 "outbox: this server's heartbeat no longer vouched for its claim; %d claimed messages not "
                 "handed over (they go to whoever holds them now, or wait for a later round)",
@@ -239,7 +243,14 @@ class Deliverer:
         self.sent_total += len(handed)
         if handed:
             events.emit_background(events.Point.AFTER_SEND, lambda: _after_send_kwargs(handed))
-        return len(batch) >= BATCH_SIZE and not done.gone and not done.lapsed
+        # Again at once after a full batch; and while a platform is probing (one row per round), after a row
+        # that failed before its hand-over: the probe was not spent, the next row may take it now.
+        again = len(batch) >= BATCH_SIZE or bool(probing and done.failed)
+        return again and not done.gone and not done.lapsed
+
+    def _look_again_after_a_beat(self) -> None:
+        interval = self.heartbeat.interval if self.heartbeat is not None else get_config().console.heartbeat_seconds
+        self._next_deadline = min(self._next_deadline, self._loop.time() + interval)
 
     async def _settle_overdue(self) -> None:
         """Rows past their confirm deadline, before anything is claimed (an indexed query, only while a
