@@ -126,4 +126,4 @@ MESSAGES_IGNORE = $(foreach d,tests bench docs locale data dist build site maibo
 messages: venv
 	$(BIN)/python manage.py makemessages -l zh_Hans -l en --no-obsolete --no-location $(MESSAGES_IGNORE)
 	msgen -o console/locale/en/LC_MESSAGES/django.po console/locale/en/LC_MESSAGES/django.po
-	$(BIN)/python manage.py compilemessages -l zh_Hans -l en
+	$(BIN)/python manage.py compilemessages -l zh_Hans -l en -i ".venv*" -i ".ci"

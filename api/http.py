@@ -9,6 +9,7 @@ api.errors.ApiErrorCode. Every bad-input error, from the schema or from the anch
 
 from __future__ import annotations
 
+import json
 import threading
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -68,6 +69,24 @@ class TokenRateLimit(BaseThrottle):
         return getattr(self._local, "wait", None)
 
 
+class OfflineSwagger(Swagger):
+    """Swagger UI rendered from django-ninja's own template and static files (settings.NINJA_DIR), never
+    from a CDN: django-ninja takes the local files only when "ninja" is an installed app, which it is not
+    here (its app module would import it into every process, the cluster's too)."""
+
+    def render_page(self, request: HttpRequest, api: NinjaAPI, **kwargs: Any) -> HttpResponse:
+        from django.shortcuts import render
+        from ninja.openapi.docs import _csrf_needed
+
+        self.settings["url"] = self.get_openapi_url(api, kwargs)
+        context = {
+            "swagger_settings": json.dumps(self.settings, indent=1),
+            "api": api,
+            "add_csrf": _csrf_needed(api),
+        }
+        return render(request, self.template, context)
+
+
 api = NinjaAPI(
     title="maibot proactive message API",
     version="1.0.0",
@@ -80,9 +99,9 @@ api = NinjaAPI(
         "`Idempotency-Key` header: a repeat with the same body gets the first answer and sends nothing."
     ),
     urls_namespace="api-v1",
-    # Offline: Swagger UI comes from django-ninja's static files ("ninja" is an installed app), and
-    # its online validator badge (a request to validator.swagger.io) is switched off.
-    docs=Swagger(settings={"validatorUrl": None, "persistAuthorization": True}),
+    # Offline: Swagger UI comes from django-ninja's static files, and its online validator badge (a
+    # request to validator.swagger.io) is switched off.
+    docs=OfflineSwagger(settings={"validatorUrl": None, "persistAuthorization": True}),
     auth=BearerToken(),
     throttle=[TokenRateLimit()],
 )

@@ -97,6 +97,7 @@ async def run(args: argparse.Namespace, base: str, pids: dict[str, int]) -> None
     from chat.services import session_get_or_create
     from scheduling.models import Actor, ScheduledMessage
     from scheduling.services import SYSTEM, scheduled_message_create
+    from scheduling.wakeups import dispatchers_wake
 
     logging.getLogger("maim_message").setLevel(logging.WARNING)
     adapter = Adapter(base)
@@ -165,6 +166,7 @@ async def run(args: argparse.Namespace, base: str, pids: dict[str, int]) -> None
             ids = [r.pk for r in rows]
             due = (timezone.now() + timedelta(seconds=3)).replace(microsecond=0) + timedelta(seconds=1)
             ScheduledMessage.objects.filter(pk__in=ids).update(send_at=due, due_at=due)
+            dispatchers_wake()  # a raw write wakes no dispatcher (the services do): as a service would
             return due, ids
 
         due, burst_ids = await sync_to_async(create_burst)()

@@ -57,6 +57,7 @@ class Snapshot:
     rss_kb: int = 0
     cpu_ticks: int = 0
     switches: dict[int, int] = field(default_factory=dict)  # voluntary context switches per thread
+    threads: dict[int, str] = field(default_factory=dict)  # each thread's name (/proc/<pid>/task/<tid>/comm)
 
 
 def _parent(pid: int) -> int:
@@ -114,6 +115,8 @@ def snapshot(pid: int) -> Snapshot | None:
             for line in (task / "status").read_text().splitlines():
                 if line.startswith("voluntary_ctxt_switches"):
                     snap.switches[int(task.name)] = int(line.split()[1])
+                elif line.startswith("Name:"):
+                    snap.threads[int(task.name)] = line.split(":", 1)[1].strip()
     except (OSError, ValueError, StopIteration):
         return None
     return snap
@@ -203,26 +206,42 @@ def measure_start(start: Start, *, settle: float, idle: float, port: int) -> dic
             time.sleep(0.1)
 
 
-def print_processes(pairs: list[tuple[Snapshot, Snapshot]], idle: float) -> None:
+def print_processes(pairs: list[tuple[Snapshot, Snapshot]], idle: float, *, threads: bool = False) -> None:
     head = ("pid", "ppid", "PSS", "anon", "file", "own", "RSS")
-    print("    " + " ".join(f"{h:>7}" for h in head) + f"  {'CPU %':>6} {'wake/s':>7}  process (MiB)")
-    totals = [0, 0, 0, 0, 0, 0.0]
+    print(
+        "    "
+        + " ".join(f"{h:>7}" for h in head)
+        + f"  {'CPU %':>6} {'CPU s':>6} {'wake/s':>7} {'wake/min':>8}  process (MiB)"
+    )
+    totals = [0, 0, 0, 0, 0, 0.0, 0.0, 0.0]
     for before, after in pairs:
-        cpu = (after.cpu_ticks - before.cpu_ticks) / CLOCK_TICKS / idle * 100
+        cpu_s = (after.cpu_ticks - before.cpu_ticks) / CLOCK_TICKS
+        cpu = cpu_s / idle * 100
         # Per thread: a thread that ended meanwhile takes its count with it; one that began counts whole.
-        wakes = sum(n - before.switches.get(tid, 0) for tid, n in after.switches.items()) / idle
+        per_thread = {tid: n - before.switches.get(tid, 0) for tid, n in after.switches.items()}
+        wakes = sum(per_thread.values()) / idle
         kib = (after.pss_kb, after.pss_anon_kb, after.pss_file_kb, after.uss_kb, after.rss_kb)
         mib = [v / 1024 for v in kib]
-        totals = [t + v for t, v in zip(totals, [*mib, cpu], strict=True)]
+        totals = [t + v for t, v in zip(totals, [*mib, cpu, cpu_s, wakes * 60], strict=True)]
         columns = " ".join(f"{v:>7.1f}" for v in mib)
-        print(f"    {after.pid:>7} {after.ppid:>7}  {columns}  {cpu:>6.2f} {wakes:>7.1f}  {after.name}")
+        print(
+            f"    {after.pid:>7} {after.ppid:>7}  {columns}  {cpu:>6.2f} {cpu_s:>6.2f} {wakes:>7.1f} {wakes * 60:>8.0f}"
+            f"  {after.name}"
+        )
+        if threads:
+            for tid, n in sorted(per_thread.items(), key=lambda item: -item[1]):
+                if n:
+                    print(f"{'':>60}thread {tid} {after.threads.get(tid, '')!r}: {n / idle * 60:.0f} wake-ups/min")
     print(
         f"    {len(pairs)} processes: PSS {totals[0]:.1f} MiB (anon {totals[1]:.1f}, file {totals[2]:.1f}; own pages "
-        f"{totals[3]:.1f}), RSS {totals[4]:.1f} MiB (shared pages counted in each), CPU {totals[5]:.2f} % of a core"
+        f"{totals[3]:.1f}), RSS {totals[4]:.1f} MiB (shared pages counted in each), CPU {totals[5]:.2f} % of a core "
+        f"({totals[6]:.2f} s over {idle:g} s), {totals[7]:.0f} wake-ups/min"
     )
 
 
-def run_case(how: str, *, bytecode: str, starts: int, settle: float, idle: float, pyz: Path, tree: Path) -> None:
+def run_case(
+    how: str, *, bytecode: str, starts: int, settle: float, idle: float, pyz: Path, tree: Path, threads: bool = False
+) -> None:
     """A fresh data dir (and SHIV_ROOT), then `starts - 1` more starts on the same one."""
     work = Path(tempfile.mkdtemp(prefix=f"maibot-bench-footprint-{how}-"))
     port = free_port()
@@ -255,7 +274,7 @@ def run_case(how: str, *, bytecode: str, starts: int, settle: float, idle: float
             print(f"  {label}, start {i + 1} ({kind}): /healthz 200 after {result['startup']:.2f} s")
             if "processes" in result:
                 print(f"    memory {settle:g} s after start, CPU and wake-ups over the next {idle:g} s:")
-                print_processes(result["processes"], idle)
+                print_processes(result["processes"], idle, threads=threads)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -269,6 +288,7 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=30.0, help="seconds over which idle CPU is counted")
     parser.add_argument("--pyz", type=Path, default=ROOT / "dist" / "maibot.pyz")
     parser.add_argument("--tree", type=Path, default=ROOT, help="the checkout whose `make run` is measured")
+    parser.add_argument("--threads", action="store_true", help="also each thread's wake-ups per minute at idle")
     args = parser.parse_args()
     hows = [h.strip() for h in args.how.split(",") if h.strip()]
     if "pyz" in hows and not args.pyz.exists():
@@ -285,6 +305,7 @@ def main() -> None:
                 idle=args.idle,
                 pyz=args.pyz,
                 tree=args.tree.resolve(),
+                threads=args.threads,
             )
 
 

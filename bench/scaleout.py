@@ -313,6 +313,7 @@ async def measure(base: str, args) -> dict:
     from chat.models import Message
     from chat.services import session_get_or_create
     from scheduling.models import Actor, ScheduledMessage
+    from scheduling.wakeups import dispatchers_wake
 
     logging.getLogger("maim_message").setLevel(logging.WARNING)
     _, token = await db(api_token_create, name="bench")
@@ -372,6 +373,7 @@ async def measure(base: str, args) -> dict:
                 ],
                 batch_size=1000,
             )
+            dispatchers_wake()  # a raw write wakes no dispatcher (the services do): as a service would
             return due.timestamp(), args.burst
 
         due_ts, count = await db(schedule)
@@ -426,6 +428,7 @@ async def soak(stack: Stack, base: str, seconds: float, round_seconds: float) ->
     from chat.models import Message
     from chat.services import session_get_or_create
     from scheduling.models import Actor, ScheduledMessage
+    from scheduling.wakeups import dispatchers_wake
 
     logging.getLogger("maim_message").setLevel(logging.WARNING)
     _, token = await db(api_token_create, name="soak")
@@ -461,6 +464,7 @@ async def soak(stack: Stack, base: str, seconds: float, round_seconds: float) ->
                     )
                     texts[text] = due.timestamp()
                 ScheduledMessage.objects.bulk_create(rows)
+                dispatchers_wake()  # a raw write wakes no dispatcher (the services do): as a service would
                 return texts
 
             due_of.update(await db(schedule))
@@ -521,6 +525,7 @@ async def kill_burst(stack: Stack, base: str, n: int) -> dict:
     from chat.models import Message
     from chat.services import session_get_or_create
     from scheduling.models import Actor, ScheduledMessage
+    from scheduling.wakeups import dispatchers_wake
 
     logging.getLogger("maim_message").setLevel(logging.WARNING)
     adapters = [await Adapter(base, p).start() for p in PLATFORMS]
@@ -547,6 +552,7 @@ async def kill_burst(stack: Stack, base: str, n: int) -> dict:
                 ],
                 batch_size=1000,
             )
+            dispatchers_wake()  # a raw write wakes no dispatcher (the services do): as a service would
             return due.timestamp()
 
         due_ts = await db(schedule)

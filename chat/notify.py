@@ -1,22 +1,25 @@
 """The one notifier: how this process wakes a session's runtime, the outbox deliverers (its own and the
-other processes'), and a gateway in another process whose connection was replaced here.
+other processes'), the dispatchers (scheduled work made due sooner than they knew), and a gateway in
+another process whose connection was replaced here.
 
 One backend per process, chosen once from settings (`get_notifier`; chosen again only when a test
 changes REDIS_URL or CHANNEL_LAYERS):
 
 * `LocalNotifier`, the embedded default (no REDIS_URL): in-process calls, and for the other ASGI
-  processes sharing the database on this machine, their Unix datagram wake sockets (chat.wake). A
-  connection replaced in another process is not reached (the processes do not talk).
+  processes sharing the database on this machine, their Unix datagram wake sockets (chat.wake); the
+  dispatchers' sockets are in the wake directory's `dispatch/`. A connection replaced in another
+  process is not reached (the processes do not talk).
 * `ChannelLayerNotifier`, scale-out (REDIS_URL): the channel layer. Outbox wake-ups go to the group
-  `OUTBOX_GROUP`, which every gateway's own channel joins; `gateway.close` goes to the channel a
-  connection's record names.
+  `OUTBOX_GROUP`, which every gateway's own channel joins, dispatcher wake-ups to `DISPATCH_GROUP`,
+  which every dispatcher's own channel joins; `gateway.close` goes to the channel a connection's
+  record names.
 
 Session wake-ups go through the channel layer in both: each runtime joins its session's group (the
 in-memory layer on the embedded default, so a wake reaches the runtimes of this process only).
 
 A wake carries no data, only "look now": whoever is woken reads the database as always, and every
-deliverer also polls, so a lost wake-up costs one poll, never a message. No other module asks whether
-Redis is configured.
+deliverer and dispatcher also looks after a long safety poll, so a lost wake-up costs at most that
+poll, never a message. No other module asks whether Redis is configured.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, Protocol
 
 from channels.layers import BaseChannelLayer, get_channel_layer
@@ -39,13 +43,15 @@ from django.dispatch import receiver
 
 from chat.services import outbound_created
 from chat.session_runtime import WAKE, session_group
-from chat.wake import WakeEndpoint, wake_local
+from chat.wake import WakeEndpoint, WakeInbox, wake_dir, wake_local
 from core.aio import submit, wait_event
 
 logger = logging.getLogger(__name__)
 
 # The channel-layer group every gateway's channel joins: an `outbox.wake` sent to it wakes them all.
 OUTBOX_GROUP = "maibot.outbox"
+# The group every dispatcher's channel joins: a `dispatch.wake` sent to it wakes them all.
+DISPATCH_GROUP = "maibot.dispatch"
 # Group membership expires in channels_redis (group_expiry); a gateway joins again well before.
 GROUP_REJOIN_SECONDS = 600
 # How long closing a gateway's listener waits for its channel receive to end, and how long a process
@@ -122,6 +128,15 @@ class Notifier:
     def listen(self, gateway: GatewayEnd) -> GatewayListener:
         raise NotImplementedError
 
+    def wake_dispatchers(self) -> None:
+        """Sync, any thread: wake every dispatcher (this process's and the others'), after a write made
+        scheduled work due sooner than they knew. Never raises."""
+        raise NotImplementedError
+
+    def dispatcher_inbox(self) -> DueInbox:
+        """Where a dispatcher waits for `wake_dispatchers` (open it before the first look for work)."""
+        raise NotImplementedError
+
     async def close_replaced_elsewhere(self, elsewhere: Iterable[tuple[int, str]]) -> None:
         """Ask the gateways holding these (record id, channel) connections to close them."""
 
@@ -150,6 +165,12 @@ class LocalNotifier(Notifier):
 
     def listen(self, gateway: GatewayEnd) -> GatewayListener:
         return _SocketListener(gateway)
+
+    def wake_dispatchers(self) -> None:
+        wake_local(directory=dispatch_wake_dir())
+
+    def dispatcher_inbox(self) -> DueInbox:
+        return _SocketInbox(WakeInbox(dispatch_wake_dir()))
 
 
 class _SocketListener(GatewayListener):
@@ -185,6 +206,17 @@ class ChannelLayerNotifier(Notifier):
     def listen(self, gateway: GatewayEnd) -> GatewayListener:
         return _ChannelListener(gateway)
 
+    def dispatcher_inbox(self) -> DueInbox:
+        return _ChannelInbox()
+
+    def wake_dispatchers(self) -> None:
+        for inbox in list(_channel_inboxes):
+            inbox.wake()
+        try:
+            self._publish(DISPATCH_GROUP, "dispatch.wake")
+        except Exception:
+            logger.warning("could not publish the dispatcher wake-up", exc_info=True)
+
     async def close_replaced_elsewhere(self, elsewhere: Iterable[tuple[int, str]]) -> None:
         layer = get_channel_layer()
         for record_id, channel in elsewhere:
@@ -196,22 +228,22 @@ class ChannelLayerNotifier(Notifier):
         server's worker thread). The channel layer keeps its connections per loop."""
         _wake_own_deliverer()
         try:
-            self._publish()
+            self._publish(OUTBOX_GROUP, "outbox.wake")
         except Exception:
             logger.warning("could not publish the outbox wake-up", exc_info=True)
 
-    def _publish(self) -> None:
+    def _publish(self, group: str, kind: str) -> None:
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
         if running is not None:
-            task = running.create_task(self._send())
+            task = running.create_task(self._send(group, kind))
             with self._lock:
                 self._pending.add(task)
             task.add_done_callback(self._done)
             return
-        future = submit(self._send())
+        future = submit(self._send(group, kind))
         with self._lock:
             self._pending.add(future)
             if not self._flush_registered:
@@ -224,7 +256,7 @@ class ChannelLayerNotifier(Notifier):
             self._pending.discard(future)
         if not future.cancelled() and future.exception() is not None:
             # The rows are stored; pollers and the next wake deliver them. Never fail a send over this.
-            logger.warning("could not publish the outbox wake-up: %s", future.exception())
+            logger.warning("could not publish a wake-up: %s", future.exception())
 
     def _flush(self) -> None:
         """At exit: a short-lived process (a management command) sends its wake-ups before the
@@ -236,10 +268,10 @@ class ChannelLayerNotifier(Notifier):
                 future.result(timeout=FLUSH_SECONDS)
 
     @staticmethod
-    async def _send() -> None:
+    async def _send(group: str, kind: str) -> None:
         layer = get_channel_layer()
         if layer is not None:
-            await layer.group_send(OUTBOX_GROUP, {"type": "outbox.wake"})
+            await layer.group_send(group, {"type": kind})
 
 
 class _ChannelListener(GatewayListener):
@@ -304,6 +336,8 @@ class _ChannelListener(GatewayListener):
                 raise
             except Exception:
                 logger.exception("channel layer receive failed; retrying")
+                self.gateway.deliverer.wake()  # something may have been missed: look now
+                last_join = 0.0  # Redis may have restarted without its groups: join again
                 await asyncio.sleep(1)
                 continue
             if message.get("type") == "outbox.wake":
@@ -313,6 +347,114 @@ class _ChannelListener(GatewayListener):
             elif message.get("type") == "gateway.stop":
                 with contextlib.suppress(Exception):  # the membership expires anyway (group_expiry)
                     await layer.group_discard(OUTBOX_GROUP, self.channel_name)
+                return
+
+
+# --- where a dispatcher waits ----------------------------------------------------------------------
+
+
+def dispatch_wake_dir() -> Path:
+    """The local wake directory of the dispatchers of this database."""
+    return wake_dir() / "dispatch"
+
+
+class DueInbox(Protocol):
+    """A dispatcher's wake-ups: `wait` returns True when woken (every wake-up waiting is taken), False
+    after `timeout`; `wake` (thread-safe, this process) ends the current or the next wait."""
+
+    def open(self) -> str: ...
+    def wait(self, timeout: float) -> bool: ...
+    def wake(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class _SocketInbox:
+    """The local wake socket in `dispatch_wake_dir()` (chat.wake.WakeInbox)."""
+
+    def __init__(self, inbox: WakeInbox) -> None:
+        self.inbox = inbox
+
+    def open(self) -> str:
+        return "woken locally" if self.inbox.open() else "polled"
+
+    def wait(self, timeout: float) -> bool:
+        return self.inbox.wait(timeout)
+
+    def wake(self) -> None:
+        self.inbox.wake()
+
+    def close(self) -> None:
+        self.inbox.close()
+
+
+# This process's open channel inboxes: its own wake-ups reach them directly, as well as via Redis.
+_channel_inboxes: set[_ChannelInbox] = set()
+
+
+class _ChannelInbox:
+    """A dispatcher's own channel on the channel layer, in DISPATCH_GROUP, received on the process's
+    background loop (as `_ChannelListener`, and stopped the same way: a `dispatch.stop` on its channel)."""
+
+    def __init__(self) -> None:
+        self.channel_name = f"dispatch.{uuid.uuid4().hex}"
+        self._woken = threading.Event()
+        self._joined = threading.Event()
+        self.receive: concurrent.futures.Future | None = None
+
+    def open(self) -> str:
+        _channel_inboxes.add(self)
+        self.receive = submit(self._listen())
+        if not self._joined.wait(CLOSE_SECONDS):
+            logger.warning("the dispatcher's channel did not join %s within %gs", DISPATCH_GROUP, CLOSE_SECONDS)
+        return "woken via Redis"
+
+    def wait(self, timeout: float) -> bool:
+        woken = self._woken.wait(timeout)
+        self._woken.clear()
+        return woken
+
+    def wake(self) -> None:
+        self._woken.set()
+
+    def close(self) -> None:
+        _channel_inboxes.discard(self)
+        receive, self.receive = self.receive, None
+        if receive is None or receive.done():
+            return
+
+        async def stop() -> None:
+            await get_channel_layer().send(self.channel_name, {"type": "dispatch.stop"})
+
+        try:
+            submit(stop()).result(CLOSE_SECONDS)
+            receive.result(CLOSE_SECONDS)
+        except Exception:
+            logger.warning("could not stop the dispatcher's channel receive; cancelling it", exc_info=True)
+            receive.cancel()
+
+    async def _listen(self) -> None:
+        layer = get_channel_layer()
+        last_join = 0.0
+        while True:
+            try:
+                if time.monotonic() - last_join > GROUP_REJOIN_SECONDS:
+                    await layer.group_add(DISPATCH_GROUP, self.channel_name)
+                    last_join = time.monotonic()
+                    self._joined.set()
+                message = await layer.receive(self.channel_name)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("channel layer receive failed; retrying")
+                self._woken.set()  # something may have been missed: look now
+                last_join = 0.0  # Redis may have restarted without its groups: join again
+                await asyncio.sleep(1)
+                continue
+            if message.get("type") == "dispatch.wake":
+                self._woken.set()
+            elif message.get("type") == "dispatch.stop":
+                with contextlib.suppress(Exception):
+                    await layer.group_discard(DISPATCH_GROUP, self.channel_name)
                 return
 
 

@@ -5,9 +5,12 @@ outcome. A claimer hands a claimed row to a socket only while its heartbeat vouc
 server paused past its heartbeat, then resumed, hands over nothing it may have lost meanwhile).
 
 Wake-ups: the send service's `outbound_created` signal wakes this process's deliverer at once, and the
-other processes' through the notifier (chat.notify: the channel layer, or the local wake sockets).
-Either way the deliverer also polls (`gateway.outbox_poll_seconds`, `outbox_poll_seconds_with_redis`):
-a lost wake-up costs one poll, never a message.
+other processes' through the notifier (chat.notify: the channel layer, or the local wake sockets); an
+adapter (re)connecting or answering wakes it too, and so does another process's heartbeat running out
+(core.process.on_peer_death: its claims are taken back at once). Otherwise it sleeps until the next
+instant the rows say something is due (a confirm deadline, a redelivery backoff, a lease, an offline
+expiry: chat.outbox_rows.outbox_next_due). It never polls: `gateway.outbox_poll_seconds`
+(`_with_redis`) and `outbox_sweep_seconds` (30 s) are only the safety net for a lost wake-up.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import logging
 from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.utils import timezone
@@ -27,10 +30,19 @@ from chat.delivery_errors import DeliveryError
 from chat.delivery_gate import DeliveryGate, confirm_window, outbox_confirm_overdue, outbox_unanswered_probes
 from chat.models import Message
 from chat.notify import get_notifier
-from chat.outbox_rows import BATCH_SIZE, WEB_PLATFORM, Answered, Delivery, outbox_claim, outbox_finish, outbox_sweep
+from chat.outbox_rows import (
+    BATCH_SIZE,
+    WEB_PLATFORM,
+    Answered,
+    Delivery,
+    outbox_claim,
+    outbox_finish,
+    outbox_next_due,
+    outbox_sweep,
+)
 from core.aio import db, wait_event
 from core.config import get_config
-from core.process import Heartbeat, heartbeat_acquire, heartbeat_release
+from core.process import Heartbeat, heartbeat_acquire, heartbeat_release, on_peer_death
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +91,7 @@ class Deliverer:
         self._claim = db(outbox_claim, executor=self.executor)
         self._finish = db(outbox_finish, executor=self.executor)
         self._sweep = db(outbox_sweep, executor=self.executor)
+        self._next_due_at = db(outbox_next_due, executor=self.executor)
         self._overdue = db(outbox_confirm_overdue, executor=self.executor)
         self._unanswered = db(outbox_unanswered_probes, executor=self.executor)
         self.sent_total = 0
@@ -86,6 +99,11 @@ class Deliverer:
         # The loop time of the earliest confirm deadline of a row this process handed over: the
         # deliverer looks again then, not only at its next poll.
         self._next_deadline = float("inf")
+        # When the rows next need a look (loop time; `_look_ahead`), and the next sweep: nothing polls.
+        self._next_due = float("inf")
+        self._sweep_at = float("-inf")  # the first round sweeps
+        self._sweep_now = False  # another process died: sweep at the next round
+        self._swept_wall = datetime.min.replace(tzinfo=UTC)
         # This process's heartbeat, which vouches for its claims (held while run() runs).
         self.heartbeat: Heartbeat | None = None
 
@@ -129,27 +147,52 @@ class Deliverer:
         await asyncio.to_thread(heartbeat_release)
 
     async def _rounds(self) -> None:
-        last_sweep = float("-inf")
-        while True:
-            config = get_config().gateway  # read each round: a reload applies without a restart
-            poll = get_notifier().outbox_poll_seconds(config)
-            now = self._loop.time()
-            # The sweep keeps its own pace (it takes back the claims of dead servers), even while the
-            # poll is long (with Redis).
-            wait = min(poll, self._next_deadline - now, last_sweep + config.outbox_sweep_seconds - now)
-            await wait_event(self._event, max(0.0, wait))
-            self._event.clear()
-            try:
-                if self._loop.time() - last_sweep >= config.outbox_sweep_seconds:
-                    last_sweep = self._loop.time()
-                    await self._sweep()
-                while await self._round():
-                    pass
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                logger.exception("outbox round failed; retrying shortly")
-                await asyncio.sleep(1)
+        swept_at = float("-inf")  # loop time of the last sweep
+        forget = on_peer_death(self._peer_died)
+        try:
+            while True:
+                await self._sleep(swept_at)
+                try:
+                    if self._sweep_now or self._loop.time() >= self._sweep_at:
+                        self._sweep_now = False
+                        swept_at = self._loop.time()
+                        self._swept_wall = timezone.now()
+                        self._sweep_at = swept_at + get_config().gateway.outbox_sweep_seconds
+                        await self._sweep()
+                    while await self._round():
+                        pass
+                    await self._look_ahead()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    logger.exception("outbox round failed; retrying shortly")
+                    await asyncio.sleep(1)
+        finally:
+            forget()
+
+    async def _sleep(self, swept_at: float) -> None:
+        """Until a wake-up, the next instant the rows say something is due (`_look_ahead`), or the safety
+        polls (`gateway.outbox_poll_seconds[_with_redis]`, `outbox_sweep_seconds`)."""
+        config = get_config().gateway  # read each round: a reload applies without a restart
+        poll = get_notifier().outbox_poll_seconds(config)
+        now = self._loop.time()
+        self._sweep_at = min(self._sweep_at, swept_at + config.outbox_sweep_seconds)
+        wait = min(poll, self._next_deadline - now, self._next_due - now, self._sweep_at - now)
+        await wait_event(self._event, max(0.0, wait))
+        self._event.clear()
+
+    def _peer_died(self) -> None:
+        """From the heartbeat's thread: another process died; its claims are to be taken back now."""
+        self._sweep_now = True
+        self.wake()
+
+    async def _look_ahead(self) -> None:
+        """Read when the rows next need this deliverer (chat.outbox_rows.outbox_next_due), in loop time."""
+        wall, loop_now = timezone.now(), self._loop.time()
+        due = await self._next_due_at(swept_at=self._swept_wall, now=wall)
+        self._next_due = float("inf") if due.round is None else loop_now + (due.round - wall).total_seconds()
+        if due.sweep is not None:
+            self._sweep_at = min(self._sweep_at, loop_now + (due.sweep - wall).total_seconds())
 
     async def _round(self) -> bool:
         """Settle overdue confirms, claim what this process may deliver, hand it over, mark it. True
@@ -166,7 +209,10 @@ class Deliverer:
             return False
         epoch = self.heartbeat.vouch() if self.heartbeat is not None else None
         if epoch is None:
-            return False  # no claim this process cannot vouch for (the heartbeat logs why it lapsed)
+            # No claim this process cannot vouch for (the heartbeat logs why it lapsed): look again after
+            # a beat, when it may vouch again; nothing else would wake this deliverer for these rows.
+            self._look_again_after_a_beat()
+            return False
         token, batch = await self._claim(
             adapter_platforms=platforms,
             web_users=users,
@@ -187,6 +233,7 @@ class Deliverer:
             first = min(confirm_window(d.attempts) for d in awaiting)
             self._next_deadline = min(self._next_deadline, self._loop.time() + first)
         if done.lapsed:
+            self._look_again_after_a_beat()
             logger.warning(
                 "outbox: this server's heartbeat no longer vouched for its claim; %d claimed messages not "
                 "handed over (they go to whoever holds them now, or wait for a later round)",
@@ -196,7 +243,14 @@ class Deliverer:
         self.sent_total += len(handed)
         if handed:
             events.emit_background(events.Point.AFTER_SEND, lambda: _after_send_kwargs(handed))
-        return len(batch) >= BATCH_SIZE and not done.gone and not done.lapsed
+        # Again at once after a full batch; and while a platform is probing (one row per round), after a row
+        # that failed before its hand-over: the probe was not spent, the next row may take it now.
+        again = len(batch) >= BATCH_SIZE or bool(probing and done.failed)
+        return again and not done.gone and not done.lapsed
+
+    def _look_again_after_a_beat(self) -> None:
+        interval = self.heartbeat.interval if self.heartbeat is not None else get_config().console.heartbeat_seconds
+        self._next_deadline = min(self._next_deadline, self._loop.time() + interval)
 
     async def _settle_overdue(self) -> None:
         """Rows past their confirm deadline, before anything is claimed (an indexed query, only while a

@@ -349,3 +349,45 @@ def _take_back_abandoned(now: datetime) -> tuple[int, int, int]:
         next_attempt_at=None,
     )
     return resent, unconfirmed, interrupted
+
+
+class OutboxDue(NamedTuple):
+    """The next instants the outbox has work, as far as the rows say (None: nothing known)."""
+
+    round: datetime | None  # a row's redelivery backoff or confirm deadline ends (next_attempt_at)
+    sweep: datetime | None  # a claim's lease, a pending row's offline expiry, an orphaned echo's grace
+
+
+# The sweep's conditions are strict (`lease < now`): it looks just past the instant, not at it.
+JUST_PAST = timedelta(milliseconds=1)
+
+
+def _earliest(rows, field: str) -> datetime | None:
+    return rows.order_by(field).values_list(field, flat=True).first()
+
+
+def outbox_next_due(*, swept_at: datetime, now: datetime | None = None) -> OutboxDue:
+    """When the deliverer must look again without a wake-up: its sleep ends then, not at a poll. A round
+    instant only after `now` (earlier ones were this round's, or are another process's); a sweep instant
+    only after `swept_at`, the last sweep's start (earlier ones it has settled, or cannot). A few indexed
+    queries that read nothing while the outbox is empty."""
+    now = now or timezone.now()
+    config = get_config().gateway
+    lease = timedelta(seconds=config.delivery_lease_seconds)
+    next_attempt = _earliest(Message.objects.filter(next_attempt_at__gt=now), "next_attempt_at")
+    sweep = []
+    echoes = Message.objects.filter(delivery_status=DeliveryStatus.SENT, next_attempt_at__gt=swept_at - lease)
+    if (orphan := _earliest(echoes, "next_attempt_at")) is not None:
+        sweep.append(orphan + lease)
+    if (claimed := _earliest(Message.objects.filter(delivery_status=DeliveryStatus.SENDING), CLAIMS.lease)) is not None:
+        sweep.append(claimed + JUST_PAST)
+    oldest = (
+        Message.objects.filter(delivery_status=DeliveryStatus.PENDING, direction=Direction.OUT)
+        .order_by("id")
+        .values_list("created_at", flat=True)
+        .first()
+    )
+    if oldest is not None:
+        sweep.append(oldest + timedelta(seconds=config.offline_expiry_seconds) + JUST_PAST)
+    later = [t for t in sweep if t > swept_at]
+    return OutboxDue(round=next_attempt, sweep=min(later) if later else None)

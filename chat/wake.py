@@ -180,14 +180,38 @@ class WakeInbox:
         self.directory = directory
         self._sock: socket.socket | None = None
         self._pid = 0
+        self._name = ""
         self._addresses = _Addresses(directory)
 
     def _bound(self) -> socket.socket | None:
         if self._sock is not None and self._pid == os.getpid():
             return self._sock
         self._pid = os.getpid()
-        self._sock = _bind(self.directory, f"{os.getpid()}-{uuid.uuid4().hex[:12]}{SUFFIX}", self._addresses)
+        self._name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}{SUFFIX}"
+        self._sock = _bind(self.directory, self._name, self._addresses)
         return self._sock
+
+    def open(self) -> bool:
+        """Bind now, before the caller first looks for work: a wake sent after this is never missed."""
+        return self._bound() is not None
+
+    def wake(self) -> None:
+        """Thread-safe, from this process: end the current (or the next) `wait` at once."""
+        sock = self._sock
+        if sock is None or self._pid != os.getpid():
+            return
+        with contextlib.suppress(OSError):  # a full buffer: already woken
+            sock.sendto(b"!", self._addresses.of(self._name))
+
+    def close(self) -> None:
+        """Unbind and remove the endpoint (senders would remove a stale one anyway)."""
+        sock, self._sock = self._sock, None
+        if sock is None or self._pid != os.getpid():
+            return
+        sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            (self.directory / self._name).unlink()
+        self._addresses.close()
 
     def wait(self, timeout: float) -> bool:
         """Until a wake arrives (True; every wake waiting is taken) or `timeout` passes (False). Without a

@@ -35,6 +35,26 @@ DEAD_AFTER_BEATS = 4
 # How long acquiring the heartbeat waits for its first beat.
 FIRST_BEAT_SECONDS = 10.0
 
+# Called (from the heartbeat's thread) when a beat finds a process newly dead: its claims can be taken
+# back now. The dispatcher and the outbox wait for wake-ups rather than polling, and a dead process
+# wakes no one: this is how they learn of it within a beat.
+_peer_death_listeners: list[Callable[[], None]] = []
+
+
+def on_peer_death(listener: Callable[[], None]) -> Callable[[], None]:
+    """Call `listener` (thread-safe, quick, never raising) whenever a beat finds another process's
+    heartbeat newly run out; returns a function that removes it."""
+    _peer_death_listeners.append(listener)
+    return lambda: _peer_death_listeners.remove(listener) if listener in _peer_death_listeners else None
+
+
+def _tell_peer_death() -> None:
+    for listener in list(_peer_death_listeners):
+        try:
+            listener()
+        except Exception:
+            logger.exception("peer death listener failed")
+
 
 def instance_id() -> str:
     """This process's identity in its heartbeat row and in the claims it makes: new in every process
@@ -78,6 +98,7 @@ class Heartbeat:
         self.started_at = timezone.now()
         self.interval = get_config().console.heartbeat_seconds
         self._lock = threading.Lock()
+        self._dead_seen: set[str] = set()  # instances whose heartbeat had run out at the last beat
         self._epoch = 0
         self._valid_until = float("-inf")  # monotonic
         self._stop = threading.Event()
@@ -120,7 +141,19 @@ class Heartbeat:
         ProcessHeartbeat.objects.filter(
             beat_at__lt=Now() - Value(timedelta(days=1), output_field=DurationField())
         ).delete()
+        self._look_for_dead_peers()
         return True
+
+    def _look_for_dead_peers(self) -> None:
+        """Tell the peer-death listeners when a process's heartbeat has run out since the last beat
+        (every one counts as new at the first beat): one small query per beat, on a thread that wakes
+        anyway."""
+        from core.models import ProcessHeartbeat
+
+        dead = set(ProcessHeartbeat.objects.filter(alive_until__lt=Now()).values_list("instance", flat=True))
+        new, self._dead_seen = dead - self._dead_seen, dead
+        if new:
+            _tell_peer_death()
 
     def vouch(self) -> int | None:
         """The epoch to hold claims made now under (pass it to `vouches`), or None while this process

@@ -5,6 +5,7 @@ channel layer. Scale-out: set DATABASE_URL (PostgreSQL) and REDIS_URL (channels_
 The bot's own behaviour (persona, limits, model) lives in bot_config.toml, read through core.config.
 """
 
+import importlib.util
 import os
 import secrets
 from datetime import timedelta
@@ -83,8 +84,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
-    # django-ninja's API docs page then loads Swagger UI from its own static files, not a CDN.
-    "ninja",
+    # Not "ninja": its app module imports django-ninja (and through it django.test, Jinja2, unittest:
+    # 13 MiB) into every process Django sets up, the cluster and its forks too. Its Swagger UI files are
+    # found through NINJA_DIR below (api.http.OfflineSwagger), never a CDN.
     # The admin login's limit on wrong passwords (core.login_lock); before console, whose admin
     # re-registers its attempts' page.
     "axes",
@@ -121,10 +123,13 @@ MIDDLEWARE = [
 
 ROOT_URLCONF = "maibot.urls"
 
+# django-ninja's own templates and static files (Swagger UI), found without importing the package.
+NINJA_DIR = Path(importlib.util.find_spec("ninja").submodule_search_locations[0])
+
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [BASE_DIR / "templates", NINJA_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -229,7 +234,7 @@ FORMAT_MODULE_PATH = ["console.formats"]
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
 # The project's own static files (the console's icon).
-STATICFILES_DIRS = [d for d in [BASE_DIR / "templates" / "static"] if d.is_dir()]
+STATICFILES_DIRS = [d for d in [BASE_DIR / "templates" / "static", NINJA_DIR / "static"] if d.is_dir()]
 LOGIN_URL = "/admin/login/"
 
 AUTH_PASSWORD_VALIDATORS = [

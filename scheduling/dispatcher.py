@@ -2,7 +2,8 @@
 
 django-q2's own scheduler looks at its Schedule rows only every 30 s, so `manage.py qcluster` (our
 wrapper, scheduling/management/commands/qcluster.py) runs this loop in a thread beside the cluster.
-It sleeps until the next due instant (re-checking every `poll_interval` for new work), claims rows
+It sleeps until the next due instant or a wake-up from a write that made work due sooner (scheduling.wakeups;
+`poll_interval` is only a long safety poll for a lost wake-up), claims rows
 and finishes each claimed batch in one transaction that is valid only while its claim holds, on the
 claim machine (chat.claims, whose docstring has the invariants: several clusters may run it at once and
 every row is sent exactly once; a dead claimer's rows are taken back once its heartbeat has run out, a
@@ -28,8 +29,10 @@ from chat import claims
 from chat.models import ChatSession, SourceKind
 from chat.services import Outbound, messages_prepare, messages_send
 from core.config import get_config
+from core.process import on_peer_death
 from core.retry import backoff, batch_or_each
 from scheduling.models import Actor, ScheduledMessage, ScheduledStatus
+from scheduling.wakeups import dispatchers_wake
 
 logger = logging.getLogger(__name__)
 
@@ -295,10 +298,16 @@ def deliver_one(task_id: str, *, now: datetime | None = None, clock: Clock = tim
     cfg = get_config().scheduling
     now = now or clock()
     report = RoundReport()
-    token, tasks = _claim([task_id], now=now, lease_seconds=cfg.lease_seconds)
-    report.claimed = len(tasks)
-    if tasks:
-        deliver_claimed(token, tasks, report, clock)
+    try:
+        token, tasks = _claim([task_id], now=now, lease_seconds=cfg.lease_seconds)
+        report.claimed = len(tasks)
+        if tasks:
+            deliver_claimed(token, tasks, report, clock)
+    finally:
+        if not report.sent:
+            # Not sent here (a retry later, a failure, another claimer): no dispatcher knows of the row's
+            # due time yet, since its creation woke none (scheduling.wakeups).
+            dispatchers_wake()
     return report
 
 
@@ -340,8 +349,18 @@ def register_source(source: DueSource) -> None:
         SOURCES.append(source)
 
 
+# After a source failed (a lost database connection): look again after this, not at once (no spinning).
+FAILURE_BACKOFF_SECONDS = 1.0
+
+
 class Dispatcher:
-    """The loop: run due sources, then sleep until the next due instant or the poll interval."""
+    """The loop: run due sources, then wait until the next due instant, a wake-up, or the safety poll.
+
+    It never polls for work: every service that makes work due sooner wakes it (scheduling.wakeups, through
+    the notifier's `dispatcher_inbox`), a process whose heartbeat runs out wakes it (its claims can be
+    taken back: core.process.on_peer_death), and the instants it already knows (the next due row, the
+    next lease to run out, a timer's next fire) it sleeps until. `scheduling.poll_interval` (30 s) is only
+    the safety net for a lost wake-up."""
 
     def __init__(
         self,
@@ -352,6 +371,9 @@ class Dispatcher:
         self.sources = sources if sources is not None else SOURCES
         self.stop_event = stop_event or threading.Event()
         self.clock = clock
+        self.inbox = None  # the notifier's DueInbox while run_forever runs
+        self.rounds = 0  # loop rounds run (tests)
+        self.woken = 0  # waits ended by a wake-up rather than a due instant or the safety poll (tests)
 
     def tick(self) -> bool:
         """Run every source once; True when some source may have more due work right now."""
@@ -360,10 +382,10 @@ class Dispatcher:
             try:
                 more |= source.run_due(self.clock())
             except Exception:
-                # A broken source (or a lost database connection) must not spin: back off a poll.
+                # A broken source (or a lost database connection) must not spin: back off a moment.
                 logger.exception("dispatcher source %s failed", source.name)
                 close_old_connections()
-                self.stop_event.wait(get_config().scheduling.poll_interval)
+                self.stop_event.wait(FAILURE_BACKOFF_SECONDS)
         return more
 
     def seconds_to_sleep(self) -> float:
@@ -375,7 +397,7 @@ class Dispatcher:
             except Exception:
                 logger.exception("dispatcher source %s: next_due failed", source.name)
                 close_old_connections()
-                continue
+                return FAILURE_BACKOFF_SECONDS
             if due is not None and (soonest is None or due < soonest):
                 soonest = due
         if soonest is None:
@@ -383,13 +405,26 @@ class Dispatcher:
         return max(0.0, min(poll, (soonest - self.clock()).total_seconds()))
 
     def run_forever(self) -> None:
-        logger.info("dispatcher started (sources: %s)", ", ".join(s.name for s in self.sources))
-        while not self.stop_event.is_set():
-            if self.tick():
-                continue
-            self.stop_event.wait(self.seconds_to_sleep())
-        close_old_connections()
+        from chat.notify import get_notifier
+
+        # Open before the first look for work: a wake-up sent after that is never missed.
+        self.inbox = get_notifier().dispatcher_inbox()
+        how = self.inbox.open()
+        forget = on_peer_death(self.inbox.wake)
+        logger.info("dispatcher started (sources: %s; %s)", ", ".join(s.name for s in self.sources), how)
+        try:
+            while not self.stop_event.is_set():
+                self.rounds += 1
+                if self.tick():
+                    continue
+                self.woken += self.inbox.wait(self.seconds_to_sleep())
+        finally:
+            forget()
+            self.inbox.close()
+            close_old_connections()
         logger.info("dispatcher stopped")
 
     def stop(self) -> None:
         self.stop_event.set()
+        if self.inbox is not None:
+            self.inbox.wake()

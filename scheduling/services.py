@@ -18,6 +18,7 @@ from core.text import is_blank, text_problem
 from scheduling.error_codes import SchedulingError, SchedulingErrorCode
 from scheduling.models import Actor, ScheduledMessage, ScheduledStatus
 from scheduling.timespec import TimeSpecError, parse_instant, parse_spoken_time
+from scheduling.wakeups import dispatchers_wake_on_commit
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +123,6 @@ def scheduled_message_create(
 ) -> CreateResult:
     """Schedule a message for a session. With replace_existing, the session's pending ones are
     cancelled in the same transaction. Raises SchedulingError with a code on refusal.
-
     send_at None means due at once (the API's "send now": it then delivers the row itself with
     scheduling.dispatcher.deliver_one). `note` adds facts to the "created" history event (the API
     records its content type and text format there)."""
@@ -160,6 +160,8 @@ def scheduled_message_create(
             )
             _event(task, "created", acted_by, now, send_at=when.isoformat(), **(note or {}))
             task.save(force_insert=True)
+            if send_at is not None:  # "send now" is delivered by its caller (deliver_one)
+                dispatchers_wake_on_commit()
     except SchedulingError:
         raise
     except DatabaseError as exc:
@@ -236,6 +238,7 @@ def scheduled_message_reschedule(
         task.rescheduled_at = now
         task.rescheduled_by_user = acted_by.user
         task.save(update_fields=["send_at", "due_at", "rescheduled_at", "rescheduled_by_user", "history", "updated_at"])
+        dispatchers_wake_on_commit()
     return task
 
 
@@ -261,6 +264,7 @@ def scheduled_message_send_now(*, task_id: str, acted_by: ActedBy, now: datetime
         _event(task, "send_now", acted_by, now)
         task.due_at = now
         task.save(update_fields=["due_at", "history", "updated_at"])
+        dispatchers_wake_on_commit()
     return task
 
 
@@ -279,6 +283,7 @@ def scheduled_message_retry(*, task_id: str, acted_by: ActedBy, now: datetime | 
         )
         if not updated:
             raise SchedulingError(Code.NOT_PENDING, f"scheduled message {task_id} changed meanwhile")
+        dispatchers_wake_on_commit()
         task.refresh_from_db()
     return task
 

@@ -430,7 +430,13 @@ class SchedulingSection(Section):
         ),
     )
     poll_interval: float = Field(
-        0.25, gt=0, le=5, description=gettext_noop("How often the dispatcher looks for newly due work (seconds).")
+        30.0,
+        gt=0,
+        le=3600,
+        description=gettext_noop(
+            "Safety net (seconds): every write that makes work due wakes the dispatcher, which otherwise "
+            "sleeps until the next due instant; it looks anyway after this long, in case a wake-up was lost."
+        ),
     )
     batch_size: int = Field(
         2000, ge=1, le=10_000, description=gettext_noop("Messages the dispatcher claims per round.")

@@ -48,28 +48,31 @@ class GatewaySection(Section):
         ),
     )
     outbox_poll_seconds: float = Field(
-        0.2,
+        30.0,
         gt=0,
-        le=60,
+        le=3600,
         description=gettext_noop(
-            "Without Redis: how often the server looks for outbound messages other processes wrote."
+            "Safety net (seconds), without Redis: every outbound message wakes the servers through their "
+            "local wake sockets; a server looks anyway after this long, in case a wake-up was lost."
         ),
     )
     outbox_poll_seconds_with_redis: float = Field(
-        5.0,
+        30.0,
         gt=0,
-        le=300,
+        le=3600,
         description=gettext_noop(
-            "With Redis: the safety-net poll for outbound messages (every send wakes the server at once)."
+            "Safety net (seconds), with Redis: every outbound message wakes the servers through the channel "
+            "layer; a server looks anyway after this long, in case a wake-up was lost."
         ),
     )
     outbox_sweep_seconds: float = Field(
-        1.0,
+        30.0,
         gt=0,
-        le=600,
+        le=3600,
         description=gettext_noop(
-            "How often each server settles outbound messages past the offline expiry, past their delivery "
-            "lease, or claimed by a server that died."
+            "Safety net (seconds) for settling outbound messages past the offline expiry, past their "
+            "delivery lease, or claimed by a server that died: each server settles them when the next is due, and "
+            "when another server's heartbeat runs out, and anyway after this long."
         ),
     )
     confirm_seconds: float = Field(

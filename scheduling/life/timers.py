@@ -33,6 +33,7 @@ from scheduling.life.models import FiringStatus, Timer, TimerFiring, TimerStatus
 from scheduling.models import Actor
 from scheduling.services import ActedBy
 from scheduling.timespec import TimerSpec, TimeSpecError, parse_timer_spec
+from scheduling.wakeups import dispatchers_wake_on_commit
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +117,7 @@ def timer_create(
             )
             timer.full_clean()
             timer.save(force_insert=True)
+            dispatchers_wake_on_commit()
     except LifeError:
         raise
     except DatabaseError as exc:
@@ -160,6 +162,7 @@ def timer_fire_now(*, timer_id: str, acted_by: ActedBy, now: datetime | None = N
     with transaction.atomic():
         timer = _active_for_update(timer_id)
         Timer.objects.filter(pk=timer.pk, status=TimerStatus.ACTIVE).update(next_fire=now, updated_at=now)
+        dispatchers_wake_on_commit()
     logger.info("timer %s fired now by %s", timer_id, acted_by.describe())
     timer.refresh_from_db()
     return timer
@@ -186,6 +189,8 @@ def timer_update(
             parsed = timer_spec(spec)
             changes.update(spec=parsed.text, kind=parsed.kind, next_fire=timer_first_fire(parsed, now))
         Timer.objects.filter(pk=timer.pk, status=TimerStatus.ACTIVE).update(**changes)
+        if "next_fire" in changes:
+            dispatchers_wake_on_commit()
     logger.info("timer %s updated by %s: %s", timer_id, acted_by.describe(), sorted(changes))
     timer.refresh_from_db()
     return timer
@@ -369,6 +374,8 @@ class FiringHandOff:
 # A firing claimed but never enqueued (the cluster died in between) waits this long before it is
 # handed over again; longer than a 10,000-firing burst takes to enqueue.
 UNENQUEUED_GRACE = timedelta(seconds=30)
+# The upkeep's conditions are strict (`enqueued_at < cutoff`): the dispatcher looks just past the instant.
+JUST_PAST = timedelta(milliseconds=1)
 
 
 def requeue_stale_firings(now: datetime) -> int:
@@ -408,12 +415,38 @@ class TimerSource:
 
     def next_due(self) -> datetime | None:
         # ORDER BY … LIMIT 1: SQLite answers MIN() WHERE status = … by reading every active timer.
-        return (
+        fire = (
             Timer.objects.filter(status=TimerStatus.ACTIVE, next_fire__isnull=False)
             .order_by("next_fire")
             .values_list("next_fire", flat=True)
             .first()
         )
+        upkeep = self._upkeep_due()
+        return min((d for d in (fire, upkeep) if d is not None), default=None)
+
+    def _upkeep_due(self) -> datetime | None:
+        """When the next firing in progress becomes stale (requeue_stale_firings) or a turn lost
+        (fail_lost_turns): the dispatcher sleeps until then, not polls. Never before the next maintenance
+        round may run (no spinning on one it could not settle). One query over the firings in progress
+        (a handful: the status index)."""
+        life = get_config().life
+        requeue, lost = timedelta(seconds=life.firing_requeue_seconds), timedelta(seconds=life.turn_timeout + 60)
+        instants = []
+        in_progress = TimerFiring.objects.filter(status__in=[FiringStatus.PENDING, FiringStatus.RUNNING])
+        for status, fired_at, enqueued_at, started_at in in_progress.values_list(
+            "status", "fired_at", "enqueued_at", "started_at"
+        ):
+            if status == FiringStatus.RUNNING:
+                if started_at is not None:  # a running turn always has one (the worker's claim sets it)
+                    instants.append(started_at + lost)
+            else:
+                instants.append(enqueued_at + requeue if enqueued_at else fired_at + UNENQUEUED_GRACE)
+        if not instants:
+            return None
+        due = min(instants) + JUST_PAST
+        if self._last_maintenance is not None:
+            due = max(due, self._last_maintenance + timedelta(seconds=self.maintenance_every))
+        return due
 
     def run_due(self, now: datetime) -> bool:
         limit = get_config().scheduling.batch_size

@@ -28,11 +28,8 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-import httpx2
 from django.db.models import F
 from django.utils import timezone
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 
 from chat.components import CHAT, LIFE, ToolContext, ToolErrorCode, error, ok, register_tool, registry
 from core.aio import background_loop, db, wait_event
@@ -40,7 +37,10 @@ from core.config import BotConfig, McpServerEntry, get_config, mcp_secret_resolv
 from core.reload import register_reload_callback
 from scheduling.mcp.models import McpLinkState, McpServerState
 
-if TYPE_CHECKING:  # the SDK itself is imported when a link first connects (see scheduling.mcp)
+if TYPE_CHECKING:
+    # The SDK, its HTTP client and the schema validator are imported when a link first connects (see
+    # scheduling.mcp): every process imports this module (the life loop's tools), few ever connect.
+    from jsonschema import Draft202012Validator
     from mcp import ClientSession, types
 
 logger = logging.getLogger(__name__)
@@ -95,6 +95,7 @@ class ServerLink:
 
     @contextlib.asynccontextmanager
     async def _connect(self) -> AsyncIterator[ClientSession]:
+        import httpx2
         from mcp import ClientSession, StdioServerParameters, stdio_client
         from mcp.client.streamable_http import streamable_http_client
 
@@ -156,6 +157,9 @@ class ServerLink:
             await asyncio.wait_for(session.send_ping(), PING_SECONDS)
 
     def _offer(self, tools: list[types.Tool]) -> None:
+        from jsonschema import Draft202012Validator
+        from jsonschema.exceptions import SchemaError
+
         allowed = set(self.entry.tools)
         for tool in tools:
             if "*" not in allowed and tool.name not in allowed:

@@ -253,14 +253,17 @@ def echo_frame(uid: str, actual_id: int) -> dict:
 
 
 async def rounds_pass(n: int = 3) -> None:
-    """Wait until the deliverer has run `n` more claim rounds (so what it would hand over, it has)."""
+    """Wake the deliverer until it has run `n` more claim rounds (so what it would hand over, it has).
+    Woken: it never polls, so without a wake-up or a due instant it runs none."""
     deliverer = get_gateway().deliverer
-    start = deliverer.rounds
+    for _ in range(n):
+        start = deliverer.rounds
+        deliverer.wake()
 
-    async def ran() -> bool:
-        return deliverer.rounds >= start + n
+        async def ran(start: int = start) -> bool:
+            return deliverer.rounds > start
 
-    await wait_for_async(ran, what=f"{n} deliverer rounds")
+        await wait_for_async(ran, what="a deliverer round")
 
 
 @pytest.mark.django_db(transaction=True)

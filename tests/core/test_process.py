@@ -35,3 +35,38 @@ def test_a_clean_stop_removes_the_heartbeat():
     finally:
         heartbeat.stop()
     assert not ProcessHeartbeat.objects.filter(name=heartbeat.name).exists()
+
+
+def test_a_beat_tells_the_peer_death_listeners_once_when_another_process_dies():
+    """The dispatcher and the outbox wait for wake-ups; a dead process wakes no one, so the beats of the
+    living tell them (core.process.on_peer_death), once per death."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from core.process import on_peer_death
+
+    deaths = []
+    forget = on_peer_death(lambda: deaths.append(1))
+    try:
+        heartbeat = Heartbeat("cluster")
+        heartbeat.beat()
+        assert deaths == []  # nobody is dead
+        now = timezone.now()
+        peer = Heartbeat("web", instance="peer")
+        peer.beat()
+        heartbeat.beat()
+        assert deaths == []  # alive
+        ProcessHeartbeat.objects.filter(instance="peer").update(alive_until=now - timedelta(seconds=1))
+        heartbeat.beat()
+        assert deaths == [1]
+        heartbeat.beat()
+        assert deaths == [1]  # the same death is told once
+    finally:
+        forget()
+    heartbeat.beat()
+    ProcessHeartbeat.objects.create(
+        instance="another", name="x", role="web", started_at=now, beat_at=now, alive_until=now - timedelta(seconds=1)
+    )
+    heartbeat.beat()
+    assert deaths == [1]  # a listener forgotten hears nothing

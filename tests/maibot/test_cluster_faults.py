@@ -20,6 +20,7 @@ from django.utils import timezone
 from chat.models import AdapterConnection, Message
 from chat.services import message_send
 from scheduling.models import Actor, ScheduledMessage, ScheduledStatus
+from scheduling.wakeups import dispatchers_wake
 from tests.chat.napcat_standin import NapCatStandIn
 from tests.cluster_support import Deployment, check_arrivals_after_kill, heartbeat_name, kill_tree, kill_while_claimed
 from tests.conftest import Proc, db, subprocess_env, wait_for_async
@@ -30,7 +31,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 # The claim leases are the defaults (60 s, 30 s): the claims of a killed server or cluster must come
 # back through its heartbeat running out (8 s), never by waiting out a lease. Small dispatcher batches
 # make a burst many rounds long, so a kill lands in the middle of it.
-SERVER_CONFIG = "[gateway]\nconfirm_seconds = 2.0\nmax_delivery_attempts = 3\noutbox_poll_seconds_with_redis = 1.0\n"
+SERVER_CONFIG = "[gateway]\nconfirm_seconds = 2.0\nmax_delivery_attempts = 3\n"
 CLUSTER_CONFIG = "[scheduling]\nbatch_size = 10\n"
 # A SIGKILLed process's in-flight messages reach the adapter within this of their due time, and go out
 # within DEAD_CLAIM_AFTER_KILL of the kill: its heartbeat runs out 8 s after its last beat, and the rest of
@@ -202,6 +203,7 @@ async def test_a_cluster_killed_mid_burst_leaves_each_message_sent_exactly_once(
                 for i in range(n)
             ]
             ScheduledMessage.objects.bulk_create(rows, batch_size=500)
+            dispatchers_wake()  # a raw write wakes no dispatcher (the services do): as a service would
             return [r.pk for r in rows]
 
         ids = await db(create)
@@ -294,6 +296,7 @@ async def test_a_server_killed_while_handing_a_burst_over_loses_its_claims_withi
                 )
                 for i in range(n)
             )
+            dispatchers_wake()  # a raw write wakes no dispatcher (the services do): as a service would
 
         await db(schedule)
 
@@ -395,6 +398,7 @@ async def test_two_servers_and_two_clusters_under_mixed_load_lose_and_double_not
                 for i in range(scheduled_each)
             ]
             ScheduledMessage.objects.bulk_create(rows)
+            dispatchers_wake()  # a raw write wakes no dispatcher (the services do): as a service would
 
         await db(schedule)
 

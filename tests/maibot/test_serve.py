@@ -23,6 +23,7 @@ from chat.models import AdapterConnection, Message
 from chat.services import message_send
 from core.models import LogEntry
 from scheduling.models import Actor, ScheduledMessage
+from scheduling.wakeups import dispatchers_wake
 from tests.chat.napcat_standin import NapCatStandIn
 from tests.cluster_support import check_arrivals_after_kill, heartbeat_name, kill_while_claimed
 from tests.conftest import Proc, db, free_port, subprocess_env, wait_for, wait_for_async
@@ -144,6 +145,7 @@ async def test_a_web_child_killed_while_handing_over_leaves_its_claims_to_its_su
                 for i in range(n)
             )
         )
+        await db(dispatchers_wake)  # a raw write wakes no dispatcher (the services do): as a service would
         claimer, killed_at, left = await db(kill_while_claimed, platform, web)
         assert await db(heartbeat_name, claimer) == f"{socket.gethostname()}:{web}", "not the web child's claim"
         assert left, "the web child's claim ended before the kill landed: nothing was tested"

@@ -16,6 +16,7 @@ from django.utils import timezone
 from scheduling import taskqueue
 from scheduling.models import ScheduledMessage, ScheduledStatus
 from scheduling.services import SYSTEM, scheduled_message_create
+from scheduling.wakeups import dispatchers_wake
 from tests.conftest import Proc, descendants, subprocess_env
 from tests.conftest import wait_for as shared_wait_for
 
@@ -37,6 +38,28 @@ def test_qcluster_delivers_a_task_due_in_two_seconds_on_time(make_session, share
     assert 0 <= task.lateness_seconds < 1.0, task.lateness_seconds
 
 
+def test_a_message_written_in_another_process_wakes_the_cluster_and_is_sent_on_time(
+    make_session, start_qcluster, tmp_path
+):
+    """The cluster's safety poll is ten minutes: only the wake-up from this process (the local wake
+    socket, or the channel layer with REDIS_URL) gets the message out, at its due instant."""
+    data = tmp_path / "data-slow-poll"
+    data.mkdir()
+    (data / "bot_config.toml").write_text("[scheduling]\npoll_interval = 600.0\n", encoding="utf-8")
+    proc = start_qcluster("slow-poll")
+    # Its wake-up endpoint is open before its first look for work: a wake-up sent from now on is never missed.
+    assert "woken locally" in proc.output() or "woken via Redis" in proc.output(), proc.output()
+    task = scheduled_message_create(
+        session=make_session(),
+        send_at=timezone.now() + timedelta(seconds=2),
+        message_text="唤醒 woken",
+        acted_by=SYSTEM,
+    ).task
+    assert wait_for(lambda: ScheduledMessage.objects.get(pk=task.pk).status == ScheduledStatus.SENT), proc.output()
+    task.refresh_from_db()
+    assert 0 <= task.lateness_seconds < 1.0, task.lateness_seconds
+
+
 def test_two_clusters_send_every_task_exactly_once(make_session, start_qcluster):
     start_qcluster("a")
     start_qcluster("b")
@@ -48,6 +71,7 @@ def test_two_clusters_send_every_task_exactly_once(make_session, start_qcluster)
     # All due together, 2 s from now (creating them may take a while on a loaded machine).
     when = timezone.now() + timedelta(seconds=2)
     ScheduledMessage.objects.filter(pk__in=ids).update(send_at=when, due_at=when)
+    dispatchers_wake()  # a raw UPDATE wakes no one (the services do): as a service would
     assert wait_for(
         lambda: ScheduledMessage.objects.filter(pk__in=ids, status=ScheduledStatus.SENT).count() == 200, timeout=30
     )

@@ -243,6 +243,23 @@ def test_firings_no_worker_started_are_handed_over_again(make_session):
     assert sent == [firing_id]
 
 
+def test_next_due_includes_when_a_firing_in_progress_goes_stale_so_the_dispatcher_need_not_poll(make_session):
+    timer = timer_create(spec="1h", label="a", session=make_session(), acted_by=SYSTEM)
+    make_due(timer)
+    _, (firing_id,) = fire_due(timezone.now(), limit=10)
+    timer.refresh_from_db()
+    enqueued = timezone.now()
+    TimerFiring.objects.filter(pk=firing_id).update(enqueued_at=enqueued)
+    requeue = timedelta(seconds=config.get_config().life.firing_requeue_seconds)
+    source = TimerSource()
+    assert source.next_due() == enqueued + requeue + timer_services.JUST_PAST  # sooner than the next fire
+    # Once a maintenance round has run, not again before its pace allows (no spinning on it).
+    source._last_maintenance = enqueued + requeue
+    assert source.next_due() == enqueued + requeue + timedelta(seconds=source.maintenance_every)
+    TimerFiring.objects.filter(pk=firing_id).update(status="done")
+    assert TimerSource().next_due() == timer.next_fire
+
+
 # --- real clusters --------------------------------------------------------------------------------
 
 
