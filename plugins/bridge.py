@@ -127,6 +127,14 @@ def _tool(
     )
 
 
+def _command_outcome(result: Any, intercept: bool) -> tuple[bool, Any, bool]:
+    """A plugin command's answer → (success, response, intercept): MaiBot's (success, text, intercept)
+    tuple, or a bare response (the declared `intercept_message_level` then decides)."""
+    if isinstance(result, list | tuple) and len(result) >= 3:
+        return bool(result[0]), result[1], bool(result[2])
+    return True, result, intercept
+
+
 def _command(host: ComponentHost, record: PluginRecord, component: ComponentInfo) -> Command:
     meta = component.metadata
     pattern = str(meta.get("command_pattern") or "")
@@ -172,12 +180,7 @@ def _command(host: ComponentHost, record: PluginRecord, component: ComponentInfo
             turn.note(f"{label} failed: {type(exc).__name__}: {exc}"[:500])
             success, response, intercept = False, f"{type(exc).__name__}: {exc}", False
         else:
-            intercept = bool(meta.get("intercept_message_level", 0))
-            success, response = True, None
-            if isinstance(result, list | tuple) and len(result) >= 3:
-                success, response, intercept = bool(result[0]), result[1], bool(result[2])
-            elif result is not None:
-                response = result
+            success, response, intercept = _command_outcome(result, bool(meta.get("intercept_message_level", 0)))
             turn.note(f"{label}: {'ok' if success else 'failed'}" + (f" ({response})" if response else "")[:500])
         return await hooks.after(groups, success=success, response=response, intercept=intercept)
 
