@@ -12,7 +12,16 @@ host_application against the MaiBot version we declare and the sdk range against
 maibot-plugin-sdk), exactly as a plugin folder would at load. Python package and plugin dependencies
 are counted, not checked (they depend on the operator's environment and on which plugins are there).
 
+With `--compare` it prints, for the stored snapshot and for each `--index FILE` (a plugin_details.json,
+e.g. the newest fetched Mai-with-u/plugin-repo), how many manifest-v2 plugins load and have every
+declared capability answered under MaiBot's own rules (bench/data/maibot_rules.json: its host version,
+the same version rule as ours (in range, or newer only in the patch number: compatibility mode), and its
+capability registry) and under ours, then every v2 plugin that does not, with the reason. Event and
+hook subscriptions are not in the index's manifests (they are in each plugin's code), so they are not
+counted here; docs/plugins.md lists the hook points each host emits.
+
     .venv/bin/python bench/plugin_index.py [--download] [--top 30] [--host-version 1.0.0]
+    .venv/bin/python bench/plugin_index.py --compare [--index plugin_details.json ...]
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 SNAPSHOT = ROOT / "bench" / "data" / "plugin_index_manifests.json"
+MAIBOT_RULES = ROOT / "bench" / "data" / "maibot_rules.json"
 INDEX_URL = "https://raw.githubusercontent.com/Mai-with-u/plugin-repo/main/plugin_details.json"
 KEPT_FIELDS = ("manifest_version", "id", "version", "name", "host_application", "sdk", "dependencies", "capabilities")
 
@@ -120,6 +130,46 @@ def report(entries: list[dict], host_version: str, top: int) -> None:
         print(f"  MaiBot {other}: {n} of {len(entries)}")
 
 
+def why_not(manifest: dict, host_version: str, answered: set[str] | frozenset[str]) -> str:
+    """Why a v2 manifest does not load with every declared capability answered ("" when it does)."""
+    state, reason = verdict(manifest, host_version)
+    if state != "loads":
+        return f"{state.removeprefix('refused: ')}: {reason}"
+    declared = [c for c in manifest.get("capabilities") or [] if isinstance(c, str)]
+    unanswered = sorted(set(declared) - set(answered))
+    return f"capabilities not answered: {', '.join(unanswered)}" if unanswered else ""
+
+
+def compare(label: str, entries: list[dict]) -> None:
+    """Ours against MaiBot's rules on one index: the counts, then each v2 plugin that fails either."""
+    from plugins.capabilities import SUPPORTED
+    from plugins.manifest import HOST_APPLICATION_VERSION
+
+    rules = json.loads(MAIBOT_RULES.read_text(encoding="utf-8"))
+    maibot_caps = frozenset(rules["capabilities"])
+    v2 = [e for e in entries if e["manifest"].get("manifest_version") == 2]
+    rows = [
+        (
+            e,
+            why_not(e["manifest"], rules["host_version"], maibot_caps),
+            why_not(e["manifest"], HOST_APPLICATION_VERSION, SUPPORTED),
+        )
+        for e in v2
+    ]
+    theirs = sum(1 for _, m, _ in rows if not m)
+    ours = sum(1 for _, _, o in rows if not o)
+    print(f"\n== {label}: {len(v2)} manifest-v2 plugins of {len(entries)} entries")
+    where = rules["source"].split(":")[0]
+    print(f"MaiBot's rules ({where}; host {rules['host_version']}, {len(maibot_caps)} capabilities):")
+    print(f"  load with every declared capability answered: {theirs} of {len(v2)}")
+    print(f"ours (host declares MaiBot {HOST_APPLICATION_VERSION}, {len(SUPPORTED)} capabilities answered):")
+    print(f"  load with every declared capability answered: {ours} of {len(v2)}")
+    print("the rest (id: why, under both rules; or ours | MaiBot's):")
+    for e, m, o in sorted(rows, key=lambda r: str(r[0].get("index_id"))):
+        if m or o:
+            print(f"  {e.get('index_id')}: {o}" if m == o else f"  {e.get('index_id')}: {o or 'ok'} | {m or 'ok'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--download", action="store_true", help=f"read the live index ({INDEX_URL})")
@@ -127,6 +177,8 @@ def main() -> None:
     parser.add_argument("--source", default="", help="with --extract: where FILE came from (kept in the snapshot)")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--host-version", default="")
+    parser.add_argument("--compare", action="store_true", help="ours against MaiBot's rules, with the rest listed")
+    parser.add_argument("--index", action="append", default=[], help="with --compare: also this plugin_details.json")
     args = parser.parse_args()
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "maibot.settings")
@@ -141,6 +193,12 @@ def main() -> None:
         snapshot = {"source": args.source or args.extract, "fields": list(KEPT_FIELDS), "entries": entries}
         SNAPSHOT.write_text(json.dumps(snapshot, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
         print(f"wrote {len(entries)} entries to {SNAPSHOT.relative_to(ROOT)}")
+        return
+    if args.compare:
+        snapshot = json.loads(SNAPSHOT.read_text(encoding="utf-8"))
+        compare(f"stored snapshot ({snapshot['source']})", snapshot["entries"])
+        for path in args.index:
+            compare(f"index {path}", extract(json.loads(Path(path).read_text(encoding="utf-8"))))
         return
     if args.download:
         with urllib.request.urlopen(INDEX_URL, timeout=60) as response:

@@ -8,6 +8,12 @@ plugins.events does the mapping):
 * `chat.receive.after_process` — the same message after the first pass. Same kwargs and rights.
 * `maisaka.planner.before_request` — a planner cycle, before its first model call. kwargs: session,
   messages, tool_definitions (the OpenAI request). May modify messages and tool_definitions.
+* `chat.command.before_execute` — a plugin's command matched a message, before it runs. kwargs: message,
+  session, command_name, plugin_id, matched_groups. May abort (the command does not run and the message
+  goes no further, as in MaiBot); may modify matched_groups.
+* `chat.command.after_execute` — the command ran. kwargs as before, and success, response,
+  continue_process (False: the command took the message). May modify success, response and
+  continue_process.
 * `send_service.after_send` — an outbound message handed to its adapter. kwargs: message, session.
 * `on_start` / `on_stop` — the process's plugins are loaded / about to unload. No kwargs.
 
@@ -63,6 +69,8 @@ class Point(StrEnum):
     RECEIVE_BEFORE_PROCESS = "chat.receive.before_process"
     RECEIVE_AFTER_PROCESS = "chat.receive.after_process"
     PLANNER_BEFORE_REQUEST = "maisaka.planner.before_request"
+    COMMAND_BEFORE_EXECUTE = "chat.command.before_execute"
+    COMMAND_AFTER_EXECUTE = "chat.command.after_execute"
     AFTER_SEND = "send_service.after_send"
     START = "on_start"
     STOP = "on_stop"
@@ -71,16 +79,23 @@ class Point(StrEnum):
 @dataclass(frozen=True)
 class PointSpec:
     may_abort: bool
-    modifiable: frozenset[str]  # the kwargs a blocking handler may change
+    # The kwargs a blocking handler may change, with the types a new value must have (another type is
+    # a malformed modification: ignored, and recorded as the handler's failure).
+    modifiable: dict[str, tuple[type, ...]]
 
 
+_TEXT = {"text": (str,)}
 SPECS: dict[str, PointSpec] = {
-    Point.RECEIVE_BEFORE_PROCESS: PointSpec(True, frozenset({"text"})),
-    Point.RECEIVE_AFTER_PROCESS: PointSpec(True, frozenset({"text"})),
-    Point.PLANNER_BEFORE_REQUEST: PointSpec(False, frozenset({"messages", "tool_definitions"})),
-    Point.AFTER_SEND: PointSpec(False, frozenset()),
-    Point.START: PointSpec(False, frozenset()),
-    Point.STOP: PointSpec(False, frozenset()),
+    Point.RECEIVE_BEFORE_PROCESS: PointSpec(True, _TEXT),
+    Point.RECEIVE_AFTER_PROCESS: PointSpec(True, _TEXT),
+    Point.PLANNER_BEFORE_REQUEST: PointSpec(False, {"messages": (list,), "tool_definitions": (list,)}),
+    Point.COMMAND_BEFORE_EXECUTE: PointSpec(True, {"matched_groups": (dict,)}),
+    Point.COMMAND_AFTER_EXECUTE: PointSpec(
+        False, {"success": (bool,), "response": (str, type(None)), "continue_process": (bool,)}
+    ),
+    Point.AFTER_SEND: PointSpec(False, {}),
+    Point.START: PointSpec(False, {}),
+    Point.STOP: PointSpec(False, {}),
 }
 
 # Seconds the chain waits for a handler beyond its timeout (which the handler itself enforces: a
@@ -315,10 +330,17 @@ def _apply(handler: EventHandler, spec: PointSpec, result: Any, emission: Emissi
         _fail(handler, emission.point, f"returned {type(result).__name__}, not a dict or None", emission)
         return
     modified = result.get("modified_kwargs")
-    if isinstance(modified, dict):
-        for key in spec.modifiable:
-            if key in modified:
+    if modified is not None and not isinstance(modified, dict):
+        _fail(handler, emission.point, f"modified_kwargs is {type(modified).__name__}, not a dict; ignored", emission)
+    elif modified:
+        for key, types in spec.modifiable.items():
+            if key not in modified:
+                continue
+            if isinstance(modified[key], types):
                 emission.kwargs[key] = modified[key]
+            else:
+                error = f"modified_kwargs[{key!r}] is {type(modified[key]).__name__}; ignored"
+                _fail(handler, emission.point, error, emission)
     if str(result.get("action") or "continue") == "abort":
         if spec.may_abort:
             emission.aborted, emission.aborted_by = True, handler.name

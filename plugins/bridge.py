@@ -127,6 +127,14 @@ def _tool(
     )
 
 
+def _command_outcome(result: Any, intercept: bool) -> tuple[bool, Any, bool]:
+    """A plugin command's answer → (success, response, intercept): MaiBot's (success, text, intercept)
+    tuple, or a bare response (the declared `intercept_message_level` then decides)."""
+    if isinstance(result, list | tuple) and len(result) >= 3:
+        return bool(result[0]), result[1], bool(result[2])
+    return True, result, intercept
+
+
 def _command(host: ComponentHost, record: PluginRecord, component: ComponentInfo) -> Command:
     meta = component.metadata
     pattern = str(meta.get("command_pattern") or "")
@@ -146,6 +154,11 @@ def _command(host: ComponentHost, record: PluginRecord, component: ComponentInfo
             return False
         session = turn.session
         message = turn.message
+        hooks = plugin_events.CommandHooks(message, session, command_name=component.name, plugin_id=record.plugin_id)
+        groups = await hooks.before(groups)
+        if groups is None:
+            turn.note(f"plugin command {record.plugin_id}.{component.name} stopped by {hooks.aborted_by}"[:500])
+            return True  # as MaiBot: a command a hook stopped takes the message, and does not run
         args = {
             "text": text,
             "stream_id": session.session_id,
@@ -165,15 +178,11 @@ def _command(host: ComponentHost, record: PluginRecord, component: ComponentInfo
         except Exception as exc:
             # As MaiBot: a command that raised does not intercept; the message goes on.
             turn.note(f"{label} failed: {type(exc).__name__}: {exc}"[:500])
-            return False
-        intercept = bool(meta.get("intercept_message_level", 0))
-        success, response = True, None
-        if isinstance(result, list | tuple) and len(result) >= 3:
-            success, response, intercept = bool(result[0]), result[1], bool(result[2])
-        elif result is not None:
-            response = result
-        turn.note(f"{label}: {'ok' if success else 'failed'}" + (f" ({response})" if response else "")[:500])
-        return intercept
+            success, response, intercept = False, f"{type(exc).__name__}: {exc}", False
+        else:
+            success, response, intercept = _command_outcome(result, bool(meta.get("intercept_message_level", 0)))
+            turn.note(f"{label}: {'ok' if success else 'failed'}" + (f" ({response})" if response else "")[:500])
+        return await hooks.after(groups, success=success, response=response, intercept=intercept)
 
     return Command(
         name=f"plugin:{record.plugin_id}:{component.name}",

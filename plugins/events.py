@@ -2,7 +2,8 @@
 (chat.events), and the start / stop events of the plugin host.
 
 * `@HookHandler("<hook>")` subscribes to the point of that name when chat emits it
-  (`chat.receive.before_process`, `chat.receive.after_process`, `maisaka.planner.before_request`,
+  (`chat.receive.before_process`, `chat.receive.after_process`, `chat.command.before_execute`,
+  `chat.command.after_execute` (around a plugin's command: CommandHooks), `maisaka.planner.before_request`,
   `send_service.after_send`). mode BLOCKING runs in the chain (it may return {"action": "abort"} where
   the point allows it, and {"modified_kwargs": ...}); OBSERVE runs in the background. order EARLY /
   NORMAL / LATE → 50 / 100 / 150; timeout_ms, at most chat.tool_timeout (0: that); error_policy as
@@ -18,12 +19,15 @@
   order = 100 - weight (a higher weight runs first, as in MaiBot).
 
 What a handler gets: on the receive points and after send, `message` (the message as the SDK's dict,
-its `processed_plain_text` the text as the chain left it); before planning, `messages` and
+its `processed_plain_text` the text as the chain left it; after send also `sent`: true); around a
+command, `message`, `command_name`, `plugin_id`, `matched_groups` (after it also `success`, `response`,
+`intercept_message_level`, `continue_process`); before planning, `messages` and
 `tool_definitions` (the OpenAI-format request), `stream_id`, `session_id`; on start / stop nothing.
 A plugin changes a message's text by returning `modified_kwargs={"message": {..., "processed_plain_text":
-"new"}}`. Every call goes through `ComponentHost.ainvoke` (awaited: no thread waits for a plugin), with
-its timeout; a failure is recorded on the plugin (admin: recent errors) and in
-chat.events.recent_failures, and never breaks the message path.
+"new"}}`; a modification of the wrong shape is ignored and recorded as the handler's failure. Every
+call goes through `ComponentHost.ainvoke` (awaited: no thread waits for a plugin), with its timeout;
+a failure is recorded on the plugin (admin: recent errors) and in chat.events.recent_failures, and
+never breaks the message path.
 """
 
 from __future__ import annotations
@@ -50,6 +54,20 @@ EVENT_TYPE_POINTS: dict[str, str] = {
 }
 HOOK_ORDER = {"early": 50, "normal": 100, "late": 150}
 MESSAGE_POINTS = {Point.RECEIVE_BEFORE_PROCESS, Point.RECEIVE_AFTER_PROCESS, Point.AFTER_SEND}
+# What a command hook's handler gets besides `message` (MaiBot's names and shapes).
+COMMAND_KWARGS = {
+    Point.COMMAND_BEFORE_EXECUTE: ("command_name", "plugin_id", "matched_groups"),
+    Point.COMMAND_AFTER_EXECUTE: (
+        "command_name",
+        "plugin_id",
+        "matched_groups",
+        "success",
+        "response",
+        "intercept_message_level",
+        "continue_process",
+    ),
+}
+COMMAND_POINTS = set(COMMAND_KWARGS)
 
 
 def handler_name(record: PluginRecord, component: ComponentInfo) -> str:
@@ -58,12 +76,16 @@ def handler_name(record: PluginRecord, component: ComponentInfo) -> str:
 
 def _plugin_args(point: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     """chat's kwargs (model objects) → what a MaiBot plugin's handler receives (JSON-able dicts)."""
-    if point in MESSAGE_POINTS:
+    if point in MESSAGE_POINTS or point in COMMAND_POINTS:
         from plugins.capabilities import _message
 
         message = _message(kwargs["message"], kwargs["session"])
         if "text" in kwargs:
             message["processed_plain_text"] = message["display_message"] = kwargs["text"]
+        if point == Point.AFTER_SEND:
+            return {"message": message, "sent": True}  # emitted only for messages handed over
+        if point in COMMAND_POINTS:
+            return {"message": message, **{k: kwargs[k] for k in COMMAND_KWARGS[point] if k in kwargs}}
         return {"message": message}
     if point == Point.PLANNER_BEFORE_REQUEST:
         session = kwargs.get("session")
@@ -92,18 +114,29 @@ def _chat_result(point: str, result: Any, *, event_handler: bool) -> dict[str, A
     out: dict[str, Any] = {"action": action}
     modified = result.get("modified_kwargs")
     if isinstance(modified, dict):
-        changed: dict[str, Any] = {}
-        if point in MESSAGE_POINTS:
-            message = modified.get("message")
-            if isinstance(message, dict) and isinstance(message.get("processed_plain_text"), str):
-                changed["text"] = message["processed_plain_text"]
-        elif point == Point.PLANNER_BEFORE_REQUEST:
-            for key in ("messages", "tool_definitions"):
-                value = modified.get(key)
-                if isinstance(value, list) and all(isinstance(v, dict) for v in value):
-                    changed[key] = value
-        out["modified_kwargs"] = changed
+        out["modified_kwargs"] = _changed_kwargs(point, modified)
+    elif modified is not None:
+        out["modified_kwargs"] = modified  # not a dict: chat.events records it as malformed
     return out
+
+
+def _changed_kwargs(point: str, modified: dict[str, Any]) -> dict[str, Any]:
+    """A plugin's modified_kwargs → chat's names. Values go on as given: chat.events checks their types
+    and records a malformed one as the handler's failure."""
+    changed: dict[str, Any] = {}
+    if point in MESSAGE_POINTS and "message" in modified:
+        message = modified["message"]
+        changed["text"] = message.get("processed_plain_text") if isinstance(message, dict) else message
+    elif point == Point.PLANNER_BEFORE_REQUEST:
+        for key in ("messages", "tool_definitions"):
+            value = modified.get(key)
+            if isinstance(value, list) and not all(isinstance(v, dict) for v in value):
+                value = None  # a list of something else than messages: recorded as malformed
+            if key in modified:
+                changed[key] = value
+    elif point in COMMAND_POINTS:
+        changed = {k: v for k, v in modified.items() if k in events.SPECS[point].modifiable}
+    return changed
 
 
 def _handler(host: ComponentHost, record: PluginRecord, component: ComponentInfo) -> EventHandler | str:
@@ -177,3 +210,51 @@ def emit_stop() -> None:
     """on_stop: the process's plugins are about to unload."""
     if events.has_handlers(Point.STOP):
         events.emit(Point.STOP)
+
+
+class CommandHooks:
+    """`chat.command.before_execute` / `chat.command.after_execute` around one run of a plugin's command,
+    with MaiBot's kwargs. Costs nothing when no handler is registered; a command with no message to
+    show (the offline planner's) is not announced."""
+
+    def __init__(self, message: Any, session: Any, *, command_name: str, plugin_id: str) -> None:
+        self.message = message
+        self.session = session
+        self.command_name = command_name
+        self.plugin_id = plugin_id
+        self.aborted_by = ""
+
+    def _kwargs(self, groups: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        return {
+            "message": self.message,
+            "session": self.session,
+            "command_name": self.command_name,
+            "plugin_id": self.plugin_id,
+            "matched_groups": dict(groups),
+            **extra,
+        }
+
+    async def before(self, groups: dict[str, Any]) -> dict[str, Any] | None:
+        """The matched groups the command runs with (a handler may change them); None: a handler
+        stopped the command (`aborted_by` says which)."""
+        if self.message is None or not events.has_handlers(Point.COMMAND_BEFORE_EXECUTE):
+            return groups
+        emission = await events.aemit(Point.COMMAND_BEFORE_EXECUTE, **self._kwargs(groups))
+        if emission.aborted:
+            self.aborted_by = emission.aborted_by
+            return None
+        return emission.kwargs["matched_groups"]
+
+    async def after(self, groups: dict[str, Any], *, success: bool, response: Any, intercept: bool) -> bool:
+        """Whether the command took the message (MaiBot: not `continue_process`, which a handler may change)."""
+        if self.message is None or not events.has_handlers(Point.COMMAND_AFTER_EXECUTE):
+            return intercept
+        kwargs = self._kwargs(
+            groups,
+            success=success,
+            response=None if response is None else str(response),
+            intercept_message_level=int(intercept),
+            continue_process=not intercept,
+        )
+        emission = await events.aemit(Point.COMMAND_AFTER_EXECUTE, **kwargs)
+        return not emission.kwargs["continue_process"]
