@@ -78,10 +78,11 @@ def _stat(path: Path) -> tuple | None:
 def load_into_environ(path: Path) -> None:
     """Put the file's values in os.environ where the environment does not set them already (at start)."""
     global _applied_stat
-    _from_environment.update(name for name in names() if name in os.environ)
+    # An empty variable counts as unset (as the set-up and the console write it: absent).
+    _from_environment.update(name for name in names() if os.environ.get(name))
     _applied_stat = _stat(path)
     for name, value in read(path).items():
-        if name not in os.environ:
+        if not os.environ.get(name):
             os.environ[name] = value
             _from_file.add(name)
 
