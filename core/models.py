@@ -86,6 +86,10 @@ class Console(models.Model):
                     "the URLs and headers it uses)"
                 ),
             ),
+            (
+                "manage_secrets",
+                gettext_noop("Can see and change the adapter tokens and the model API keys (each use is recorded)"),
+            ),
         ]
 
 

@@ -26,10 +26,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 
 from core.retry import backoff
 
@@ -118,28 +116,6 @@ class Child:
             raise PortTaken(port_in_use_message(*self.listen))
 
 
-class Watched:
-    """A file whose changes (of its modification time, or its coming and going) are noticed."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.seen = self._mtime()
-
-    def _mtime(self) -> int | None:
-        try:
-            return self.path.stat().st_mtime_ns
-        except FileNotFoundError:
-            return None
-
-    def changed(self) -> bool:
-        """True once per change since the last look."""
-        now = self._mtime()
-        if now == self.seen:
-            return False
-        self.seen = now
-        return True
-
-
 def describe_exit(returncode: int) -> str:
     if returncode < 0:
         try:
@@ -152,10 +128,9 @@ def describe_exit(returncode: int) -> str:
 class Supervisor:
     """Starts `children`, keeps them running until SIGINT/SIGTERM, then stops them (see the module)."""
 
-    def __init__(self, children: list[Child], *, first: int = 0, tick: Callable[[], None] | None = None) -> None:
+    def __init__(self, children: list[Child], *, first: int = 0) -> None:
         self.children = children
         self.first = first
-        self.tick = tick
         self.stopping = False
 
     def start(self) -> None:
@@ -173,25 +148,17 @@ class Supervisor:
             child.start()
 
     def run(self) -> None:
-        """Restart any child that died (with backoff), then `tick()`, each TICK_SECONDS, until a signal
-        (or PortTaken from a child that died for its port); then stop them all."""
+        """Restart any child that died (with backoff), each TICK_SECONDS, until a signal (or PortTaken
+        from a child that died for its port); then stop them all."""
         try:
             while not self.stopping:
                 for child in self.children:
                     self._supervise(child)
-                if self.tick is not None:
-                    self.tick()
                 time.sleep(TICK_SECONDS)
         finally:
             for child in self.children[: self.first]:
                 child.stop()
             self._stop_all(self.children[self.first :])
-
-    def restart(self, name: str, reason: str) -> None:
-        child = next(c for c in self.children if c.name == name)
-        logger.info("%s changed: restarting the %s to apply it", reason, child.name)
-        child.stop()
-        child.start()
 
     def _supervise(self, child: Child) -> None:
         now = time.monotonic()
@@ -277,7 +244,7 @@ def spec_from_environ() -> dict:
 
 
 def main() -> int:
-    """Run the spec `serve` handed over: children, banner, the watched file, the console's log."""
+    """Run the spec `serve` handed over: children, banner, the console's log."""
     spec = spec_from_environ()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)-7s %(name)s %(message)s")
     if spec.get("database"):
@@ -287,9 +254,6 @@ def main() -> int:
         for c in spec["children"]
     ]
     supervisor = Supervisor(children, first=spec.get("first", 0))
-    if watch := spec.get("restart_on_change"):
-        watched = Watched(Path(watch["path"]))
-        supervisor.tick = lambda: watched.changed() and supervisor.restart(watch["child"], watched.path.name)
     try:
         supervisor.start()
         print(spec["banner"] + "\nPress Ctrl-C to stop.", flush=True)  # flushed: seen at once in a log file too

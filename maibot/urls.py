@@ -7,7 +7,7 @@ from django.views.generic import RedirectView
 
 from api.http import api as proactive_api
 from chat.views import chat_page
-from console import setup, transcript, views
+from console import connect, setup, transcript, views
 from plugins.views import plugin_action_view, plugin_config_view, plugins_view
 
 urlpatterns = [
@@ -20,6 +20,9 @@ urlpatterns = [
     path("admin/config/raw/", admin.site.admin_view(views.config_raw_view), name="console-config-raw"),
     path("admin/logs/", admin.site.admin_view(views.logs_view), name="console-logs"),
     path("admin/models/", admin.site.admin_view(views.models_view), name="console-models"),
+    path("admin/connect/", admin.site.admin_view(connect.connect_view), name="console-connect"),
+    path("admin/connect/state/", admin.site.admin_view(connect.connect_state_view), name="console-connect-state"),
+    path("admin/connect/secret/", admin.site.admin_view(connect.secret_view), name="console-secret"),
     path("admin/plugins/", admin.site.admin_view(plugins_view), name="console-plugins"),
     path(
         "admin/chats/<int:session_pk>/",

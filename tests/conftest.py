@@ -176,6 +176,25 @@ def fast_password_hashing(request) -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
+def deployment_env_pinned(monkeypatch) -> Iterator[None]:
+    """deployment.env's live refresh (core.deployment_env.refresh) applies in a test only what the test
+    itself writes there, and what it applied (the environment's secrets, the adapter tokens) is undone after."""
+    from django.conf import settings
+
+    from core import deployment_env
+
+    monkeypatch.setattr(deployment_env, "_applied_stat", deployment_env._stat(deployment_env.default_path()))
+    monkeypatch.setattr(deployment_env, "_from_file", set(deployment_env._from_file))
+    for name in deployment_env._live_names():
+        if name in os.environ:
+            monkeypatch.setenv(name, os.environ[name])
+        else:
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(settings, "MAIBOT_ADAPTER_TOKENS", settings.MAIBOT_ADAPTER_TOKENS)
+    yield
+
+
+@pytest.fixture(autouse=True)
 def default_bot_config() -> Iterator[bot_config.BotConfig]:
     """Every test starts from the documented defaults, whatever the data dir's file says (and no bot
     account learned by an earlier test is remembered)."""

@@ -39,6 +39,8 @@ class FakeLLM:
         self.embedding_status = 200
         # /audio/transcriptions: `transcript` (the raw multipart bodies kept), or this status's error.
         self.transcription_requests: list[bytes] = []
+        # Each chat completion's Authorization header (the API key the caller used), in arrival order.
+        self.authorizations: list[str] = []
         self.transcription_status = 200
         self.transcript = "你好，麦麦"
         fake = self
@@ -76,6 +78,7 @@ class FakeLLM:
                     return
                 with fake._lock:
                     fake.requests.append(body)
+                    fake.authorizations.append(self.headers.get("Authorization") or "")
                     answer = fake._script.pop(0) if fake._script else fake.default
                 status, payload = fake._resolve(answer, body)
                 self._send(status, payload)

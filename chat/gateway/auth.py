@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from chat.outbox_rows import WEB_PLATFORM
+from core import deployment_env
 from core.adapter_tokens import AdapterToken
 from core.networks import address_in
 
@@ -100,6 +101,7 @@ def adapter_auth_problem(
     if given.lower().startswith("bearer "):
         given = given[7:].strip()
     allowed = address_in(client_host, settings.MAIBOT_ADAPTER_ALLOW_FROM)
+    deployment_env.refresh()  # tokens changed in the console apply to the next connection
     tokens: tuple[AdapterToken, ...] = settings.MAIBOT_ADAPTER_TOKENS
     if tokens:
         if given:

@@ -22,6 +22,16 @@ from core.config.sections import (
 from core.config.services import ApiSection, GatewaySection, LifeSection, McpSection, PluginsSection
 
 
+def _refresh_secrets() -> None:
+    """The keys as deployment.env holds them now (a key changed in the console applies from the next call)."""
+    from django.conf import settings
+
+    if settings.configured:
+        from core import deployment_env
+
+        deployment_env.refresh()
+
+
 @dataclass(frozen=True)
 class LLMModel:
     """A model as calls use it: its provider settings resolved (environment overrides, key read)."""
@@ -65,6 +75,7 @@ class BotConfig(Section):
 
     @property
     def llm_api_key(self) -> str:
+        _refresh_secrets()
         return os.environ.get(self.llm.api_key_env) or os.environ.get("OPENAI_API_KEY") or "not-needed"
 
     @property
@@ -75,6 +86,7 @@ class BotConfig(Section):
     def llm_models(self) -> dict[str, LLMModel]:
         """The models calls may go to, by name: "default" (the single model of [llm], when set) and
         [[llm.models]]."""
+        _refresh_secrets()
         models: dict[str, LLMModel] = {}
         llm = self.llm
         if self.llm_model:

@@ -172,7 +172,13 @@ def rows(make_session, admin_user):
 def admin_pages(session, user) -> list[str]:
     """Every page of the admin an operator can open, for every registered model."""
     pages = ["/admin/", "/admin/password_change/", "/admin/console/", "/admin/config/", "/admin/config/raw/"]
-    pages += ["/admin/logs/", "/admin/models/", "/admin/plugins/", reverse("console-transcript", args=[session.pk])]
+    pages += [
+        "/admin/logs/",
+        "/admin/models/",
+        "/admin/plugins/",
+        "/admin/connect/",
+        reverse("console-transcript", args=[session.pk]),
+    ]
     pages.append(reverse("admin:chat_llmcall_usage"))
     request = RequestFactory().get("/admin/")
     request.user = user

@@ -122,7 +122,8 @@ def exec_supervisor(spec: dict) -> None:
     spec = {"database": database_for_log(), "stopped": "maibot stopped", **spec}
     sys.stdout.flush()
     sys.stderr.flush()
-    env = {**os.environ, supervisor.SPEC_ENV: json.dumps(spec)}
+    # Without deployment.env's values: every child reads the file itself and follows its changes.
+    env = {**deployment_env.real_environ(), supervisor.SPEC_ENV: json.dumps(spec)}
     # `-m` finds the package from the project's folder (a checkout) or from site-packages (installed, or
     # the single file's extraction on PYTHONPATH).
     os.chdir(settings.BASE_DIR)
@@ -178,8 +179,6 @@ class Command(BaseCommand):
                     child_spec("cluster", manage_argv("qcluster")),
                 ],
                 "banner": banner,
-                # The set-up page saves the API key and adapter token there; the cluster reads them at start.
-                "restart_on_change": {"path": str(settings.DATA_DIR / deployment_env.FILE_NAME), "child": "cluster"},
             }
         )
 
