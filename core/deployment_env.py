@@ -4,7 +4,7 @@
 the real environment always wins.
 
 Only these names are read from the file (a line naming anything else is ignored): KEYS and the variables
-the config may name as a model's key (core.config.sections.llm_key_variables). It is written atomically
+the config may name as a model's key (llm_key_variables). It is written atomically
 with mode 0600, and its values never appear in a page or a log.
 
 Live secrets: every process (the web server, where the planner and the adapter gateway run, and the
@@ -39,16 +39,22 @@ _applied_stat: tuple | None = None
 _refresh_lock = threading.Lock()
 
 
+def llm_key_variables() -> set[str]:
+    """Environment variables the config may name as the LLM API key (set by the deployment).
+
+    Standard library only: the settings module calls it while it is being imported, and anything that
+    reads Django's settings then (gettext at a config module's import) would install a half-read copy of
+    them, hiding a start-up error raised later in the settings module."""
+    extra = os.environ.get("MAIBOT_LLM_KEY_ENVS", "")
+    return {"OPENAI_API_KEY", *(name.strip() for name in extra.split(",") if name.strip())}
+
+
 def names() -> set[str]:
     """The names the file may hold: KEYS and the model key variables the deployment allows."""
-    from core.config.sections import llm_key_variables
-
     return {*KEYS, *llm_key_variables()}
 
 
 def _live_names() -> set[str]:
-    from core.config.sections import llm_key_variables
-
     return {ADAPTER_TOKENS, *llm_key_variables()}
 
 

@@ -25,7 +25,7 @@ from django.utils.translation import gettext as _
 from core import deployment_env
 from core.adapter_tokens import DEFAULT_PLATFORM, PLATFORM_NAME, RESERVED_PLATFORMS, parse_adapter_tokens
 from core.config import get_config
-from core.config.sections import llm_key_variables
+from core.deployment_env import llm_key_variables
 
 MANAGE_SECRETS = "maibot.manage_secrets"
 TOKENS = deployment_env.ADAPTER_TOKENS

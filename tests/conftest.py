@@ -185,13 +185,16 @@ def deployment_env_pinned(monkeypatch) -> Iterator[None]:
 
     monkeypatch.setattr(deployment_env, "_applied_stat", deployment_env._stat(deployment_env.default_path()))
     monkeypatch.setattr(deployment_env, "_from_file", set(deployment_env._from_file))
-    for name in deployment_env._live_names():
-        if name in os.environ:
-            monkeypatch.setenv(name, os.environ[name])
-        else:
-            monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(settings, "MAIBOT_ADAPTER_TOKENS", settings.MAIBOT_ADAPTER_TOKENS)
+    # Restored by hand: monkeypatch.delenv of an unset name records nothing, so a name a refresh sets
+    # during the test would outlive it (and reach every server a later test starts).
+    before = {name: os.environ.get(name) for name in deployment_env._live_names()}
     yield
+    for name in set(before) | deployment_env._live_names():
+        if before.get(name) is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before[name]
 
 
 @pytest.fixture(autouse=True)

@@ -3,12 +3,13 @@ half of bot_config.toml's sections (one pydantic model each; a field's descripti
 
 from __future__ import annotations
 
-import os
 from typing import Annotated, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.utils.translation import gettext_noop
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from core.deployment_env import llm_key_variables
 
 
 class ConfigError(Exception):
@@ -274,12 +275,6 @@ class LLMSection(Section):
             if budget.scope == "model" and budget.target not in known:
                 raise ValueError(f"a budget names the unknown model {budget.target!r}")
         return self
-
-
-def llm_key_variables() -> set[str]:
-    """Environment variables the config may name as the LLM API key (set by the deployment)."""
-    extra = os.environ.get("MAIBOT_LLM_KEY_ENVS", "")
-    return {"OPENAI_API_KEY", *(name.strip() for name in extra.split(",") if name.strip())}
 
 
 _HHMM = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
