@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import os
 import re
 
 import pytest
@@ -46,12 +47,17 @@ env = {{ FILES_TOKEN = "{ENV_LITERAL}", FILES_KEY = "{MCP_ENV_VALUE}" }}
 
 @pytest.fixture
 def secret_config(settings, tmp_path, monkeypatch):
-    """A data dir whose config holds secrets in every form, that config in force."""
+    """A data dir whose config holds secrets in every form, that config in force. The server's environment
+    sets the model key, the adapter tokens and an MCP secret; deployment.env holds another model key."""
     settings.DATA_DIR = tmp_path
     monkeypatch.setenv("OPENAI_API_KEY", OPENAI_KEY)
     monkeypatch.setenv("MAIBOT_ADAPTER_TOKENS", f"qq:{ADAPTER_TOKEN}")
     monkeypatch.setenv("MAIBOT_MCP_SECRET_ENVS", "MCP_SEARCH_KEY")
     monkeypatch.setenv("MCP_SEARCH_KEY", MCP_ENV_VALUE)
+    # The server started with that environment (what it sets is the environment's: deployment.env's live
+    # refresh never overrides it), and deployment.env was written after: the first page applies it.
+    monkeypatch.setattr(deployment_env, "_from_environment", set())
+    deployment_env.load_into_environ(tmp_path / deployment_env.FILE_NAME)
     deployment_env.update(tmp_path / deployment_env.FILE_NAME, {"OPENAI_API_KEY": FILE_KEY})
     path = tmp_path / "bot_config.toml"
     path.write_text(TEXT, encoding="utf-8")
@@ -90,6 +96,7 @@ def test_the_raw_editor_shows_no_secret_anywhere_in_the_text(editor, secret_conf
     page = editor.get("/admin/config/raw/").content.decode()
     assert _leaks(page) == []
     shown, digest = _raw_text(editor)
+    assert os.environ["OPENAI_API_KEY"] == OPENAI_KEY  # deployment.env, applied by now, did not override it
     assert digest != hashlib.sha256(TEXT.encode()).hexdigest()  # no plain hash to test guesses against
     assert 'X-Short = "<redacted:' in shown  # short, but at a secret place
     assert 'X-Ref = "${MCP_SEARCH_KEY}"' in shown  # a reference names a secret, it is none
