@@ -12,16 +12,17 @@ host_application against the MaiBot version we declare and the sdk range against
 maibot-plugin-sdk), exactly as a plugin folder would at load. Python package and plugin dependencies
 are counted, not checked (they depend on the operator's environment and on which plugins are there).
 
-With `--compare` it prints, for the stored snapshot and for each `--index FILE` (a plugin_details.json,
-e.g. the newest fetched Mai-with-u/plugin-repo), how many manifest-v2 plugins load and have every
-declared capability answered under MaiBot's own rules (bench/data/maibot_rules.json: its host version,
-the same version rule as ours (in range, or newer only in the patch number: compatibility mode), and its
-capability registry) and under ours, then every v2 plugin that does not, with the reason. Event and
-hook subscriptions are not in the index's manifests (they are in each plugin's code), so they are not
-counted here; docs/plugins.md lists the hook points each host emits.
+With `--compare` it prints, for the stored snapshot, for each `--index FILE` (a plugin_details.json,
+e.g. the newest fetched Mai-with-u/plugin-repo) and with `--download` for the live index, how many
+manifest-v2 plugins load and have every declared capability answered under MaiBot's own rules
+(bench/data/maibot_rules.json: its host version, the same version rule as ours (in range, or newer only
+in the patch number: compatibility mode), and its capability registry) and under ours, then every v2
+plugin that does not, with the reason. Event and hook subscriptions are not in the index's manifests
+(they are in each plugin's code), so they are not counted here; docs/plugins.md lists the hook points
+each host emits.
 
     .venv/bin/python bench/plugin_index.py [--download] [--top 30] [--host-version 1.0.0]
-    .venv/bin/python bench/plugin_index.py --compare [--index plugin_details.json ...]
+    .venv/bin/python bench/plugin_index.py --compare [--index plugin_details.json ...] [--download]
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ def extract(details: list[dict]) -> list[dict]:
             ]
         out.append({"index_id": entry.get("id"), "manifest": kept})
     return out
+
+
+def download() -> list[dict]:
+    """The live index's entries (INDEX_URL), as extract() keeps them."""
+    with urllib.request.urlopen(INDEX_URL, timeout=60) as response:
+        return extract(json.loads(response.read().decode("utf-8")))
 
 
 def verdict(manifest: dict, host_version: str) -> tuple[str, str]:
@@ -172,7 +179,8 @@ def compare(label: str, entries: list[dict]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--download", action="store_true", help=f"read the live index ({INDEX_URL})")
+    live = f"read the live index ({INDEX_URL}); with --compare: compare it too"
+    parser.add_argument("--download", action="store_true", help=live)
     parser.add_argument("--extract", metavar="FILE", help="rewrite the snapshot from a plugin_details.json")
     parser.add_argument("--source", default="", help="with --extract: where FILE came from (kept in the snapshot)")
     parser.add_argument("--top", type=int, default=25)
@@ -199,10 +207,11 @@ def main() -> None:
         compare(f"stored snapshot ({snapshot['source']})", snapshot["entries"])
         for path in args.index:
             compare(f"index {path}", extract(json.loads(Path(path).read_text(encoding="utf-8"))))
+        if args.download:
+            compare(f"live index {INDEX_URL}", download())
         return
     if args.download:
-        with urllib.request.urlopen(INDEX_URL, timeout=60) as response:
-            entries = extract(json.loads(response.read().decode("utf-8")))
+        entries = download()
         print(f"index: {INDEX_URL}")
     else:
         snapshot = json.loads(SNAPSHOT.read_text(encoding="utf-8"))

@@ -84,9 +84,9 @@ class BwrapCommand:
             self.args.extend(["--perms", "0755", "--dir", parent])
             self.mounts.append((parent, "tmpfs"))
 
-    def bind(self, path: str, *, writable: bool = False) -> None:
+    def bind(self, path: str, *, writable: bool = False, source: str | None = None) -> None:
         self.parents(path)
-        self.args.extend(["--bind" if writable else "--ro-bind", path, path])
+        self.args.extend(["--bind" if writable else "--ro-bind", source or path, path])
         self.mounts.append((path, "bind"))
 
 
@@ -101,23 +101,29 @@ def build(
     root: bool,
     own_ro: list[Path] = (),
     own_rw: list[Path] = (),
+    own_rw_at: list[tuple[Path, Path]] = (),
     chdir: Path | None = None,
 ) -> BwrapCommand:
     """The bwrap command for `command`, seeing `visible` (read-only) and the system, with `hidden` (the
-    data dir…) covered, `own_ro` read-only and `own_rw` writable on top, as `uid` when the server runs
-    as `root` (else as the server's user in a user namespace), with `network` ("none", "isolated" or
-    "host": the effective one)."""
+    data dir…) covered, `own_ro` read-only and `own_rw` writable on top (and each (source, place) of
+    `own_rw_at`: source writable at place), as `uid` when the server runs as `root` (else as the
+    server's user in a user namespace), with `network` ("none", "isolated" or "host": the effective one)."""
     bw = _namespaces(network, root)
     _scratch(bw, tmp_mb)
     _system(bw)
     bw.home = str(chdir) if chdir else "/tmp"
     gid = _identity(bw, network, uid, root)
     needed = _visible(bw, visible)
-    _hide(bw, hidden, needed, [*own_ro, *own_rw], root)
+    _hide(bw, hidden, needed, [*own_ro, *own_rw, *(place for _, place in own_rw_at)], root)
     for path in own_ro:
         bw.bind(str(path))
     for path in own_rw:
         bw.bind(str(path), writable=True)
+    for source, place in own_rw_at:
+        mount = bw.covering(str(place))
+        if mount is not None and mount[1] == "bind" and not os.path.isdir(place):
+            continue  # inside a read-only view where bwrap could make no mount point: left out
+        bw.bind(str(place), writable=True, source=str(source))
     if chdir is not None:
         bw.args += ["--chdir", str(chdir)]
     if root:

@@ -242,6 +242,7 @@ class Jail:
         visible: list[Path],
         own_ro: list[Path] = (),
         own_rw: list[Path] = (),
+        own_rw_at: list[tuple[Path, Path]] = (),
         chdir: Path | None = None,
     ) -> Jail:
         """The bwrap command for `command` (plugins.bwrap), seeing `visible` (read-only) and the system, with
@@ -258,6 +259,7 @@ class Jail:
             root=as_root(),
             own_ro=own_ro,
             own_rw=own_rw,
+            own_rw_at=own_rw_at,
             chdir=chdir,
         )
         jail = cls(argv=bw.args, network=network, home=bw.home, pass_fds=tuple(bw.fds), info_fd=bw.info_fd)
@@ -370,7 +372,9 @@ def _read_json(fd: int) -> dict:
 def runner_jail(
     *, plugin_id: str, command: list[str], folder: Path, data_dir: Path, runtime_dir: Path, network: str, tmp_mb: int
 ) -> Jail:
-    """The sandbox of a plugin's runner: its folder read-only, its data and runtime dirs writable."""
+    """The sandbox of a plugin's runner: its folder read-only, its data and runtime dirs writable. Its data
+    dir is also the `data/` beside the plugin folders, where MaiBot's plugins keep state (the NapCat adapter
+    plugin: `<plugins>/data/napcat_adapter/ban_state.json`): its own there, not another plugin's."""
     return Jail.build(
         command=command,
         uid=plugin_uid(plugin_id),
@@ -379,6 +383,7 @@ def runner_jail(
         visible=python_paths(),
         own_ro=[folder],
         own_rw=[data_dir, runtime_dir],
+        own_rw_at=[(data_dir, folder.parent / "data")],
         chdir=runtime_dir,
     )
 

@@ -139,6 +139,10 @@ def test_a_plugin_cannot_write_into_its_own_folder_nor_past_its_file_and_open_fi
     host = hostile(limits={"runner_max_file_mb": 2, "runner_max_open_files": 64})
     result = invoke(host, "hostile_files", big_mb=5)
     assert result["own_folder"].startswith("OSError: [Errno 30] Read-only file system"), result
+    # The data/ beside the plugin folders is writable, and is the plugin's own data dir.
+    assert result["plugins_data"] == "WROTE", result
+    assert (Path(settings.DATA_DIR) / "plugin-data" / HOSTILE / "hostile" / "state.json").read_text() == "{}"
+    assert not (host.records[HOSTILE].folder.parent / "data").exists()
     data_dir = str(Path(settings.DATA_DIR) / "plugin-data" / HOSTILE / "big.bin")
     assert result[data_dir].startswith("OSError after 2 MB: [Errno 27] File too large"), result
     assert result["/tmp/big.bin"].startswith("OSError after 2 MB"), result  # EFBIG or its small /tmp full

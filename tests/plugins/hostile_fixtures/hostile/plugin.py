@@ -204,6 +204,13 @@ class HostilePlugin(MaiBotPlugin):
             result["own_folder"] = "WROTE"
         except OSError as exc:
             result["own_folder"] = f"{type(exc).__name__}: {exc}"
+        try:  # MaiBot's data folder beside the plugin folders, as the NapCat adapter plugin keeps its state
+            state = Path(__file__).resolve().parents[1] / "data" / "hostile" / "state.json"
+            state.parent.mkdir(parents=True, exist_ok=True)
+            state.write_text("{}")
+            result["plugins_data"] = "WROTE"
+        except OSError as exc:
+            result["plugins_data"] = f"{type(exc).__name__}: {exc}"
         chunk = b"\0" * (1024 * 1024)
         for where in (self.data_dir / "big.bin", Path("/tmp/big.bin")):
             written = 0
