@@ -5,7 +5,6 @@ one-time code, attempts limited): core.setup.
 
 from __future__ import annotations
 
-import os
 import secrets
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -27,7 +26,7 @@ from django.views.decorators.http import require_POST
 from chat.agent import llm
 from console.config_editor import read_config_file, toml_with_values
 from core import deployment_env, hosts, reload, setup
-from core.adapter_tokens import DEFAULT_PLATFORM, parse_adapter_tokens
+from core.adapter_tokens import DEFAULT_PLATFORM
 from core.config import BotConfig, LLMModel, get_config
 
 WRONG_CODE = _("This is not the code printed in the console.")
@@ -140,11 +139,9 @@ def _apply_secrets(data: dict) -> None:
     # The set-up's token is the NapCat adapter's: bound to qq, written so (a bare token means the same).
     tokens = f"{DEFAULT_PLATFORM}:{token}" if token else ""
     deployment_env.update(env_file, {"OPENAI_API_KEY": key, "MAIBOT_ADAPTER_TOKENS": tokens})
-    # This process applies them now; `serve` restarts the cluster for the file's change.
-    if key:
-        os.environ.setdefault("OPENAI_API_KEY", key)
-    if token and not settings.MAIBOT_ADAPTER_TOKENS:
-        settings.MAIBOT_ADAPTER_TOKENS = parse_adapter_tokens(tokens, name="MAIBOT_ADAPTER_TOKENS")
+    # This process applies them now (what the server's environment sets still wins); every other process
+    # applies the file by itself on its next use of a key or token (deployment_env.refresh).
+    deployment_env.refresh(env_file)
 
 
 # Not CSRF-checked: every POST must carry the one-time code, which a cross-site page cannot know, and

@@ -14,6 +14,11 @@ model key variables) into os.environ again and re-reads the adapter tokens into
 settings.MAIBOT_ADAPTER_TOKENS. The model calls (core.config.BotConfig.llm_models) and the gateway's
 admission (chat.gateway.auth) call it before they read a key, so a key changed in the console or by hand is
 used from the next call on. A name set in the real environment when the process started is never touched.
+
+Retired secrets: every secret value this process has held (the model keys and adapter tokens in os.environ
+at start and before each refresh replaced them, each version of the file it read) is remembered, in memory
+only (`held`), never written anywhere: core.redaction keeps hiding a key or token replaced live wherever the
+config still holds it, for the life of the process.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import logging
 import os
 import tempfile
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -37,6 +43,9 @@ _from_environment: set[str] = set()
 _from_file: set[str] = set()
 _applied_stat: tuple | None = None
 _refresh_lock = threading.Lock()
+# Every secret value this process has held (see the module's docstring): in memory only.
+_held: set[str] = set()
+_held_lock = threading.Lock()
 
 
 def llm_key_variables() -> set[str]:
@@ -73,6 +82,18 @@ def read(path: Path) -> dict[str, str]:
     return values
 
 
+def remember(values: Iterable[str]) -> None:
+    """Keep `values` (secrets this process holds) among those it has held, for the life of the process."""
+    with _held_lock:
+        _held.update(value for value in values if value)
+
+
+def held() -> frozenset[str]:
+    """Every secret value this process has held since it started (raw: `platform:token,...` as set)."""
+    with _held_lock:
+        return frozenset(_held)
+
+
 def _stat(path: Path) -> tuple | None:
     try:
         st = path.stat()
@@ -87,10 +108,12 @@ def load_into_environ(path: Path) -> None:
     # An empty variable counts as unset (as the set-up and the console write it: absent).
     _from_environment.update(name for name in names() if os.environ.get(name))
     _applied_stat = _stat(path)
-    for name, value in read(path).items():
+    values = read(path)
+    for name, value in values.items():
         if not os.environ.get(name):
             os.environ[name] = value
             _from_file.add(name)
+    remember([*values.values(), *(os.environ.get(name, "") for name in _live_names())])
 
 
 def real_environ() -> dict[str, str]:
@@ -123,6 +146,8 @@ def refresh(path: Path | None = None) -> bool:
         if current == _applied_stat:
             return False
         values = read(path)
+        # What this replaces stays a secret (core.redaction), as what it applies.
+        remember([*values.values(), *(os.environ.get(name, "") for name in _live_names())])
         for name in _live_names() - _from_environment:
             if values.get(name):
                 os.environ[name] = values[name]

@@ -8,7 +8,11 @@ What is secret:
   MAIBOT_LLM_KEY_ENVS lists), the MCP secret variables (MAIBOT_MCP_SECRET_ENVS), the adapter tokens,
   what deployment.env holds, SECRET_KEY, DJANGO_SUPERUSER_PASSWORD, the database's and Redis's
   passwords; the password of a URL's `user:password@` in the config; and the values of the secret
-  places above, wherever else they appear.
+  places above, wherever else they appear;
+- every value those deployment secrets had in this process since it started: a model key or an adapter
+  token replaced live (the console's connect page, a hand edit of deployment.env applied by
+  deployment_env.refresh) stays a secret for the life of the process, kept in memory only
+  (deployment_env.held), so the config's text that still holds the old value never shows it.
 
 Redaction is by value: every occurrence of a secret (of at least MIN_SECRET_LENGTH characters; a shorter
 one only at its own place) is replaced wherever it is, under any key, inside lists and tables, and in
@@ -45,13 +49,16 @@ KeyPath = tuple[Any, ...]  # keys and array positions from the top of the config
 
 
 def deployment_secret_values() -> set[str]:
-    """The values of the deployment's secrets (see the module docstring)."""
+    """The values of the deployment's secrets (see the module docstring): those in force and every one this
+    process held before."""
     from django.conf import settings
 
     names = {*llm_key_variables(), *mcp_secret_variables(), "MAIBOT_ADAPTER_TOKENS", "DJANGO_SUPERUSER_PASSWORD"}
-    values = {os.environ.get(name, "") for name in names}
-    values |= set(deployment_env.read(Path(settings.DATA_DIR) / deployment_env.FILE_NAME).values())
-    for tokens in [os.environ.get("MAIBOT_ADAPTER_TOKENS", ""), *values]:
+    current = {os.environ.get(name, "") for name in names}
+    current |= set(deployment_env.read(Path(settings.DATA_DIR) / deployment_env.FILE_NAME).values())
+    deployment_env.remember(current)
+    values = set(deployment_env.held())
+    for tokens in list(values):
         for item in tokens.split(","):  # `token` or `platform:token`, comma-separated
             values |= {item.strip(), item.split(":", 1)[-1].strip()}
     values.add(settings.SECRET_KEY)

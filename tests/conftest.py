@@ -178,13 +178,15 @@ def fast_password_hashing(request) -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def deployment_env_pinned(monkeypatch) -> Iterator[None]:
     """deployment.env's live refresh (core.deployment_env.refresh) applies in a test only what the test
-    itself writes there, and what it applied (the environment's secrets, the adapter tokens) is undone after."""
+    itself writes there, and what it applied (the environment's secrets, the adapter tokens) is undone after;
+    the secrets a test's process held (redacted for the life of a real process) are forgotten after it."""
     from django.conf import settings
 
     from core import deployment_env
 
     monkeypatch.setattr(deployment_env, "_applied_stat", deployment_env._stat(deployment_env.default_path()))
     monkeypatch.setattr(deployment_env, "_from_file", set(deployment_env._from_file))
+    monkeypatch.setattr(deployment_env, "_held", set(deployment_env._held))
     monkeypatch.setattr(settings, "MAIBOT_ADAPTER_TOKENS", settings.MAIBOT_ADAPTER_TOKENS)
     # Restored by hand: monkeypatch.delenv of an unset name records nothing, so a name a refresh sets
     # during the test would outlive it (and reach every server a later test starts).

@@ -1,12 +1,16 @@
 """The config editors never show a secret, by key or by value, to a staff user with `change_config` only
 (issue #25: the raw editor showed MCP headers and env literally), and a save keeps the real values: a
 placeholder left where it was gets its secret back; one moved elsewhere (to read it there) is refused,
-nothing written. Attacked through the Django test client, as that user."""
+nothing written. Attacked through the Django test client, as that user. A model key or adapter token an
+operator replaced in the console since the server started stays hidden the same way (with the plugins'
+config.get)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import html
+import json
 import os
 import re
 
@@ -16,6 +20,7 @@ from django.test import Client
 
 from core import config, deployment_env, reload
 from core.redaction import PLACEHOLDER
+from plugins.capabilities import config as plugin_config
 from tests.console.test_console_config_editor import form_data_from
 
 OPENAI_KEY = "sk-live-openai-0123456789"
@@ -68,8 +73,8 @@ def secret_config(settings, tmp_path, monkeypatch):
     reload.last_error = reload.last_result = None
 
 
-def _staff(*codenames: str) -> Client:
-    user = User.objects.create_user("editor", password="pw-123456", is_staff=True)
+def _staff(*codenames: str, username: str = "editor") -> Client:
+    user = User.objects.create_user(username, password="pw-123456", is_staff=True)
     user.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
     client = Client()
     client.force_login(user)
@@ -184,3 +189,100 @@ def test_an_mcp_editor_replaces_a_secret_and_reordered_servers_keep_theirs(db, s
     assert servers["search"].headers == {"Authorization": HEADER, "X-Short": SHORT, "X-Ref": "${MCP_SEARCH_KEY}"}
     assert servers["files"].env["FILES_KEY"] == MCP_ENV_VALUE
     assert servers["files"].env["FILES_TOKEN"] == "new-typed-value"
+
+
+# --- secrets replaced live: what the process held once stays hidden ------------------------------------
+
+OLD_KEY = "sk-retired-model-key-2468"
+OLD_TOKEN = "retired-adapter-token-1357"
+NEW_KEY = "sk-new-model-key-97531"
+HAND_KEY = "sk-typed-by-hand-86420"
+RETIRED_TEXT = f"""# Model key (until we rotate it): {OLD_KEY}
+[bot]
+nickname = "Mai"
+persona = "You are Mai. (debug: {OLD_KEY})"
+alias_names = ["Mai", "{OLD_TOKEN}"]
+
+[[mcp.servers]]
+name = "search"
+url = "https://mcp.example/search"
+headers = {{ Authorization = "Bearer {OLD_TOKEN}" }}
+"""
+
+
+@pytest.fixture
+def retired(settings, tmp_path, monkeypatch):
+    """A server started with deployment.env holding the model key and qq's token (none from the
+    environment), and a config that repeats both; then an operator with manage_secrets replaces the key
+    and rotates the token through the connect page's endpoint. Yields the values in force now."""
+    settings.DATA_DIR = tmp_path
+    for name in ("OPENAI_API_KEY", "MAIBOT_ADAPTER_TOKENS", "MAIBOT_LLM_KEY_ENVS", "MAIBOT_MCP_SECRET_ENVS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(deployment_env, "_from_environment", set())
+    env_file = tmp_path / deployment_env.FILE_NAME
+    deployment_env.update(env_file, {"OPENAI_API_KEY": OLD_KEY, "MAIBOT_ADAPTER_TOKENS": f"qq:{OLD_TOKEN}"})
+    deployment_env.load_into_environ(env_file)
+    (tmp_path / "bot_config.toml").write_text(RETIRED_TEXT, encoding="utf-8")
+    config.set_config(config.parse_config(RETIRED_TEXT))
+    reload._applied_digest = None
+    reload.last_error = reload.last_result = None
+
+    operator = _staff("view_console", "manage_secrets", username="operator")
+    secret = "/admin/connect/secret/"
+    assert operator.post(secret, {"action": "set", "secret": "model:OPENAI_API_KEY", "value": NEW_KEY}).json()["ok"]
+    new_token = operator.post(secret, {"action": "rotate", "secret": "adapter:qq"}).json()["value"]
+    # The old values are gone from the process and from the file: the config text alone still holds them.
+    assert os.environ["OPENAI_API_KEY"] == NEW_KEY and os.environ["MAIBOT_ADAPTER_TOKENS"] == f"qq:{new_token}"
+    assert deployment_env.read(env_file) == {"OPENAI_API_KEY": NEW_KEY, "MAIBOT_ADAPTER_TOKENS": f"qq:{new_token}"}
+    yield tmp_path, [OLD_KEY, OLD_TOKEN, NEW_KEY, new_token]
+    reload.last_error = reload.last_result = None
+
+
+def _retired_leaks(page: str, secrets: list[str]) -> list[str]:
+    text = html.unescape(page)
+    return [s for s in secrets if s in text]
+
+
+def test_a_key_and_token_replaced_in_the_console_stay_hidden_from_the_editors_and_plugins(editor, retired):
+    data_dir, secrets = retired
+    raw = editor.get("/admin/config/raw/").content.decode()
+    assert _retired_leaks(raw, secrets) == []
+    shown, digest = _raw_text(editor)
+    assert shown.startswith("# Model key (until we rotate it): <redacted:")
+    assert 'persona = "You are Mai. (debug: <redacted:' in shown and '["Mai", "<redacted:' in shown
+    assert _retired_leaks(editor.get("/admin/config/").content.decode(), secrets) == []
+    # A plugin's config.get: by value under any key.
+    found = {key: asyncio.run(plugin_config.get(None, {"key": key}))["value"] for key in ("bot", "mcp")}
+    assert _retired_leaks(json.dumps(found), secrets) == []
+    assert found["bot"]["persona"] == "You are Mai. (debug: <redacted>)"
+    assert found["bot"]["alias_names"] == ["Mai", "<redacted>"]
+
+    # Saving the redacted text keeps the retired values where they were; moving one elsewhere is refused.
+    old_key = PLACEHOLDER.search(shown)[0]
+    moved = shown.replace('nickname = "Mai"', f'nickname = "{old_key}"')
+    page = html.unescape(editor.post("/admin/config/raw/", {"toml": moved, "base_digest": digest}).content.decode())
+    assert "bot.nickname: a redacted value can only stay where it was" in page
+    assert _retired_leaks(page, secrets) == []
+    edited = shown.replace('nickname = "Mai"', 'nickname = "Mai 2"')
+    response = editor.post("/admin/config/raw/", {"toml": edited, "base_digest": digest})
+    assert response.status_code == 302, html.unescape(response.content.decode())[-3000:]
+    saved = RETIRED_TEXT.replace('nickname = "Mai"\n', 'nickname = "Mai 2"\n')
+    assert (data_dir / "bot_config.toml").read_text() == saved
+    assert config.get_config().bot.persona == f"You are Mai. (debug: {OLD_KEY})"
+
+    # Remembered in memory only: no file of the data dir but the config itself holds a retired value.
+    holders = {p.name for p in data_dir.rglob("*") if p.is_file() and OLD_KEY in p.read_text(errors="replace")}
+    assert holders == {"bot_config.toml"}
+
+
+def test_a_key_changed_by_hand_in_deployment_env_stays_hidden_once_applied(editor, retired):
+    """Another process (or a hand edit) replaces the key the console set: this process applies the file
+    on its next use of the key (deployment_env.refresh) and keeps hiding the key it replaced."""
+    data_dir, secrets = retired
+    (data_dir / "bot_config.toml").write_text(RETIRED_TEXT + f"# then: {NEW_KEY}\n", encoding="utf-8")
+    deployment_env.update(data_dir / deployment_env.FILE_NAME, {"OPENAI_API_KEY": HAND_KEY})
+    with config.override(llm={"model": "fake-model", "base_url": "http://127.0.0.1:9/v1"}):
+        assert config.get_config().llm_models()["default"].api_key == HAND_KEY  # applied here, by refresh()
+    raw = editor.get("/admin/config/raw/").content.decode()
+    assert _retired_leaks(raw, [*secrets, HAND_KEY]) == []
+    assert PLACEHOLDER.fullmatch(_raw_text(editor)[0].rsplit("# then: ", 1)[1].strip())
