@@ -45,6 +45,7 @@ class ToolErrorCode(StrEnum):
     TEXT_TOO_LONG = "text_too_long"
     NO_MATCH = "no_match"
     MEDIA_UNAVAILABLE = "media_unavailable"
+    WITHDRAWN = "withdrawn"  # a plugin hook withdrew the call before it ran (chat.planner.hooks)
 
 
 CHAT = "chat"  # the chat planner's scope (the default)

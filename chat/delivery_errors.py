@@ -21,3 +21,13 @@ class DeliveryError(StrEnum):
     NO_ECHO = "no_echo"
     # An adapter plugin's message gateway answered that it could not send (its reason follows the code).
     GATEWAY_FAILED = "gateway_failed"
+    # A `send_service.before_send` handler stopped the message (the handler's name follows the code).
+    HOOK_ABORTED = "hook_aborted"
+    # The before_send handlers could not run: the chat's background backlog was full, or the server
+    # holding the message died before they finished (chat.send_hooks). Never sent unchecked.
+    HOOK_NOT_RUN = "before_send_not_run"
+
+
+# Not a failure: the `delivery_error` of a pending row whose before_send handlers are still running. The
+# outbox claims no row carrying it (chat.send_hooks releases or fails it).
+HELD = "held: send_service.before_send"

@@ -14,6 +14,16 @@ plugins.events does the mapping):
 * `chat.command.after_execute` — the command ran. kwargs as before, and success, response,
   continue_process (False: the command took the message). May modify success, response and
   continue_process.
+* `maisaka.planner.after_response` — each planner model answer about to be acted on. kwargs: session,
+  response, tool_calls (MaiBot's `{"id", "function": {"name", "arguments"}}`), token counts. May
+  modify response and tool_calls (chat.planner.hooks).
+* `maisaka.replyer.before_request` / `maisaka.replyer.after_response` — a `reply` call of the planner,
+  before it is carried out: the planner is this host's replyer (chat.planner.hooks). kwargs: session,
+  reply_message_id, reply_reason, reply_tool_args, and after_response the reply's text as `response`.
+  after_response may modify response ("" withdraws the reply), retry and retry_reason.
+* `send_service.before_send` — an outbound message stored, before the outbox may hand it over. kwargs:
+  message, session, text, segments, reply_message_id. May abort (the message fails, saying which
+  handler stopped it); may modify text and segments (chat.send_hooks).
 * `send_service.after_send` — an outbound message handed to its adapter. kwargs: message, session.
 * `on_start` / `on_stop` — the process's plugins are loaded / about to unload. No kwargs.
 
@@ -71,6 +81,10 @@ class Point(StrEnum):
     PLANNER_BEFORE_REQUEST = "maisaka.planner.before_request"
     COMMAND_BEFORE_EXECUTE = "chat.command.before_execute"
     COMMAND_AFTER_EXECUTE = "chat.command.after_execute"
+    PLANNER_AFTER_RESPONSE = "maisaka.planner.after_response"
+    REPLYER_BEFORE_REQUEST = "maisaka.replyer.before_request"
+    REPLYER_AFTER_RESPONSE = "maisaka.replyer.after_response"
+    BEFORE_SEND = "send_service.before_send"
     AFTER_SEND = "send_service.after_send"
     START = "on_start"
     STOP = "on_stop"
@@ -82,6 +96,35 @@ class PointSpec:
     # The kwargs a blocking handler may change, with the types a new value must have (another type is
     # a malformed modification: ignored, and recorded as the handler's failure).
     modifiable: dict[str, tuple[type, ...]]
+    # (key, new value) → why that value is refused ("" when it is not), beyond its type.
+    check: Callable[[str, Any], str] | None = None
+
+
+def _outbound_check(key: str, value: Any) -> str:
+    """before_send's changes: a message with something to send, in segments we can store."""
+    if key == "text":
+        return "" if value.strip() else "is blank"
+    if not any(isinstance(s, dict) and s.get("type") != "reply" for s in value):
+        return "leaves nothing to send"
+    for i, seg in enumerate(value):
+        if not isinstance(seg, dict) or not isinstance(seg.get("type"), str) or "data" not in seg:
+            return f"[{i}] is not an object with a type and data"
+    return ""
+
+
+def _tool_calls_check(key: str, value: Any) -> str:
+    """planner after_response's tool_calls: MaiBot's `{"id", "function": {"name", "arguments"}}`."""
+    if key != "tool_calls":
+        return ""
+    for i, call in enumerate(value):
+        function = call.get("function", call) if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            return f"[{i}] is not a tool call with a function name"
+        if not isinstance(call.get("id", call.get("call_id")), str):
+            return f"[{i}] has no id"
+        if not isinstance(function.get("arguments", {}), dict | str):
+            return f"[{i}]'s arguments are not an object"
+    return ""
 
 
 _TEXT = {"text": (str,)}
@@ -93,6 +136,11 @@ SPECS: dict[str, PointSpec] = {
     Point.COMMAND_AFTER_EXECUTE: PointSpec(
         False, {"success": (bool,), "response": (str, type(None)), "continue_process": (bool,)}
     ),
+    Point.PLANNER_AFTER_RESPONSE: PointSpec(False, {"response": (str,), "tool_calls": (list,)}, _tool_calls_check),
+    # Nothing to change: no replyer prompt follows here (the planner wrote the reply's text already).
+    Point.REPLYER_BEFORE_REQUEST: PointSpec(False, {}),
+    Point.REPLYER_AFTER_RESPONSE: PointSpec(False, {"response": (str,), "retry": (bool,), "retry_reason": (str,)}),
+    Point.BEFORE_SEND: PointSpec(True, {"text": (str,), "segments": (list,)}, _outbound_check),
     Point.AFTER_SEND: PointSpec(False, {}),
     Point.START: PointSpec(False, {}),
     Point.STOP: PointSpec(False, {}),
@@ -336,11 +384,14 @@ def _apply(handler: EventHandler, spec: PointSpec, result: Any, emission: Emissi
         for key, types in spec.modifiable.items():
             if key not in modified:
                 continue
-            if isinstance(modified[key], types):
-                emission.kwargs[key] = modified[key]
+            value = modified[key]
+            problem = "" if isinstance(value, types) else f"is {type(value).__name__}"
+            if not problem and spec.check is not None:
+                problem = spec.check(key, value)
+            if problem:
+                _fail(handler, emission.point, f"modified_kwargs[{key!r}] {problem}; ignored", emission)
             else:
-                error = f"modified_kwargs[{key!r}] is {type(modified[key]).__name__}; ignored"
-                _fail(handler, emission.point, error, emission)
+                emission.kwargs[key] = value
     if str(result.get("action") or "continue") == "abort":
         if spec.may_abort:
             emission.aborted, emission.aborted_by = True, handler.name
@@ -362,6 +413,16 @@ def _observe(handler: EventHandler, point: str, kwargs: dict[str, Any]) -> concu
             _fail(handler, point, f"{type(exc).__name__}: {exc}", exc=exc)
 
     return _in_background(run(), chat)
+
+
+def run_background(coro: Coroutine[Any, Any, Any], chat: Hashable) -> str:
+    """Run `coro` on the background loop within `chat`'s backlog; "" when started, else why not (then
+    `coro` is closed unrun)."""
+    if why := _admit(chat):
+        coro.close()
+        return why
+    _in_background(coro, chat)
+    return ""
 
 
 def emit_background(point: str, make_kwargs: Callable[[], list[dict[str, Any]]]) -> None:

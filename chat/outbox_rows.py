@@ -36,8 +36,8 @@ from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from chat import claims
-from chat.delivery_errors import DeliveryError
+from chat import claims, send_hooks
+from chat.delivery_errors import HELD, DeliveryError
 from chat.delivery_gate import confirm_deadlines, outbox_confirm_overdue, platforms_that_echo
 from chat.models import AdapterConnection, ChatSession, DeliveryStatus, Direction, Message
 from chat.wire.outbound import adapter_envelope, browser_frame
@@ -128,11 +128,15 @@ def outbox_claim(
     # Rows past the offline expiry are never sent, even before the sweep has marked them failed; rows
     # waiting out a redelivery backoff are not due yet.
     cutoff = now - timedelta(seconds=config.offline_expiry_seconds)
-    due = Message.objects.filter(
-        Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now),
-        delivery_status=DeliveryStatus.PENDING,
-        created_at__gte=cutoff,
-    ).order_by("id")
+    due = (
+        Message.objects.filter(
+            Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now),
+            delivery_status=DeliveryStatus.PENDING,
+            created_at__gte=cutoff,
+        )
+        .exclude(delivery_error=HELD)
+        .order_by("id")
+    )  # held for send_service.before_send (chat.send_hooks)
     platforms = [p for p in adapter_platforms if p != WEB_PLATFORM]
 
     def pick() -> list[int]:
@@ -292,6 +296,7 @@ def outbox_sweep(*, now=None) -> tuple[int, int]:
         delivery_error=DeliveryError.ADAPTER_OFFLINE,
         next_attempt_at=None,
     )
+    send_hooks.sweep(now)
     resent, unconfirmed, interrupted = _take_back_abandoned(now)
     grace = now - timedelta(seconds=config.delivery_lease_seconds)
     overdue = Message.objects.filter(delivery_status=DeliveryStatus.SENT, next_attempt_at__lte=grace)

@@ -17,6 +17,8 @@ from django.db import connections, models, transaction
 from django.dispatch import Signal
 from django.utils import timezone
 
+from chat import events
+from chat.delivery_errors import HELD
 from chat.fate import RESENDABLE
 from chat.models import (
     ChatSession,
@@ -34,6 +36,9 @@ logger = logging.getLogger(__name__)
 # them: the gateway wakes its outbox deliverer, the planner appends them to a live runtime's history.
 # kwargs: messages (list[Message]), resent (bool: messages an operator put back, already in the history).
 outbound_created = Signal()
+# Sent (after the commit) with outbound messages stored held for their send_service.before_send handlers,
+# which chat.send_hooks runs; the outbox claims none of them before it releases them.
+outbound_held = Signal()
 
 # Sent by the gateway, in the ASGI process, once inbound messages are stored: the planner's runtime
 # registry listens and wakes the session's loop. kwargs: messages (list[Message]).
@@ -137,7 +142,7 @@ def message_defaults() -> list[tuple[str, Any]]:
     return defaults
 
 
-def _build_message(item: Outbound, now: datetime, random: bytes) -> Message:
+def _build_message(item: Outbound, now: datetime, random: bytes, held: bool = False) -> Message:
     if item.source_kind not in OUTBOUND_SOURCE_KINDS:
         raise ValueError(f"not an outbound source kind: {item.source_kind!r}")
     segments = item.segments or text_segments(item.text, reply_to_platform_id=item.reply_to_platform_id)
@@ -159,6 +164,8 @@ def _build_message(item: Outbound, now: datetime, random: bytes) -> Message:
         "time": now,
         "created_at": now,
         "delivery_status": DeliveryStatus.PENDING.value,
+        # Not claimed until the send_service.before_send handlers have had their say (chat.send_hooks).
+        "delivery_error": HELD if held else "",
     }
     # Positional construction skips Model.__init__'s keyword handling (a burst builds thousands).
     message = Message(*[values.get(name, default) for name, default in message_defaults()])
@@ -286,7 +293,8 @@ def messages_prepare(items: Sequence[Outbound], *, now: datetime | None = None) 
     now = now or timezone.now()
     # One getrandom call for the batch's uids rather than one per message.
     random = os.urandom(16 * len(items))
-    messages = [_build_message(item, now, random[16 * i : 16 * i + 16]) for i, item in enumerate(items)]
+    held = events.has_handlers(events.Point.BEFORE_SEND)
+    messages = [_build_message(item, now, random[16 * i : 16 * i + 16], held) for i, item in enumerate(items)]
     return PreparedSend(messages, _rows_for(messages, now), now)
 
 
@@ -304,6 +312,8 @@ def messages_send(items: Sequence[Outbound] | PreparedSend, *, now: datetime | N
         session_ids = {m.session_id for m in messages}
         ChatSession.objects.filter(pk__in=session_ids).update(last_active_at=prepared.now)
         transaction.on_commit(lambda: _announce(messages))
+        if any(m.delivery_error == HELD for m in messages):
+            transaction.on_commit(lambda: outbound_held.send(sender=Message, messages=messages))
     return messages
 
 

@@ -4,19 +4,21 @@
 * `@HookHandler("<hook>")` subscribes to the point of that name when chat emits it
   (`chat.receive.before_process`, `chat.receive.after_process`, `chat.command.before_execute`,
   `chat.command.after_execute` (around a plugin's command: CommandHooks), `maisaka.planner.before_request`,
-  `send_service.after_send`). mode BLOCKING runs in the chain (it may return {"action": "abort"} where
+  `maisaka.planner.after_response`, `maisaka.replyer.before_request`, `maisaka.replyer.after_response`,
+  `send_service.before_send`, `send_service.after_send`; payloads of the newer ones:
+  plugins.hook_payloads). mode BLOCKING runs in the chain (it may return {"action": "abort"} where
   the point allows it, and {"modified_kwargs": ...}); OBSERVE runs in the background. order EARLY /
   NORMAL / LATE → 50 / 100 / 150; timeout_ms, at most chat.tool_timeout (0: that); error_policy as
   the SDK says.
-  A hook point this host does not emit (e.g. `maisaka.replyer.before_request`) is listed with a note,
+  A hook point this host does not emit (e.g. `maisaka.replyer.before_model_request`) is listed with a note,
   never a reason to refuse the plugin.
 * `@EventHandler(event_type=...)`: ON_START / ON_STOP → on_start / on_stop; ON_MESSAGE_PRE_PROCESS →
   chat.receive.before_process; ON_MESSAGE → chat.receive.after_process; ON_PLAN →
-  maisaka.planner.before_request; POST_SEND / AFTER_SEND → send_service.after_send. POST_LLM,
-  AFTER_LLM and POST_SEND_PRE_PROCESS are not emitted here (noted). `intercept_message=True` runs it
-  in the chain, where it may stop the message ({"intercepted": true}, {"continue_processing": false},
-  or MaiBot's (success, continue_processing, …) tuple); otherwise it runs in the background.
-  order = 100 - weight (a higher weight runs first, as in MaiBot).
+  maisaka.planner.before_request; POST_SEND_PRE_PROCESS → send_service.before_send; POST_SEND /
+  AFTER_SEND → send_service.after_send. POST_LLM and AFTER_LLM are not emitted here (noted).
+  `intercept_message=True` runs it in the chain, where it may stop the message ({"intercepted": true},
+  {"continue_processing": false}, or MaiBot's (success, continue_processing, …) tuple); otherwise it runs in the
+  background. order = 100 - weight (a higher weight runs first, as in MaiBot).
 
 What a handler gets: on the receive points and after send, `message` (the message as the SDK's dict,
 its `processed_plain_text` the text as the chain left it; after send also `sent`: true); around a
@@ -37,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 from chat import events
 from chat.events import EventHandler, Point
+from core.aio import db
+from plugins import hook_payloads
 
 if TYPE_CHECKING:
     from plugins.records import ComponentHost, ComponentInfo, PluginRecord
@@ -49,6 +53,7 @@ EVENT_TYPE_POINTS: dict[str, str] = {
     "on_message_pre_process": Point.RECEIVE_BEFORE_PROCESS,
     "on_message": Point.RECEIVE_AFTER_PROCESS,
     "on_plan": Point.PLANNER_BEFORE_REQUEST,
+    "post_send_pre_process": Point.BEFORE_SEND,
     "post_send": Point.AFTER_SEND,
     "after_send": Point.AFTER_SEND,
 }
@@ -87,6 +92,8 @@ def _plugin_args(point: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         if point in COMMAND_POINTS:
             return {"message": message, **{k: kwargs[k] for k in COMMAND_KWARGS[point] if k in kwargs}}
         return {"message": message}
+    if point in hook_payloads.POINTS:
+        return hook_payloads.args(point, kwargs)
     if point == Point.PLANNER_BEFORE_REQUEST:
         session = kwargs.get("session")
         stream_id = session.session_id if session is not None else ""
@@ -120,6 +127,15 @@ def _chat_result(point: str, result: Any, *, event_handler: bool) -> dict[str, A
     return out
 
 
+async def _payload_changes(point: str, modified: dict[str, Any], sent: dict[str, Any]) -> dict[str, Any]:
+    """The answer's changes at one of plugins.hook_payloads' points, a new raw_message read (in a
+    thread: it may store media)."""
+    changed = hook_payloads.changes(point, modified, sent)
+    if "raw_message" in changed:
+        changed["segments"] = await db(hook_payloads.outbound_segments)(changed.pop("raw_message"))
+    return changed
+
+
 def _changed_kwargs(point: str, modified: dict[str, Any]) -> dict[str, Any]:
     """A plugin's modified_kwargs → chat's names. Values go on as given: chat.events checks their types
     and records a malformed one as the handler's failure."""
@@ -136,6 +152,8 @@ def _changed_kwargs(point: str, modified: dict[str, Any]) -> dict[str, Any]:
                 changed[key] = value
     elif point in COMMAND_POINTS:
         changed = {k: v for k, v in modified.items() if k in events.SPECS[point].modifiable}
+    elif point in hook_payloads.POINTS:
+        changed = dict(modified)  # as given: handle() turns them into chat's (plugins.hook_payloads)
     return changed
 
 
@@ -163,12 +181,16 @@ def _handler(host: ComponentHost, record: PluginRecord, component: ComponentInfo
         error_policy = str(meta.get("error_policy") or "skip")
 
     async def handle(kwargs: dict[str, Any], seconds: float) -> Any:
+        args = _plugin_args(point, kwargs)
         try:
-            result = await host.ainvoke(record, component, _plugin_args(point, kwargs), seconds)
+            result = await host.ainvoke(record, component, args, seconds)
         except Exception as exc:
             exc.maibot_recorded = True  # host.invoke has recorded it on the plugin already
             raise
-        return _chat_result(point, result, event_handler=event_handler)
+        answer = _chat_result(point, result, event_handler=event_handler)
+        if point in hook_payloads.POINTS and answer and isinstance(answer.get("modified_kwargs"), dict):
+            answer["modified_kwargs"] = await _payload_changes(point, answer["modified_kwargs"], args)
+        return answer
 
     def on_error(error: str, exc: BaseException | None) -> None:
         if not getattr(exc, "maibot_recorded", False):

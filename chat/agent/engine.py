@@ -286,6 +286,8 @@ class AgentTurn:
         if tool is None:
             return None, ctx, error_result(Code.UNKNOWN_TOOL, f"there is no tool {name!r}; use one of: {names}")
         ctx.timeout = tool.time_limit()
+        if call.refusal is not None:
+            return tool, ctx, call.refusal
         if arguments is None:
             problem = f"the arguments are not a JSON object: {call.argument_error}"
         else:

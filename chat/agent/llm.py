@@ -114,6 +114,8 @@ class ToolCallRequest:
     raw_arguments: str
     arguments: dict[str, Any] | None
     argument_error: str = ""
+    # The result to record instead of running the call (a plugin hook withdrew it: chat.planner.hooks).
+    refusal: dict[str, Any] | None = None
 
 
 @dataclass

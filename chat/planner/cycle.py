@@ -21,6 +21,7 @@ from chat.components import Tool, context_blocks
 from chat.models import ChatSession, CycleKind, Message, PlannerCycle
 from chat.planner.failure_reply import failure_reply_send
 from chat.planner.history import HistoryCache, history_read, recent_cycles_read
+from chat.planner.hooks import after_response, replies
 from chat.planner.prompts import SYSTEM_PROMPT, TURN_PROMPT, chat_description, instruction
 from chat.planner.rules import content_as_reply
 from core.aio import db
@@ -330,6 +331,12 @@ async def _rounds(run: CycleRun, max_rounds: int) -> None:
         result = await _plan(run)
         if await _replanned(run, result):
             continue
+        result, dropped = await after_response(run.turn.session, result, len(run.conversation))
+        if dropped:
+            run.end("no_reply", "")
+            run.outcome.append("maisaka.planner.after_response handlers removed every tool call; stayed silent")
+            return
+        result = await replies(run.turn.session, result, run.round_no + 1)
         if await _ended_without_tools(run, result) or await _execute(run, result):
             return
         run.round_no += 1

@@ -51,7 +51,7 @@ def test_handlers_register_by_point_and_unemitted_hooks_are_noted_not_refused(lo
     record = host.records[EVENTS]
     assert record.state == "loaded"
     notes = {c.name: (c.registered, c.note) for c in record.components}
-    assert notes["replyer_hook"] == (False, "the hook maisaka.replyer.before_request is not emitted by this host")
+    assert notes["replyer_hook"] == (False, "the hook maisaka.replyer.before_model_request is not emitted by this host")
     assert notes["bad_policy"] == (False, "send_service.after_send cannot be aborted, so error_policy=abort is refused")
     assert all(ok for name, (ok, _) in notes.items() if name not in ("replyer_hook", "bad_policy"))
     # Blocking before observe, then order (EARLY 50, NORMAL 100, an event handler's 100 - weight, LATE 150).
