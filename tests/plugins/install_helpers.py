@@ -78,3 +78,19 @@ def lying_zip(files: dict[str, bytes], name: str, real: bytes, declared: int) ->
 
 def tree(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) if folder.is_dir() else []
+
+
+def staff(*perms: str):
+    """A staff user with these permissions ("app_label.codename") and no other."""
+    from django.contrib.auth.models import Permission, User
+
+    user = User.objects.create_user(f"staff{User.objects.count()}", password="pw", is_staff=True)
+    for perm in perms:
+        app_label, codename = perm.split(".")
+        user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+    return User.objects.get(pk=user.pk)
+
+
+def assert_nothing_written(data_dir: Path) -> None:
+    assert tree(data_dir / "plugins") == []
+    assert tree(data_dir / ".plugin-staging") == []

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from plugins.models import PluginInstall
@@ -20,9 +19,11 @@ from tests.plugins.install_helpers import (
     SYMLINK,
     WEATHER_FOLDER,
     WEATHER_ID,
+    assert_nothing_written,
     lying_zip,
     make_zip,
     plugin_files,
+    staff,
     tree,
     upload,
     weather_manifest,
@@ -34,36 +35,10 @@ pytestmark = pytest.mark.django_db
 URL = "/admin/plugins/install/"
 
 
-@pytest.fixture
-def data_dir(settings, tmp_path):
-    settings.DATA_DIR = tmp_path / "data"
-    (tmp_path / "data" / "plugins").mkdir(parents=True)
-    return tmp_path / "data"
-
-
-def staff(*perms: str) -> User:
-    user = User.objects.create_user(f"staff{User.objects.count()}", password="pw", is_staff=True)
-    for perm in perms:
-        app_label, codename = perm.split(".")
-        user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
-    return User.objects.get(pk=user.pk)
-
-
-@pytest.fixture
-def installer(client) -> Client:
-    client.force_login(staff("maibot.view_console", "plugins.install_plugin"))
-    return client
-
-
 def post(client: Client, data: bytes, name: str = "weather.zip"):
     response = client.post(URL, {"archive": upload(data, name)}, follow=True)
     assert response.status_code == 200
     return response, " ".join(str(m) for m in response.context["messages"])
-
-
-def assert_nothing_written(data_dir) -> None:
-    assert tree(data_dir / "plugins") == []
-    assert tree(data_dir / ".plugin-staging") == []
 
 
 def test_a_zip_with_the_manifest_at_its_root_is_installed_and_recorded(installer, data_dir):
