@@ -8,6 +8,7 @@ and are recorded."""
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 from django.test import Client
@@ -188,3 +189,54 @@ def test_neither_or_both_of_zip_and_url_is_refused(installer, data_dir):
     response = installer.post(URL, {"archive": upload(make_zip(FILES)), "git_url": "https://x.invalid/p"}, follow=True)
     assert "Give either a zip file or a git URL." in " ".join(str(m) for m in response.context["messages"])
     assert_nothing_written(data_dir)
+
+
+@pytest.fixture
+def running_host(data_dir, monkeypatch):
+    """The server's plugin host, started on the test's empty plugins folder, without a watcher (hot reload
+    off: the install loads the plugin itself, as Rescan does)."""
+    from plugins import host as plugin_host
+
+    host = plugin_host.PluginHost()
+    host.load_all(data_dir / "plugins")
+    monkeypatch.setattr(plugin_host, "host", host)
+    yield host
+    host.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_installed_plugin_loads_and_can_be_disabled_and_enabled(client, running_host):
+    client.force_login(
+        staff("maibot.view_console", "plugins.install_plugin", "plugins.enable_plugin", "plugins.disable_plugin")
+    )
+    response, said = post(client, make_zip(FILES))
+    assert "new plugin: loaded" in said
+    record = running_host.records[WEATHER_ID]
+    assert record.state == "loaded" and record.folder.name == WEATHER_FOLDER
+    row = f'data-plugin="{WEATHER_ID}"'
+    assert row in response.content.decode()
+    assert client.post(f"/admin/plugins/{WEATHER_ID}/disable/").status_code == 302
+    assert record.state == "disabled"
+    assert client.post(f"/admin/plugins/{WEATHER_ID}/enable/").status_code == 302
+    assert record.state == "loaded"
+    assert "new plugin: loaded" in PluginInstall.objects.get().detail
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rescan_loads_a_folder_copied_in_and_unloads_one_removed(client, running_host, data_dir):
+    from tests.plugins.conftest import copy_plugins
+
+    client.force_login(staff("maibot.view_console", "plugins.reload_plugin"))
+    copy_plugins(data_dir / "plugins", "weather")
+    response = client.post("/admin/plugins/rescan/", follow=True)
+    assert "new plugin: loaded" in " ".join(str(m) for m in response.context["messages"])
+    assert running_host.records[WEATHER_ID].state == "loaded"
+    shutil.rmtree(data_dir / "plugins" / "weather")
+    response = client.post("/admin/plugins/rescan/", follow=True)
+    assert "its folder weather/ was removed" in " ".join(str(m) for m in response.context["messages"])
+    assert running_host.records[WEATHER_ID].state == "removed"
+    response = client.post("/admin/plugins/rescan/", follow=True)
+    assert "nothing new and nothing removed" in " ".join(str(m) for m in response.context["messages"])
+    # Who may only view may not rescan.
+    client.force_login(staff("maibot.view_console"))
+    assert client.post("/admin/plugins/rescan/").status_code == 403
