@@ -36,7 +36,7 @@ class PluginInstall(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, verbose_name=_("user")
     )
     source = models.CharField(max_length=8, verbose_name=_("source"))  # "zip" or "git"
-    origin = models.CharField(max_length=500, verbose_name=_("from"))  # the file's name or the git URL
+    origin = models.CharField(max_length=500, verbose_name=_("origin"))  # the file's name or the git URL
     revision = models.CharField(max_length=80, blank=True, verbose_name=_("revision"))  # sha256 or commit
     plugin_id = models.CharField(max_length=200, blank=True, verbose_name=_("plugin id"))
     version = models.CharField(max_length=40, blank=True, verbose_name=_("version"))

@@ -23,7 +23,7 @@ class Migration(migrations.Migration):
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('at', models.DateTimeField(auto_now_add=True, db_index=True, verbose_name='at')),
                 ('source', models.CharField(max_length=8, verbose_name='source')),
-                ('origin', models.CharField(max_length=500, verbose_name='from')),
+                ('origin', models.CharField(max_length=500, verbose_name='origin')),
                 ('revision', models.CharField(blank=True, max_length=80, verbose_name='revision')),
                 ('plugin_id', models.CharField(blank=True, max_length=200, verbose_name='plugin id')),
                 ('version', models.CharField(blank=True, max_length=40, verbose_name='version')),

@@ -240,3 +240,22 @@ def test_rescan_loads_a_folder_copied_in_and_unloads_one_removed(client, running
     # Who may only view may not rescan.
     client.force_login(staff("maibot.view_console"))
     assert client.post("/admin/plugins/rescan/").status_code == 403
+
+
+def test_the_form_and_the_permission_are_in_chinese_and_english(installer, data_dir):
+    from django.contrib.auth.models import Permission
+    from django.utils import translation
+
+    from console.permissions import permission_name
+
+    zh = installer.get("/admin/plugins/", HTTP_ACCEPT_LANGUAGE="zh-CN,zh;q=0.9").content.decode()
+    assert "添加插件" in zh and "插件的 zip 文件" in zh and ">安装</button>" in zh and "从控制台安装的插件" in zh
+    en = installer.get("/admin/plugins/", HTTP_ACCEPT_LANGUAGE="en-US,en;q=0.9").content.decode()
+    assert "Add a plugin" in en and ">Install</button>" in en and "添加插件" not in en
+    permission = Permission.objects.get(content_type__app_label="plugins", codename="install_plugin")
+    with translation.override("zh-hans"):
+        assert permission_name(permission) == "可安装插件（上传 zip 或 git 地址：机器人会运行的代码）"
+    with translation.override("en"):
+        assert permission_name(permission) == "Can install a plugin (a zip upload or a git URL: code the bot runs)"
+    response = installer.post(URL, {}, HTTP_ACCEPT_LANGUAGE="zh-CN,zh;q=0.9", follow=True)
+    assert "请提供 zip 文件或 git 地址（二选一）。" in " ".join(str(m) for m in response.context["messages"])
