@@ -20,6 +20,7 @@ from core.process import start_services_on_first_call, tune_garbage_collector  #
 from maibot.proxies import ForwardedClientMiddleware  # noqa: E402
 from maibot.routing import websocket_urlpatterns  # noqa: E402
 from plugins.host import start_on_first_call as load_plugins_on_first_call  # noqa: E402
+from plugins.upload_limit import limit_plugin_uploads, refuse_big_uploads_in_daphne  # noqa: E402
 from scheduling.mcp.client import start_mcp_clients_on_first_call  # noqa: E402
 
 # /ws (adapters, both maim_message wire versions, including Socket.IO's HTTP long-polling) is served
@@ -34,7 +35,8 @@ application = ForwardedClientMiddleware(
                 GatewayRouter(
                     # The admin's CSS/JS (and the console's) come from this process too: `make run` has no
                     # separate web server, and nothing may come from a CDN.
-                    http=ASGIStaticFilesHandler(django_asgi_app),
+                    # A plugin upload's body is bounded before Django reads it (plugins.upload_limit).
+                    http=limit_plugin_uploads(ASGIStaticFilesHandler(django_asgi_app)),
                     websocket=AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
                     # The bot's own MCP endpoint (streamable HTTP), authenticated with the API's bearer tokens.
                     http_mounts={MCP_PATHS: mcp_endpoint},
@@ -72,6 +74,8 @@ def _start_when_the_server_runs() -> None:
 
 _started: set[asyncio.Task] = set()
 _start_when_the_server_runs()
+# Under daphne, a plugin upload over its limit is refused before its body is read (plugins.upload_limit).
+refuse_big_uploads_in_daphne()
 
 # Everything loaded so far lives as long as the process: out of the garbage collector's sight, and the
 # young generation collected less often.

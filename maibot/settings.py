@@ -314,6 +314,14 @@ if MAIBOT_PLUGIN_SANDBOX not in ("on", "off"):
 MAIBOT_PLUGIN_HOST_NETWORK = frozenset(
     p.strip() for p in os.environ.get("MAIBOT_PLUGIN_HOST_NETWORK", "").split(",") if p.strip()
 )
+# Installing a plugin from the console (plugins.install): the largest upload (the server answers 413 to a
+# bigger request before reading it), what its archive may unpack to and hold, how long a git clone may
+# take, and the git URL schemes accepted. Fixed here, not in the environment: a test widens the schemes.
+MAIBOT_PLUGIN_INSTALL_MAX_UPLOAD = 20 * 1024 * 1024
+MAIBOT_PLUGIN_INSTALL_MAX_UNPACKED = 64 * 1024 * 1024
+MAIBOT_PLUGIN_INSTALL_MAX_ENTRIES = 2000
+MAIBOT_PLUGIN_INSTALL_GIT_TIMEOUT = 120.0
+MAIBOT_PLUGIN_INSTALL_GIT_SCHEMES = ("https",)
 
 # The server and the cluster run the config watcher, the log writer and the heartbeat (core.process).
 MAIBOT_CONSOLE_SERVICES = os.environ.get("MAIBOT_CONSOLE_SERVICES", "1") != "0"

@@ -1,22 +1,57 @@
-"""No tables: only the permissions of the operator actions on plugins (superusers have them all)."""
+"""The permissions of the operator actions on plugins (superusers have them all), the record of plugins
+installed from the console, and the rows plugins store."""
 
+from django.conf import settings
 from django.db import models
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import gettext_noop
 
 
 class PluginAdmin(models.Model):
+    """No table: the permissions only (named in the operator's language by console.permissions)."""
+
     class Meta:
         managed = False
         default_permissions = ()
         permissions = [
-            ("enable_plugin", "Can enable a plugin"),
-            ("disable_plugin", "Can disable a plugin"),
-            ("reload_plugin", "Can reload a plugin (its code and config.toml)"),
+            ("enable_plugin", gettext_noop("Can enable a plugin")),
+            ("disable_plugin", gettext_noop("Can disable a plugin")),
+            ("reload_plugin", gettext_noop("Can reload a plugin (its code and config.toml)")),
             (
                 "install_plugin_dependencies",
-                "Can install a plugin's Python dependencies (pip into the bot's environment)",
+                gettext_noop("Can install a plugin's Python dependencies (pip into the bot's environment)"),
             ),
-            ("change_plugin_config", "Can edit a plugin's config.toml"),
+            ("change_plugin_config", gettext_noop("Can edit a plugin's config.toml")),
+            # Installing code is not config: change_config does not grant it.
+            ("install_plugin", gettext_noop("Can install a plugin (a zip upload or a git URL: code the bot runs)")),
         ]
+
+
+class PluginInstall(models.Model):
+    """One attempt to install a plugin from the console: who, when, from where, and what came of it (an
+    attempt refused, e.g. a bad manifest or a path outside the plugin's folder, is kept with its reason)."""
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True, verbose_name=_("at"))
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, verbose_name=_("user")
+    )
+    source = models.CharField(max_length=8, verbose_name=_("source"))  # "zip" or "git"
+    origin = models.CharField(max_length=500, verbose_name=_("origin"))  # the file's name or the git URL
+    revision = models.CharField(max_length=80, blank=True, verbose_name=_("revision"))  # sha256 or commit
+    plugin_id = models.CharField(max_length=200, blank=True, verbose_name=_("plugin id"))
+    version = models.CharField(max_length=40, blank=True, verbose_name=_("version"))
+    folder = models.CharField(max_length=200, blank=True, verbose_name=_("folder"))
+    ok = models.BooleanField(default=False, verbose_name=_("installed"))
+    detail = models.TextField(blank=True, verbose_name=_("detail"))
+
+    class Meta:
+        verbose_name = _("plugin installation")
+        verbose_name_plural = _("plugin installations")
+        ordering = ["-at"]
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M} {self.plugin_id or self.origin}"
 
 
 class PluginDataRow(models.Model):

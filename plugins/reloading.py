@@ -19,6 +19,7 @@ from plugins.host_base import (
     write_atomic,
 )
 from plugins.loading import raw_id
+from plugins.manifest import MANIFEST_FILE
 from plugins.records import PluginRecord, PluginState, now_iso
 
 logger = logging.getLogger("plugins.host")
@@ -161,6 +162,19 @@ class PluginReloading:
         records = list(self.records.values())
         gone = [r.folder for r in records if r.state != PluginState.REMOVED and not r.folder.is_dir()]
         return [self.remove_folder(folder) for folder in gone]
+
+    def rescan(self) -> list[ReloadOutcome]:
+        """Look at the plugins folder again (the console's Rescan; what the watcher does on its own): unload
+        the plugins whose folders went, load the folders that appeared (with a _manifest.json)."""
+        outcomes = self.unload_removed()
+        if self.directory is None or not self.directory.is_dir():
+            return outcomes
+        for folder in sorted(p for p in self.directory.iterdir() if p.is_dir()):
+            if folder.name.startswith((".", "_")) or folder.name.casefold() in ("data", "__pycache__"):
+                continue
+            if self.record_for_path(folder)[1] is None and (folder / MANIFEST_FILE).is_file():
+                outcomes.append(self.add_folder(folder))
+        return outcomes
 
     def validate_config(self, plugin_id: str, text: str) -> ReloadOutcome:
         """Apply a config.toml edited in the admin: the plugin is reloaded with it, and the file written

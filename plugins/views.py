@@ -14,6 +14,9 @@ from django.views.decorators.http import require_POST
 from plugins import host as plugin_host
 from plugins import manifest as mf
 from plugins import sandbox
+from plugins.install import limits, mib
+from plugins.install_views import INSTALL_PLUGIN, RESCAN
+from plugins.models import PluginInstall
 from plugins.records import PluginState
 
 VIEW_CONSOLE = "maibot.view_console"
@@ -55,6 +58,10 @@ def plugins_view(request: HttpRequest) -> HttpResponse:
             "show_pip_output": request.user.is_superuser,
             "sandbox_state": sandbox.state(),
             "sandbox_problem": bool(sandbox.refusal()) or not sandbox.enabled(),
+            "can_install": request.user.has_perm(INSTALL_PLUGIN),
+            "can_rescan": request.user.has_perm(RESCAN),
+            "install_limits": {"upload": mib(limits().upload_bytes), "unpacked": mib(limits().unpacked_bytes)},
+            "installs": PluginInstall.objects.select_related("user")[:20],
         },
     )
 

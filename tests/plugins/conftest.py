@@ -52,3 +52,23 @@ def load_ipc_plugins(directory: Path, *names: str):
     host = PluginHost()
     host.load_all(directory)
     return host
+
+
+# --- installing from the console (tests/plugins/test_install*.py) ----------------------------------------
+
+
+@pytest.fixture
+def data_dir(settings, tmp_path):
+    """A data dir of the test's own, with its empty plugins folder."""
+    settings.DATA_DIR = tmp_path / "data"
+    (tmp_path / "data" / "plugins").mkdir(parents=True)
+    return tmp_path / "data"
+
+
+@pytest.fixture
+def installer(client):
+    """A logged-in client of staff who may view the console and install plugins."""
+    from tests.plugins.install_helpers import staff
+
+    client.force_login(staff("maibot.view_console", "plugins.install_plugin"))
+    return client

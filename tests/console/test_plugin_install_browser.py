@@ -1,0 +1,69 @@
+"""The Plugins page's Install form in headless Chromium against a real daphne, in Simplified Chinese and in
+English: the form is in the browser's language; a zip chosen in the file field installs the plugin (the
+message says where, in that language) and the folder watcher loads it; a zip with a path outside the
+plugin's folder is refused with its reason and nothing more is written."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+
+from tests.conftest import CHROMIUM_ARGS, require_chromium
+from tests.plugins.install_helpers import WEATHER_FOLDER, WEATHER_ID, make_zip, plugin_files, tree, with_entry
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.live]
+
+
+@pytest.fixture
+def operator(transactional_db) -> User:
+    # Made before the browser starts (sync playwright runs an event loop in this thread).
+    return User.objects.create_superuser("op", password="pw-123456")
+
+
+@pytest.mark.parametrize(
+    ("locale", "texts"),
+    [
+        ("zh-CN", {"heading": "添加插件", "button": "安装", "done": "已将", "refused": "指向插件文件夹之外"}),
+        ("en-US", {"heading": "Add a plugin", "button": "Install", "done": "Installed", "refused": "leads outside"}),
+    ],
+)
+def test_the_install_form_installs_a_zip_and_refuses_a_harmful_one(operator, start_server, tmp_path, locale, texts):
+    require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    good, bad = tmp_path / "weather.zip", tmp_path / "evil.zip"
+    good.write_bytes(make_zip(plugin_files(), "weather-main/"))
+    bad.write_bytes(with_entry(plugin_files(), "../../evil.py"))
+    proc, base = start_server()
+    plugins = tmp_path / "data-web" / "plugins"
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=require_chromium(), args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_context(locale=locale, viewport={"width": 1280, "height": 900}).new_page()
+        page.set_default_timeout(30_000)
+        page.goto(f"{base}/admin/login/?next=/admin/plugins/")
+        page.fill("#id_username", "op")
+        page.fill("#id_password", "pw-123456")
+        page.click("input[type=submit]")
+        page.wait_for_url(f"{base}/admin/plugins/")
+        form = page.locator("#plugin-install")
+        assert form.locator("h2").inner_text() == texts["heading"]
+        assert page.locator("#plugin-install-submit").inner_text() == texts["button"]
+
+        page.set_input_files("#plugin-archive", str(good))
+        page.click("#plugin-install-submit")
+        page.wait_for_url(f"{base}/admin/plugins/")
+        message = page.locator(".messagelist .success").inner_text()
+        assert texts["done"] in message and f"plugins/{WEATHER_FOLDER}/" in message
+        proc.wait_for_output(f"plugin {WEATHER_ID}: new plugin → loaded", 60)
+        page.reload()
+        assert page.locator(f'tr.plugin[data-plugin="{WEATHER_ID}"] td.state').inner_text() == "loaded"
+        page.screenshot(path=f"/tmp/maibot-console-plugin-install-{locale}.png", full_page=True)
+
+        page.set_input_files("#plugin-archive", str(bad))
+        page.click("#plugin-install-submit")
+        page.wait_for_url(f"{base}/admin/plugins/")
+        assert texts["refused"] in page.locator(".messagelist .error").inner_text()
+        browser.close()
+    assert sorted(p.name for p in plugins.iterdir()) == [WEATHER_FOLDER]
+    assert set(plugin_files()) <= set(tree(plugins / WEATHER_FOLDER))
+    assert not (tmp_path / "evil.py").exists() and not (tmp_path / "data-web" / "evil.py").exists()
