@@ -324,12 +324,12 @@ class _ChannelListener(GatewayListener):
     async def _listen(self) -> None:
         """Outbox wake-ups from other processes, and `close` for replaced connections."""
         layer = get_channel_layer()
-        last_join = 0.0
+        join_at = float("-inf")  # at once (the monotonic clock counts from boot: 0.0 is no "long ago")
         while True:
             try:
-                if time.monotonic() - last_join > GROUP_REJOIN_SECONDS:
+                if time.monotonic() >= join_at:
                     await layer.group_add(OUTBOX_GROUP, self.channel_name)
-                    last_join = time.monotonic()
+                    join_at = time.monotonic() + GROUP_REJOIN_SECONDS
                     self._in_gateway_loop(self._ready.set)
                 message = await layer.receive(self.channel_name)
             except asyncio.CancelledError:
@@ -337,7 +337,7 @@ class _ChannelListener(GatewayListener):
             except Exception:
                 logger.exception("channel layer receive failed; retrying")
                 self.gateway.deliverer.wake()  # something may have been missed: look now
-                last_join = 0.0  # Redis may have restarted without its groups: join again
+                join_at = float("-inf")  # Redis may have restarted without its groups: join again
                 await asyncio.sleep(1)
                 continue
             if message.get("type") == "outbox.wake":
@@ -434,12 +434,12 @@ class _ChannelInbox:
 
     async def _listen(self) -> None:
         layer = get_channel_layer()
-        last_join = 0.0
+        join_at = float("-inf")  # at once (the monotonic clock counts from boot: 0.0 is no "long ago")
         while True:
             try:
-                if time.monotonic() - last_join > GROUP_REJOIN_SECONDS:
+                if time.monotonic() >= join_at:
                     await layer.group_add(DISPATCH_GROUP, self.channel_name)
-                    last_join = time.monotonic()
+                    join_at = time.monotonic() + GROUP_REJOIN_SECONDS
                     self._joined.set()
                 message = await layer.receive(self.channel_name)
             except asyncio.CancelledError:
@@ -447,7 +447,7 @@ class _ChannelInbox:
             except Exception:
                 logger.exception("channel layer receive failed; retrying")
                 self._woken.set()  # something may have been missed: look now
-                last_join = 0.0  # Redis may have restarted without its groups: join again
+                join_at = float("-inf")  # Redis may have restarted without its groups: join again
                 await asyncio.sleep(1)
                 continue
             if message.get("type") == "dispatch.wake":

@@ -374,8 +374,10 @@ def _earliest(rows, field: str) -> datetime | None:
 def outbox_next_due(*, swept_at: datetime, now: datetime | None = None) -> OutboxDue:
     """When the deliverer must look again without a wake-up: its sleep ends then, not at a poll. A round
     instant only after `now` (earlier ones were this round's, or are another process's); a sweep instant
-    only after `swept_at`, the last sweep's start (earlier ones it has settled, or cannot). A few indexed
-    queries that read nothing while the outbox is empty."""
+    only after `swept_at`, the last sweep's start (earlier ones it has settled, or cannot), except a
+    pending row's offline expiry: a sweep fails every pending row past it that it sees, so one still
+    pending was not there for it (claimed then and given back since, or committed after it began) and is
+    due now. A few indexed queries that read nothing while the outbox is empty."""
     now = now or timezone.now()
     config = get_config().gateway
     lease = timedelta(seconds=config.delivery_lease_seconds)
@@ -392,7 +394,7 @@ def outbox_next_due(*, swept_at: datetime, now: datetime | None = None) -> Outbo
         .values_list("created_at", flat=True)
         .first()
     )
-    if oldest is not None:
-        sweep.append(oldest + timedelta(seconds=config.offline_expiry_seconds) + JUST_PAST)
     later = [t for t in sweep if t > swept_at]
+    if oldest is not None:
+        later.append(oldest + timedelta(seconds=config.offline_expiry_seconds) + JUST_PAST)
     return OutboxDue(round=next_attempt, sweep=min(later) if later else None)

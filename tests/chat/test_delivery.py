@@ -23,7 +23,7 @@ from chat.ingest import (
     adapter_frames_store,
 )
 from chat.models import AdapterConnection, AdapterPlatform, DeliveryStatus, Message
-from chat.outbox_rows import outbox_claim, outbox_finish, outbox_sweep
+from chat.outbox_rows import outbox_claim, outbox_finish, outbox_next_due, outbox_sweep
 from chat.services import Outbound, messages_send
 from core.config import override
 from tests.chat.gateway_helpers import TIMEOUT, adapter
@@ -197,6 +197,27 @@ def test_a_sent_row_of_a_platform_nobody_serves_is_settled_by_the_sweep_one_leas
     clock.advance(1)
     outbox_sweep(now=clock.now)
     assert row(message).delivery_status == "pending"
+
+
+def test_a_row_given_back_after_its_expiry_passed_is_due_for_a_sweep_at_once(make_session):
+    """A sweep fails every pending row past the offline expiry that it sees. A row that was claimed while
+    its expiry passed, and given back after that sweep, is due for a sweep then: the deliverer sleeps
+    until outbox_next_due says, and must not sleep on to its safety sweep (outbox_sweep_seconds)."""
+    with override(gateway={"offline_expiry_seconds": 10}):
+        (message,) = messages_send([Outbound(session=make_session(), source_kind="proactive", text="late")])
+        created = row(message).created_at
+        token, batch = outbox_claim(adapter_platforms=["qq"], web_users=[], accept_formats={}, now=created)
+        assert [d.message_id for d in batch] == [message.pk]
+        swept_at = created + timedelta(seconds=15)  # past its expiry, but it is out: not this sweep's
+        outbox_sweep(now=swept_at)
+        assert row(message).delivery_status == "sending"
+        given_back = swept_at + timedelta(seconds=1)
+        outbox_finish(token=token, sent=[], released=[message.pk], failed={}, now=given_back)
+        due = outbox_next_due(swept_at=swept_at, now=given_back)
+        assert due.sweep is not None and due.sweep <= given_back, due
+        outbox_sweep(now=given_back)
+        assert (row(message).delivery_status, row(message).delivery_error) == ("failed", "adapter_offline")
+        assert outbox_next_due(swept_at=given_back, now=given_back).sweep is None  # settled: nothing more
 
 
 def test_echoes_mark_their_platform_with_one_statement_per_round_whatever_their_number(make_session):

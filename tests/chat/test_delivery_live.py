@@ -250,19 +250,25 @@ async def test_a_frozen_adapter_is_dropped_within_the_keepalive_and_what_it_swal
     # up to 6 s a frozen peer takes to be dropped.
     write_bot_config(tmp_path / "data-k", "[gateway]\nconfirm_seconds = 2.0\nkeepalive_seconds = 6.0\n")
     server, base = launch_daphne(tmp_path / "data-k", tmp_path / "k.log")
-    frozen = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tests.chat.napcat_standin",
-        ws_url(base),
-        platform,
-        cwd=ROOT,
-        env=subprocess_env(),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
+    standin_log = tmp_path / "frozen-standin.log"
+    with standin_log.open("wb") as stderr:
+        frozen = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests.chat.napcat_standin",
+            ws_url(base),
+            platform,
+            cwd=ROOT,
+            env=subprocess_env(),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=stderr,
+        )
     try:
-        assert json.loads(await asyncio.wait_for(frozen.stdout.readline(), 60)) == {"event": "connected"}
+        first = await asyncio.wait_for(frozen.stdout.readline(), 60)
+        # A stand-in that exits before it connects (it cannot start, or is refused) says why in its log.
+        assert first.startswith(b"{") and json.loads(first) == {"event": "connected"}, (
+            f"the stand-in said {first!r}:\n{standin_log.read_text(errors='replace')}"
+        )
         warm = await db(message_send, session=session, source_kind="proactive", text="warm-up")
         await delivered(warm)
 

@@ -8,6 +8,7 @@ process in the middle of a planner cycle."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
 
@@ -23,6 +24,23 @@ from tests.plugins.conftest import copy_plugins
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
 TOKEN = "plugins-token"
+
+# The fixture plugins this test copies into the server's data dir (folder → plugin id, the state it must
+# end in), named here rather than "every fixture": a fixture plugin added for another test changes neither
+# what this server loads nor what this test expects of it.
+PLUGINS = {
+    "weather": ("test.maibot.weather", "loaded"),
+    "needs_weather": ("test.maibot.needs-weather", "loaded"),  # after the plugin it depends on
+    "events": ("test.maibot.events", "loaded"),
+    "unruly": ("test.maibot.unruly", "loaded"),
+    "api_caller": ("test.maibot.api-caller", "loaded"),
+    "broken_host": ("test.maibot.future", "refused"),
+    "needs_package": ("test.maibot.needs-package", "refused"),
+    "needs_missing_plugin": ("test.maibot.needs-plugin", "refused"),
+    "cycle_a": ("test.maibot.cycle-a", "refused"),
+    "cycle_b": ("test.maibot.cycle-b", "refused"),
+    "raises_on_import": ("test.maibot.raises", "failed"),
+}
 
 
 async def db(fn):
@@ -42,7 +60,7 @@ def texts_of(frame: dict) -> list[str]:
 async def test_plugin_tool_and_command_through_a_live_server_while_broken_plugins_are_refused(start_server, tmp_path):
     from maim_message import BaseMessageInfo, FormatInfo, MessageBase, RouteConfig, Router, Seg, TargetConfig, UserInfo
 
-    copy_plugins(tmp_path / "data-web" / "plugins")
+    copy_plugins(tmp_path / "data-web" / "plugins", *PLUGINS)
     with FakeLLM() as fake:
         fake.script(
             fake.tool_call("get_weather", {"city": "Paris"}),
@@ -68,8 +86,12 @@ async def test_plugin_tool_and_command_through_a_live_server_while_broken_plugin
                 return router.check_connection("qq")
 
             await wait_for_async(connected, what="the adapter to connect")
-            await asyncio.to_thread(proc.wait_for_output, "plugins loaded: 5 of 11", 60)
+            await asyncio.to_thread(proc.wait_for_output, "plugins loaded: ", 60)
             log = proc.output()
+            loaded, total, states = re.search(r"plugins loaded: (\d+) of (\d+) \((.*)\)", log).groups()
+            assert dict(pair.split("=") for pair in states.split(", ")) == dict(PLUGINS.values())
+            expected_loaded = sum(state == "loaded" for _, state in PLUGINS.values())
+            assert (int(loaded), int(total)) == (expected_loaded, len(PLUGINS))
             assert "refused: dependency cycle: test.maibot.cycle-a -> test.maibot.cycle-b -> test.maibot.cycle-a" in log
             assert "failed: ImportError: this plugin needs a module that is not there" in log
             assert "refused: host_application needs MaiBot >= 2.0.0" in log
@@ -136,4 +158,4 @@ async def test_plugin_tool_and_command_through_a_live_server_while_broken_plugin
             task.cancel()
         # SIGTERM: the plugins' on_unload runs before daphne's loop goes away.
         await asyncio.to_thread(proc.stop)
-        assert "plugins unloaded (5)" in proc.output()
+        assert f"plugins unloaded ({expected_loaded})" in proc.output()
