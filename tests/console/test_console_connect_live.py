@@ -54,13 +54,15 @@ def console_secrets(base: str, session: str, *posts: dict[str, str]) -> tuple[st
 
 
 async def chat_once(base: str, token: str, fake: FakeLLM, text: str, message_id: int) -> None:
-    """Connect with `token`, send one private message and wait for the planner's model call."""
+    """Connect with `token`, send one private message, wait for the planner's model call and take the
+    bot's reply (else it would wait for the next connection, and reach it before its "connected")."""
     client = ApiClient(base, api_key=token)
     try:
         assert await client.start() == "connected"
         calls = len(fake.authorizations)
         await client.command({"cmd": "send", "frame": envelope(user_id=30003, text=text, message_id=message_id)})
         await wait_for_async(lambda: len(fake.authorizations) > calls, what="the planner's model call")
+        assert "好的" in json.dumps(await client.next_message(timeout=30), ensure_ascii=False)
     finally:
         await client.stop()
 
