@@ -95,11 +95,14 @@ test-live: venv-dev venv-mm07
 	MAIBOT_DATA_DIR=$(CURDIR)/.test-data $(BIN)/python -m pytest -m live -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The same suite on PostgreSQL (and Redis for the channel layer and the task broker).
+# Left out, besides the Chromium pages and the source-tree checks: tests marked backend_independent, whose
+# outcome the database and the notifier cannot change (plugin runners and their sandbox, plugin installs,
+# MCP client links, the data dir's modes); `make test` runs them.
 # tests/maibot/test_pyz.py is left to `make test`: the single file brings its own SQLite data dir (it uses
 # neither suite's database), and one build at a time in this folder.
 test-postgres: venv-dev venv-mm07
 	MAIBOT_DATA_DIR=$(CURDIR)/.test-data-pg DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS_TEST_URL) $(BIN)/python -m pytest \
-		-n $(PYTEST_WORKERS) --ignore=tests/maibot/test_pyz.py -m "not browser and not static" $(PYTEST_ARGS)
+		-n $(PYTEST_WORKERS) --ignore=tests/maibot/test_pyz.py -m "not browser and not static and not backend_independent" $(PYTEST_ARGS)
 
 lint: venv-dev
 	$(BIN)/ruff check .

@@ -93,6 +93,7 @@ def _post(opener, url: str, fields: dict[str, str]) -> str:
 
 @pytest.mark.live
 @pytest.mark.long
+@pytest.mark.backend_independent  # it runs the embedded default (SQLite) whichever suite runs it
 @pytest.mark.timeout(240)
 def test_maibot_started_on_an_old_world_readable_data_dir_leaves_it_private(tmp_path):
     data = tmp_path / "maibot-data"

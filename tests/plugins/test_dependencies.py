@@ -32,7 +32,7 @@ from tests.conftest import ROOT, subprocess_env
 from tests.console.test_console_config_editor import form_data_from
 from tests.plugins.conftest import FIXTURES, copy_plugins
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.backend_independent]
 
 NEEDS_PACKAGE = "test.maibot.needs-package"
 PACKAGE = "maibot-test-missing-package"

@@ -31,7 +31,7 @@ from tests.plugins.install_helpers import (
     with_entry,
 )
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.backend_independent]
 
 URL = "/admin/plugins/install/"
 

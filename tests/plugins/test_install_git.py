@@ -24,7 +24,7 @@ from tests.plugins.install_helpers import (
     weather_manifest,
 )
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.backend_independent]
 
 URL = "/admin/plugins/install/"
 FILES = plugin_files()

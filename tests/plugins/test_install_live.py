@@ -20,7 +20,7 @@ from tests.conftest import db, wait_for_async
 from tests.fake_llm import FakeLLM
 from tests.plugins.install_helpers import WEATHER_FOLDER, WEATHER_ID, make_zip, plugin_files
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live, pytest.mark.backend_independent]
 
 TOKEN = "install-live-token"
 

@@ -28,7 +28,7 @@ from tests.chat.planner_helpers import fake_llm_fixture, inbound_store, runtimes
 from tests.conftest import require_chromium, wait_for_async
 from tests.plugins.conftest import load_ipc_plugins
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.backend_independent]
 
 BIG = "test.maibot.bigframes"
 PIPE_BYTES = 64 * 1024

@@ -23,7 +23,7 @@ from plugins.host import PluginHost, PluginState, PluginWatcher
 from tests.conftest import wait_for
 from tests.plugins.conftest import FIXTURES, copy_plugins
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.backend_independent]
 
 UNRULY = "test.maibot.unruly"
 WEATHER = "test.maibot.weather"

@@ -31,7 +31,7 @@ from plugins.host import PluginHost, PluginState
 from tests.conftest import require_chromium, wait_for
 from tests.plugins.conftest import copy_plugins
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.backend_independent]
 
 HOSTILE = "test.maibot.hostile"
 FIXTURE = Path(__file__).resolve().parent / "hostile_fixtures" / "hostile"

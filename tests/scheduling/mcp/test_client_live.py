@@ -67,6 +67,7 @@ async def record(name: str) -> ToolCallRecord:
 
 
 @pytest.mark.long
+@pytest.mark.backend_independent
 async def test_stdio_server_tools_are_called_recorded_and_survive_a_kill(start_server, tmp_path):
     marker = tmp_path / "calls.txt"
     write_bot_config(tmp_path / "data-web", config(stdio_entry(marker)))
@@ -137,6 +138,7 @@ async def test_stdio_server_tools_are_called_recorded_and_survive_a_kill(start_s
             await adapter.stop()
 
 
+@pytest.mark.backend_independent
 async def test_http_server_with_headers_and_hot_reload(start_server, tmp_path, monkeypatch):
     # A header's secret comes from the environment, by a name the deployment allows (the server
     # process inherits both variables).
