@@ -320,9 +320,11 @@ async def test_a_server_killed_while_handing_a_burst_over_loses_its_claims_withi
         assert f"adapter <ws {platform} " in deployment.servers[other].output(), "the adapter did not move"
         assert reconnected.timestamp() > killed_at
     finally:
-        await adapter.stop()
-        if holder is not None and deployment.servers[holder].popen.poll() is not None:
-            deployment.start_server(holder)
+        try:
+            await adapter.stop()
+        finally:  # the module's next tests need both servers, whatever went wrong here
+            if holder is not None and deployment.servers[holder].popen.poll() is not None:
+                deployment.start_server(holder)
 
     burst = [f"burst {i}" for i in range(n)]
     first, twice = check_arrivals_after_kill(adapter.napcat.delivered, burst, moved=reconnected.timestamp())

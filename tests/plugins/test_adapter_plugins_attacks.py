@@ -61,8 +61,12 @@ async def test_gateway_host_methods_refuse_what_a_plugin_may_not_do(start_server
     assert forger["route_good"] == "ok True"
     assert forger["route_duplicate"] == "ok False"
 
-    stored = await db(lambda: list(Message.objects.filter(direction="in").values_list("session__platform", "text")))
-    assert stored == [("qqforge", "合法消息")]
+    def stored() -> list[tuple[str, str]]:
+        return list(Message.objects.filter(direction="in").values_list("session__platform", "text"))
+
+    # An accepted message is stored by the ingest batch after the answer: wait for it, then for nothing else.
+    await wait_for_async(stored, what="the accepted message stored")
+    assert await db(stored) == [("qqforge", "合法消息")]
     assert not await db(lambda: AdapterConnection.objects.filter(platform="qq").exists())
     assert await db(lambda: AdapterConnection.objects.filter(platform="qqforge", protocol="plugin").exists())
 
