@@ -1,7 +1,7 @@
-"""What needs the operator now, shown first on the dashboard: a failing model, a budget reached, refused
-adapter connections, no adapter at all, outbound messages that failed or went unconfirmed. Each problem
-says what to do, and links to where it is done when the operator may go there (a link the user has no
-permission for is left out, the advice stays)."""
+"""What needs the operator now, shown first on the dashboard: a failing model, a budget reached, the task
+cluster down, refused adapter connections, no adapter at all, outbound messages that failed or went
+unconfirmed. Each problem says what to do, and links to where it is done when the operator may go there
+(a link the user has no permission for is left out, the advice stays)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import format_html
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
@@ -65,6 +66,31 @@ def _budget_problems(user) -> list[Problem]:
     ]
 
 
+def _cluster_problems(user, health: dict) -> list[Problem]:
+    cluster = health.get("cluster", {})
+    if cluster.get("ok", True):
+        return []
+    age = cluster.get("age_seconds")
+    return [
+        Problem(
+            "cluster",
+            _("The task cluster is not running: scheduled messages and timers wait.")
+            if age is None
+            else _("The task cluster has not beaten for %(age)d s: scheduled messages and timers wait.") % {"age": age},
+            format_html(
+                _(
+                    "{serve} (as {make_run} and maibot.pyz run it) starts it and restarts it when it dies: the live "
+                    "logs say why it stops. A web server started alone needs {run_cluster} beside it."
+                ),
+                serve=format_html("<code>{}</code>", "manage.py serve"),
+                make_run=format_html("<code>{}</code>", "make run"),
+                run_cluster=format_html("<code>{}</code>", "manage.py run_cluster"),
+            ),
+            **_link(user, "maibot.view_console", reverse("console-logs"), _("Live logs")),
+        )
+    ]
+
+
 def _adapter_problems(user, now: datetime) -> list[Problem]:
     problems = []
     refused = LogEntry.objects.filter(
@@ -114,12 +140,14 @@ def _delivery_problems(user, deliveries: dict) -> list[Problem]:
     ]
 
 
-def problems(user, deliveries: dict, now: datetime | None = None) -> list[Problem]:
-    """The problems, the most pressing first; `deliveries` is console.dashboard.delivery_counts()."""
+def problems(user, deliveries: dict, health: dict, now: datetime | None = None) -> list[Problem]:
+    """The problems, the most pressing first; `deliveries` is console.dashboard.delivery_counts(), `health`
+    the checks of console.dashboard.health_checks()."""
     now = now or timezone.now()
     return [
         *_model_problems(user),
         *_budget_problems(user),
+        *_cluster_problems(user, health),
         *_adapter_problems(user, now),
         *_delivery_problems(user, deliveries),
     ]

@@ -60,9 +60,10 @@ def _dashboard_panels(request: HttpRequest) -> dict:
     lateness = dashboard.lateness_stats(now)
     usage = dashboard.llm_usage(now=now)
     deliveries = dashboard.delivery_counts()
+    healthy = dashboard.health_checks(now)
     cfg = get_config()
     return {
-        "problems": problems.problems(request.user, deliveries, now),
+        "problems": problems.problems(request.user, deliveries, healthy[1], now),
         "adapters": dashboard.connected_adapters(),
         "runtimes": dashboard.active_runtimes(),
         "chats": dashboard.recent_chats(),
@@ -77,7 +78,7 @@ def _dashboard_panels(request: HttpRequest) -> dict:
         "spend": dashboard.llm_spend(now=now),
         "errors": dashboard.recent_errors(),
         "processes": dashboard.processes(),
-        "healthy": dashboard.health_checks(now),
+        "healthy": healthy,
         "bot_tz": cfg.tzinfo,
         "updated_at": timezone.localtime(now, cfg.tzinfo),
     }

@@ -20,7 +20,7 @@ def form_page(client, language: str = "en-US,en;q=0.9") -> str:
 def test_every_section_is_listed_and_linked(operator):
     page = form_page(operator)
     nav = page.split('id="config-sections"', 1)[1].split("</nav>", 1)[0]
-    linked = re.findall(r'<a href="#section-(\w+)">', nav)
+    linked = re.findall(r'<a href="#section-(\w+)"', nav)
     fieldsets = re.findall(r'<fieldset class="module aligned" id="section-(\w+)">', page)
     assert linked == fieldsets and {"bot", "llm", "chat", "scheduling"} <= set(linked)
     assert page.index('id="config-search"') < page.index('id="config-form"')
@@ -32,4 +32,3 @@ def test_a_field_is_found_by_chinese_and_english_words_in_either_language(operat
     search = re.search(r'class="form-row field-chat__tool_timeout" data-search="([^"]*)"', page).group(1)
     assert "tool_timeout" in search and "chat.tool_timeout" in search
     assert "timed out" in search and "超时" in search  # its help in English and in Chinese
-

@@ -14,7 +14,7 @@ from django.utils import timezone
 from chat.models import AdapterConnection, DeliveryStatus, LLMCall, Message
 from chat.services import message_send
 from core import config as bot_config
-from core.models import LogEntry
+from core.models import LogEntry, ProcessHeartbeat
 from scheduling.services import SYSTEM, scheduled_message_create
 
 pytestmark = pytest.mark.django_db
@@ -126,13 +126,15 @@ def test_problems_come_first_each_with_what_to_do(admin_client, make_session):
     assert page.index('id="problems"') < page.index('id="health"')
     problems = page.split('id="problems"', 1)[1].split('class="console-grid"', 1)[0]
     kinds = re.findall(r'class="problem problem-(\w+)"', problems)
-    assert kinds == ["model", "refused", "adapter", "delivery"]
+    assert kinds == ["model", "cluster", "refused", "adapter", "delivery"]
     assert "HTTP 401: no" in problems and 'href="/admin/models/"' in problems
+    assert "The task cluster is not running" in problems and 'href="/admin/logs/"' in problems
     assert "1 adapter connection was refused in the last hour." in problems
     assert problems.count('href="/admin/connect/"') == 2
     assert "1 failed, 0 unconfirmed" in problems and 'href="/admin/chat/message/?delivery=failed"' in problems
 
     AdapterConnection.objects.create(platform="qq", protocol="ws")
+    ProcessHeartbeat.objects.create(name="host:1", role="cluster", started_at=now, beat_at=now)
     Message.objects.filter(pk=failed.pk).delete()
     LogEntry.objects.all().delete()
     calm = admin_client.get("/admin/console/").content.decode().split('id="problems"', 1)[1]
