@@ -12,6 +12,7 @@ from typing import Any
 
 import tomlkit
 from django import forms
+from django.utils import translation
 from django.utils.translation import gettext
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
@@ -31,6 +32,8 @@ from core.config import (
 from core.redaction import Secrets, redact_data, restore_data
 
 SEP = "__"  # form field name: <section>__<key>
+# The languages a field's help is searched in, whatever the page's (settings.LANGUAGES).
+SEARCH_LANGUAGES = ("zh-hans", "en")
 LONG_TEXT = 30  # str defaults longer than this (the persona) get a textarea
 
 
@@ -58,6 +61,16 @@ def translated_help(info: FieldInfo) -> str:
     the English text, which stays the one source (the TOML template's comments are that English); the
     editor looks the text up here, at render time. (That it needs a restart shows as the badge.)"""
     return gettext(info.description) if info.description else ""
+
+
+def search_text(section: str, key: str, info: FieldInfo) -> str:
+    """What the form's search looks in for a field: its section and key, and its help in Chinese and in
+    English (an operator may look for 超时 or for timeout, whatever the page's language)."""
+    parts = [section, key, f"{section}.{key}"]
+    for language in SEARCH_LANGUAGES:
+        with translation.override(language):
+            parts.append(translated_help(info))
+    return " ".join(dict.fromkeys(p for p in parts if p)).lower()
 
 
 def _form_field(info: FieldInfo, default: Any) -> forms.Field:
@@ -144,6 +157,7 @@ class ConfigForm(forms.Form):
                 field.label = key
                 field.show_hidden_initial = True
                 field.requires_restart = requires_restart(info)
+                field.search_text = search_text(section, key, info)
                 self.fields[f"{section}{SEP}{key}"] = field
         self.config: BotConfig | None = None
 

@@ -19,7 +19,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from chat.agent import llm
-from console import dashboard
+from console import dashboard, problems
 from console.config_editor import ConfigForm, file_notices, file_secrets, read_config_file, toml_with_values
 from core import redaction, reload
 from core.config import LLM_TASKS, ConfigError, config_path, get_config
@@ -41,36 +41,64 @@ def _context(request: HttpRequest, title: str, **extra) -> dict:
     return {**admin.site.each_context(request), "title": title, **extra}
 
 
-def dashboard_view(request: HttpRequest) -> HttpResponse:
-    _require(request, VIEW_CONSOLE)
+# The dashboard refreshes itself this often (seconds); `?refresh=N` asks for another pace (within bounds).
+REFRESH_SECONDS = 15
+REFRESH_BOUNDS = (1, 3600)
+
+
+def _refresh_seconds(request: HttpRequest) -> int:
+    try:
+        wanted = int(request.GET.get("refresh", REFRESH_SECONDS))
+    except ValueError:
+        wanted = REFRESH_SECONDS
+    return min(max(wanted, REFRESH_BOUNDS[0]), REFRESH_BOUNDS[1])
+
+
+def _dashboard_panels(request: HttpRequest) -> dict:
+    """What the dashboard's panels show (the page and its refresh fragment render the same)."""
     now = timezone.now()
     lateness = dashboard.lateness_stats(now)
     usage = dashboard.llm_usage(now=now)
-    spend = dashboard.llm_spend(now=now)
+    deliveries = dashboard.delivery_counts()
+    healthy = dashboard.health_checks(now)
+    cfg = get_config()
+    return {
+        "problems": problems.problems(request.user, deliveries, healthy[1], now),
+        "adapters": dashboard.connected_adapters(),
+        "runtimes": dashboard.active_runtimes(),
+        "chats": dashboard.recent_chats(),
+        "scheduled": dashboard.scheduled_counts(),
+        "deliveries": deliveries,
+        "next_due": dashboard.next_due(),
+        "timers": dashboard.timers_summary(),
+        "lateness": lateness,
+        "lateness_charts": dashboard.lateness_charts(lateness, now),
+        "usage": usage,
+        "llm_charts": dashboard.llm_charts(usage),
+        "spend": dashboard.llm_spend(now=now),
+        "errors": dashboard.recent_errors(),
+        "processes": dashboard.processes(),
+        "healthy": healthy,
+        "bot_tz": cfg.tzinfo,
+        "updated_at": timezone.localtime(now, cfg.tzinfo),
+    }
+
+
+def dashboard_view(request: HttpRequest) -> HttpResponse:
+    _require(request, VIEW_CONSOLE)
     return TemplateResponse(
         request,
         "admin/maibot/dashboard.html",
-        _context(
-            request,
-            _("Dashboard"),
-            adapters=dashboard.connected_adapters(),
-            runtimes=dashboard.active_runtimes(),
-            chats=dashboard.recent_chats(),
-            scheduled=dashboard.scheduled_counts(),
-            deliveries=dashboard.delivery_counts(),
-            next_due=dashboard.next_due(),
-            timers=dashboard.timers_summary(),
-            lateness=lateness,
-            lateness_charts=dashboard.lateness_charts(lateness, now),
-            usage=usage,
-            llm_charts=dashboard.llm_charts(usage),
-            spend=spend,
-            errors=dashboard.recent_errors(),
-            processes=dashboard.processes(),
-            healthy=dashboard.health_checks(now),
-            bot_tz=get_config().tzinfo,
-        ),
+        _context(request, _("Dashboard"), refresh_seconds=_refresh_seconds(request), **_dashboard_panels(request)),
     )
+
+
+@never_cache
+@require_GET
+def dashboard_panels_view(request: HttpRequest) -> HttpResponse:
+    """The dashboard's panels alone, for the page's own refresh: the dashboard's permission, no frame."""
+    _require(request, VIEW_CONSOLE)
+    return TemplateResponse(request, "admin/maibot/dashboard_panels.html", _dashboard_panels(request))
 
 
 def config_form_view(request: HttpRequest) -> HttpResponse:

@@ -17,6 +17,11 @@ urlpatterns = [
     path("admin/login/", views.console_login, name="console-login"),
     # The console's own admin pages: admin_view() gives them the admin's login, staff check and CSRF.
     path("admin/console/", admin.site.admin_view(views.dashboard_view), name="console-dashboard"),
+    path(
+        "admin/console/panels/",
+        admin.site.admin_view(views.dashboard_panels_view),
+        name="console-dashboard-panels",
+    ),
     path("admin/config/", admin.site.admin_view(views.config_form_view), name="console-config"),
     path("admin/config/raw/", admin.site.admin_view(views.config_raw_view), name="console-config-raw"),
     path("admin/logs/", admin.site.admin_view(views.logs_view), name="console-logs"),

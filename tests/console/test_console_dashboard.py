@@ -95,8 +95,10 @@ def test_dashboard_shows_adapters_scheduled_work_lateness_usage_and_errors(opera
     assert figures == [("Pending", "12"), ("Sending", "3"), ("Unconfirmed", "0"), ("Failed", "1")]
 
     next_due = page.split('id="next-due"', 1)[1].split('class="module"', 1)[0]
-    assert next_due.count("<tr><td>sm_") == 10
-    assert activity["pending"][0].pk in next_due and activity["pending"][11].pk not in next_due
+    # The ten due first, soonest first, each linked to its own page.
+    row = r'<tr class="next-due-row"><td><a href="/admin/scheduling/scheduledmessage/(sm_\w+)/change/">'
+    linked = re.findall(row, next_due)
+    assert linked == [t.pk for t in activity["pending"][:10]]
 
     lateness = page.split('id="lateness"', 1)[1].split('id="llm-usage"', 1)[0]
     assert "Last hour: 3 sent" in lateness
