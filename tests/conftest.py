@@ -200,6 +200,24 @@ def deployment_env_pinned(monkeypatch) -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
+def data_dir_config_file_restored() -> Iterator[None]:
+    """The worker's data dir is shared by its tests: a test that saves bot_config.toml there (through the
+    console, as an operator would) leaves the next tests the file it found."""
+    from django.conf import settings
+
+    path = Path(settings.DATA_DIR) / "bot_config.toml"
+    before = path.read_bytes() if path.exists() else None
+    yield
+    after = path.read_bytes() if path.exists() else None
+    if after == before:
+        return
+    if before is None:
+        path.unlink(missing_ok=True)
+    else:
+        path.write_bytes(before)
+
+
+@pytest.fixture(autouse=True)
 def default_bot_config() -> Iterator[bot_config.BotConfig]:
     """Every test starts from the documented defaults, whatever the data dir's file says (and no bot
     account learned by an earlier test is remembered)."""

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import tomlkit
+from django.utils.translation import gettext, gettext_noop
 from pydantic import ValidationError
 
 from core.config.model import BotConfig
@@ -37,18 +38,23 @@ def _format_errors(exc: ValidationError) -> str:
 # what pip installs or from where): a file that still has them loads, they are ignored and a warning
 # says where the setting went, rather than the file failing as "unknown key".
 RETIRED_KEYS = {
-    ("plugins", "pip_args"): "the package index is a deployment setting now: MAIBOT_PIP_INDEX_URL, "
-    "MAIBOT_PIP_EXTRA_INDEX_URL",
-    ("plugins", "auto_install_dependencies"): "automatic installs are a deployment setting now: "
-    "MAIBOT_PLUGIN_AUTO_INSTALL=1",
+    ("plugins", "pip_args"): gettext_noop(
+        "the package index is a deployment setting now: MAIBOT_PIP_INDEX_URL, MAIBOT_PIP_EXTRA_INDEX_URL"
+    ),
+    ("plugins", "auto_install_dependencies"): gettext_noop(
+        "automatic installs are a deployment setting now: MAIBOT_PLUGIN_AUTO_INSTALL=1"
+    ),
 }
+RETIRED_SENTENCE = gettext_noop("%(key)s is no longer a bot config setting and is ignored (%(where)s)")
 _warned_retired: set[tuple[str, str]] = set()
 
 
-def retired_keys(data: dict[str, Any]) -> list[str]:
-    """What the parsed file `data` still holds of RETIRED_KEYS, each as a sentence saying where it went."""
+def retired_keys(data: dict[str, Any], translate=gettext) -> list[str]:
+    """What the parsed file `data` still holds of RETIRED_KEYS, each as a sentence saying where it went
+    (in the active language; `translate=str` for the log)."""
+    sentence = translate(RETIRED_SENTENCE)
     return [
-        f"{section}.{key} is no longer a bot config setting and is ignored ({where})"
+        sentence % {"key": f"{section}.{key}", "where": translate(where)}
         for (section, key), where in RETIRED_KEYS.items()
         if isinstance(data.get(section), dict) and key in data[section]
     ]
@@ -59,7 +65,7 @@ def _without_retired(data: dict[str, Any]) -> dict[str, Any]:
         if isinstance(data.get(section), dict) and key in data[section]:
             if (section, key) not in _warned_retired:  # once per process, not at every reload
                 _warned_retired.add((section, key))
-                logger.warning("bot_config.toml: %s", retired_keys({section: {key: None}})[0])
+                logger.warning("bot_config.toml: %s", retired_keys({section: {key: None}}, translate=str)[0])
             data[section] = {k: v for k, v in data[section].items() if k != key}
     return data
 

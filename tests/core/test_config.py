@@ -114,3 +114,21 @@ def test_the_key_variable_must_be_one_the_deployment_allows(monkeypatch):
     assert parse_config('[llm]\napi_key_env = "DEEPSEEK_API_KEY"\n').llm.api_key_env == "DEEPSEEK_API_KEY"
     with pytest.raises(ConfigError):
         parse_config('[llm]\napi_key_env = "MAIBOT_ADAPTER_TOKENS"\n')
+
+
+def test_a_retired_key_is_named_in_the_operators_language_and_logged_in_english(caplog):
+    from django.utils import translation
+
+    from core.config.loading import _warned_retired, retired_keys
+
+    data = {"plugins": {"pip_args": ["-r", "x"]}}
+    with translation.override("zh-hans"):
+        (chinese,) = retired_keys(data)
+    with translation.override("en"):
+        (english,) = retired_keys(data)
+    assert chinese.startswith("plugins.pip_args 已不再是机器人配置项") and "MAIBOT_PIP_INDEX_URL" in chinese
+    assert english.startswith("plugins.pip_args is no longer a bot config setting and is ignored")
+    _warned_retired.discard(("plugins", "pip_args"))
+    with translation.override("zh-hans"):
+        parse_config('[plugins]\npip_args = ["-r", "x"]\n')
+    assert "plugins.pip_args is no longer a bot config setting" in caplog.text
