@@ -40,6 +40,7 @@ LONG_TEXT = 30  # str defaults longer than this (the persona) get a textarea
 @dataclass
 class Fieldset:
     name: str
+    title: str
     doc: str
     fields: list[forms.BoundField]
 
@@ -63,13 +64,22 @@ def translated_help(info: FieldInfo) -> str:
     return gettext(info.description) if info.description else ""
 
 
+def translated_title(info: FieldInfo, key: str) -> str:
+    """A field's (or a section's) readable label in the request's language: its title, marked with
+    gettext_noop like the description (every config field has one: tests/console/test_console_config_labels.py).
+    The key is shown beside it, as the operator writes it in bot_config.toml."""
+    return gettext(info.title) if info.title else key
+
+
 def search_text(section: str, key: str, info: FieldInfo) -> str:
-    """What the form's search looks in for a field: its section and key, and its help in Chinese and in
-    English (an operator may look for 超时 or for timeout, whatever the page's language)."""
+    """What the form's search looks in for a field: its section and key, and its label, its section's title
+    and its help, each in Chinese and in English (an operator may look for 超时 or for timeout, whatever the
+    page's language)."""
     parts = [section, key, f"{section}.{key}"]
+    section_info = BotConfig.model_fields[section]
     for language in SEARCH_LANGUAGES:
         with translation.override(language):
-            parts.append(translated_help(info))
+            parts += [translated_title(info, key), translated_title(section_info, section), translated_help(info)]
     return " ".join(dict.fromkeys(p for p in parts if p)).lower()
 
 
@@ -154,7 +164,8 @@ class ConfigForm(forms.Form):
         for section, model in _sections():
             for key, info in _form_fields(model):
                 field = _form_field(info, getattr(getattr(defaults, section), key))
-                field.label = key
+                field.label = translated_title(info, key)
+                field.config_key = key
                 field.show_hidden_initial = True
                 field.requires_restart = requires_restart(info)
                 field.search_text = search_text(section, key, info)
@@ -176,6 +187,7 @@ class ConfigForm(forms.Form):
         return [
             Fieldset(
                 name=section,
+                title=translated_title(BotConfig.model_fields[section], section),
                 doc=gettext(model.__doc__).strip() if model.__doc__ else "",
                 fields=[self[f"{section}{SEP}{key}"] for key, _ in _form_fields(model)],
             )

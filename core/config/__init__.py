@@ -1,4 +1,4 @@
-"""The bot's own configuration (bot_config.toml in the data dir): its model (sections, services, model),
+"""The bot's own configuration (bot_config.toml in the data dir): its model (sections, services, operations, model),
 loading and the one object everything reads it through (`get_config()`, loading), and its documentation
 (template).
 
@@ -21,6 +21,7 @@ from core.config.loading import (
     set_config,
 )
 from core.config.model import BotConfig, LLMModel
+from core.config.operations import ConsoleSection, LifeSection, SchedulingSection
 from core.config.sections import (
     DEFAULT_MODEL,
     LLM_TASKS,
@@ -29,10 +30,8 @@ from core.config.sections import (
     Budget,
     ChatSection,
     ConfigError,
-    ConsoleSection,
     LLMSection,
     ModelEntry,
-    SchedulingSection,
     Section,
     TalkRule,
     llm_key_variables,
@@ -40,7 +39,6 @@ from core.config.sections import (
 from core.config.services import (
     ApiSection,
     GatewaySection,
-    LifeSection,
     McpSection,
     McpServerEntry,
     PluginLimitsEntry,

@@ -7,19 +7,19 @@ from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from zoneinfo import ZoneInfo
 
+from django.utils.translation import gettext_noop
 from pydantic import Field
 
+from core.config.operations import ConsoleSection, LifeSection, SchedulingSection
 from core.config.sections import (
     DEFAULT_MODEL,
     LLM_TASKS,
     BotSection,
     ChatSection,
-    ConsoleSection,
     LLMSection,
-    SchedulingSection,
     Section,
 )
-from core.config.services import ApiSection, GatewaySection, LifeSection, McpSection, PluginsSection
+from core.config.services import ApiSection, GatewaySection, McpSection, PluginsSection
 
 
 def _refresh_secrets() -> None:
@@ -47,16 +47,16 @@ class LLMModel:
 
 
 class BotConfig(Section):
-    bot: BotSection = Field(default_factory=BotSection)
-    llm: LLMSection = Field(default_factory=LLMSection)
-    chat: ChatSection = Field(default_factory=ChatSection)
-    scheduling: SchedulingSection = Field(default_factory=SchedulingSection)
-    gateway: GatewaySection = Field(default_factory=GatewaySection)
-    api: ApiSection = Field(default_factory=ApiSection)
-    life: LifeSection = Field(default_factory=LifeSection)
-    console: ConsoleSection = Field(default_factory=ConsoleSection)
-    mcp: McpSection = Field(default_factory=McpSection)
-    plugins: PluginsSection = Field(default_factory=PluginsSection)
+    bot: BotSection = Field(default_factory=BotSection, title=gettext_noop("Bot"))
+    llm: LLMSection = Field(default_factory=LLMSection, title=gettext_noop("Models and budgets"))
+    chat: ChatSection = Field(default_factory=ChatSection, title=gettext_noop("Chat"))
+    scheduling: SchedulingSection = Field(default_factory=SchedulingSection, title=gettext_noop("Scheduled messages"))
+    gateway: GatewaySection = Field(default_factory=GatewaySection, title=gettext_noop("Adapters and delivery"))
+    api: ApiSection = Field(default_factory=ApiSection, title=gettext_noop("Proactive message API"))
+    life: LifeSection = Field(default_factory=LifeSection, title=gettext_noop("Life loop and memory"))
+    console: ConsoleSection = Field(default_factory=ConsoleSection, title=gettext_noop("Console"))
+    mcp: McpSection = Field(default_factory=McpSection, title=gettext_noop("MCP servers"))
+    plugins: PluginsSection = Field(default_factory=PluginsSection, title=gettext_noop("Plugins"))
 
     # --- derived values, read through the config so callers never look at os.environ ----------
     @property

@@ -1,5 +1,5 @@
-"""The bot's identity, its models and budgets, how it chats, scheduled delivery and the console: the first
-half of bot_config.toml's sections (one pydantic model each; a field's description is its documentation)."""
+"""The bot's identity, its models and budgets and how it chats: the first of bot_config.toml's sections (one
+pydantic model each; a field's description is its documentation, its title the console's label)."""
 
 from __future__ import annotations
 
@@ -26,10 +26,17 @@ class Section(BaseModel):
 class BotSection(Section):
     __doc__ = gettext_noop("""Who the bot is.""")
 
-    nickname: str = Field("麦麦", min_length=1, max_length=64, description=gettext_noop("The bot's name in chats."))
+    nickname: str = Field(
+        "麦麦",
+        min_length=1,
+        max_length=64,
+        title=gettext_noop("Nickname"),
+        description=gettext_noop("The bot's name in chats."),
+    )
     alias_names: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
         default_factory=lambda: ["MaiBot", "麦麦"],
         max_length=50,
+        title=gettext_noop("Other names"),
         description=gettext_noop("Other names that count as mentioning the bot in a group chat."),
     )
     platform_accounts: dict[
@@ -38,6 +45,7 @@ class BotSection(Section):
     ] = Field(
         default_factory=dict,
         max_length=50,
+        title=gettext_noop("Bot accounts per platform"),
         description=gettext_noop(
             'The bot\'s own account id on each platform, e.g. {qq = "123456"}: `@<any name:that id>` is a '
             "mention, and group messages are sent as that account. Unset: what the adapter tells, if it does."
@@ -47,17 +55,20 @@ class BotSection(Section):
         "zh",
         max_length=16,
         pattern=r"^[a-z]{2}(-[A-Za-z]{2,4})?$",
+        title=gettext_noop("Language"),
         description=gettext_noop("The language the bot speaks (BCP 47, e.g. zh or en). Fixed texts follow it."),
     )
     persona: str = Field(
         "你是麦麦，一个友善、简洁、有点俏皮的大学生。说话口语化，不长篇大论。",
         min_length=1,
         max_length=8000,
+        title=gettext_noop("Persona"),
         description=gettext_noop("The persona given to the model at the top of every prompt."),
     )
     time_zone: str = Field(
         "",
         max_length=64,
+        title=gettext_noop("Time zone"),
         description=gettext_noop(
             "IANA time zone the bot lives in (times without an offset are read in it). "
             "Empty: the MAIBOT_TIME_ZONE environment setting."
@@ -170,35 +181,61 @@ class LLMSection(Section):
     base_url: str = Field(
         "",
         max_length=2048,
+        title=gettext_noop("API base URL"),
         description=gettext_noop("API base URL, e.g. https://api.openai.com/v1 (OPENAI_BASE_URL overrides)."),
     )
     model: str = Field(
-        "", max_length=256, description=gettext_noop("Model name. Empty: offline mode (MAIBOT_LLM_MODEL overrides).")
+        "",
+        max_length=256,
+        title=gettext_noop("Model"),
+        description=gettext_noop("Model name. Empty: offline mode (MAIBOT_LLM_MODEL overrides)."),
     )
     api_key_env: str = Field(
         "OPENAI_API_KEY",
         min_length=1,
         max_length=128,
+        title=gettext_noop("API key variable"),
         description=gettext_noop(
             "Name of the environment variable holding the API key: OPENAI_API_KEY, or one the deployment "
             "allows in MAIBOT_LLM_KEY_ENVS (comma-separated)."
         ),
     )
-    timeout: float = Field(120.0, gt=0, le=3600, description=gettext_noop("Seconds before one LLM call times out."))
-    max_retries: int = Field(
-        2, ge=0, le=10, description=gettext_noop("Retries the SDK makes on connection errors and 5xx.")
+    timeout: float = Field(
+        120.0,
+        gt=0,
+        le=3600,
+        title=gettext_noop("Call timeout (seconds)"),
+        description=gettext_noop("Seconds before one LLM call times out."),
     )
-    temperature: float = Field(0.7, ge=0, le=2, description=gettext_noop("Sampling temperature."))
+    max_retries: int = Field(
+        2,
+        ge=0,
+        le=10,
+        title=gettext_noop("Retries"),
+        description=gettext_noop("Retries the SDK makes on connection errors and 5xx."),
+    )
+    temperature: float = Field(
+        0.7, ge=0, le=2, title=gettext_noop("Temperature"), description=gettext_noop("Sampling temperature.")
+    )
     price_input_per_1m: float = Field(
-        0.0, ge=0, le=10_000, description=gettext_noop("Price per 1M prompt tokens (for the cost ledger).")
+        0.0,
+        ge=0,
+        le=10_000,
+        title=gettext_noop("Price per 1M prompt tokens"),
+        description=gettext_noop("Price per 1M prompt tokens (for the cost ledger)."),
     )
     price_output_per_1m: float = Field(
-        0.0, ge=0, le=10_000, description=gettext_noop("Price per 1M completion tokens (for the cost ledger).")
+        0.0,
+        ge=0,
+        le=10_000,
+        title=gettext_noop("Price per 1M completion tokens"),
+        description=gettext_noop("Price per 1M completion tokens (for the cost ledger)."),
     )
 
     models: list[ModelEntry] = Field(
         default_factory=list,
         max_length=20,
+        title=gettext_noop("More models"),
         description=gettext_noop(
             "More models ([[llm.models]]: name, base_url, api_key_env, model, prices, timeout, "
             "max_concurrent), edited in the TOML editor."
@@ -208,6 +245,7 @@ class LLMSection(Section):
     tasks: dict[LLMTask, list[ModelName]] = Field(
         default_factory=dict,
         max_length=len(LLM_TASKS),
+        title=gettext_noop("Task routes"),
         description=gettext_noop(
             "Each task (planner, life, summary, utility) to an ordered list of model names: a provider "
             'error or timeout tries the next. Unlisted tasks use "default" (this section\'s model), else the '
@@ -218,6 +256,7 @@ class LLMSection(Section):
     embedding: list[ModelName] = Field(
         default_factory=list,
         max_length=20,
+        title=gettext_noop("Embedding models"),
         description=gettext_noop(
             "Embedding models (plugins' llm.embed): an ordered list of model names, each an "
             "OpenAI-compatible /embeddings model; a provider error tries the next. Empty: llm.embed answers "
@@ -228,6 +267,7 @@ class LLMSection(Section):
     voice: list[ModelName] = Field(
         default_factory=list,
         max_length=20,
+        title=gettext_noop("Speech-to-text models"),
         description=gettext_noop(
             "Speech-to-text models (plugins' llm.transcribe_audio): an ordered list of model names, each an "
             "OpenAI-compatible /audio/transcriptions model. Empty: llm.transcribe_audio answers that none is "
@@ -238,6 +278,7 @@ class LLMSection(Section):
     budgets: list[Budget] = Field(
         default_factory=list,
         max_length=100,
+        title=gettext_noop("Daily budgets"),
         description=gettext_noop(
             "Daily caps ([[llm.budgets]]: scope model | task | session, target, daily_tokens, daily_cost). "
             "A call that would run past one is not made. None by default."
@@ -297,22 +338,46 @@ class ChatSection(Section):
     __doc__ = gettext_noop("""The per-session planner loop.""")
 
     debounce_seconds: float = Field(
-        1.0, ge=0, le=60, description=gettext_noop("Wait this long after a message so a burst becomes one cycle.")
+        1.0,
+        ge=0,
+        le=60,
+        title=gettext_noop("Message burst wait (seconds)"),
+        description=gettext_noop("Wait this long after a message so a burst becomes one cycle."),
     )
-    max_rounds: int = Field(5, ge=1, le=20, description=gettext_noop("Tool-call rounds per cycle before it must end."))
+    max_rounds: int = Field(
+        5,
+        ge=1,
+        le=20,
+        title=gettext_noop("Tool rounds per cycle"),
+        description=gettext_noop("Tool-call rounds per cycle before it must end."),
+    )
     no_reply_timeout: float = Field(
         300.0,
         gt=0,
         le=86_400,
+        title=gettext_noop("Private chat follow-up wait (seconds)"),
         description=gettext_noop(
             "Private chats: after no_reply, seconds before the planner looks once more without a new message."
         ),
     )
-    history_window: int = Field(30, ge=1, le=500, description=gettext_noop("Recent messages shown to the planner."))
-    cycle_records: int = Field(5, ge=0, le=50, description=gettext_noop("Previous cycle records shown to the planner."))
+    history_window: int = Field(
+        30,
+        ge=1,
+        le=500,
+        title=gettext_noop("Recent messages shown"),
+        description=gettext_noop("Recent messages shown to the planner."),
+    )
+    cycle_records: int = Field(
+        5,
+        ge=0,
+        le=50,
+        title=gettext_noop("Previous cycles shown"),
+        description=gettext_noop("Previous cycle records shown to the planner."),
+    )
     model_failure_reply: str = Field(
         "抱歉，我现在脑子转不动了，过一会儿再来找我吧。",
         max_length=500,
+        title=gettext_noop("Reply when the model fails"),
         description=gettext_noop(
             "Private chats: what the user is told when the model cannot answer (a wrong key, the provider "
             "down), instead of silence. Empty: say nothing."
@@ -322,12 +387,14 @@ class ChatSection(Section):
         600.0,
         ge=0,
         le=86_400,
+        title=gettext_noop("Model failure reply interval (seconds)"),
         description=gettext_noop("Seconds after telling a chat that the model failed before telling it again."),
     )
     talk_frequency: float = Field(
         0.5,
         ge=0,
         le=1,
+        title=gettext_noop("Group talk frequency"),
         description=gettext_noop(
             "Group chats: how readily the bot speaks unprompted (0 only when mentioned, 1 freely)."
         ),
@@ -335,6 +402,7 @@ class ChatSection(Section):
     talk_frequency_rules: list[TalkRule] = Field(
         default_factory=list,
         max_length=200,
+        title=gettext_noop("Talk frequency rules"),
         description=gettext_noop(
             "[[chat.talk_frequency_rules]]: chat (empty: every chat), start and end (HH:MM, local; "
             "equal: all day), talk_frequency. A rule for the chat beats one for every chat; then the first listed."
@@ -344,6 +412,7 @@ class ChatSection(Section):
     ignored_chats: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
         default_factory=list,
         max_length=10_000,
+        title=gettext_noop("Ignored chats"),
         description=gettext_noop(
             "Chats whose messages are stored but never planned: platform:group:ID or platform:private:ID."
         ),
@@ -351,11 +420,13 @@ class ChatSection(Section):
     ignored_users: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
         default_factory=list,
         max_length=10_000,
+        title=gettext_noop("Ignored users"),
         description=gettext_noop("People whose messages are stored but never planned, anywhere: platform:USER_ID."),
     )
     command_operators: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
         default_factory=list,
         max_length=1000,
+        title=gettext_noop("Command operators"),
         description=gettext_noop(
             "If set, only these accounts (platform:USER_ID) may use commands (/list, /cancel, reminders, "
             "plugin commands); others' commands are not run nor planned. Empty: everyone."
@@ -365,6 +436,7 @@ class ChatSection(Section):
         10_000,
         ge=1,
         le=100_000,
+        title=gettext_noop("Live session loops at most"),
         description=gettext_noop(
             "At most this many session loops live at once (an idle one costs ~6-10 KB and no CPU)."
         ),
@@ -373,12 +445,14 @@ class ChatSection(Section):
         1800.0,
         gt=0,
         le=604_800,
+        title=gettext_noop("Idle session stop (seconds)"),
         description=gettext_noop("A session loop idle this long is stopped (it restarts on the next message)."),
     )
     max_reply_length: int = Field(
         2000,
         ge=1,
         le=100_000,
+        title=gettext_noop("Longest reply (characters)"),
         description=gettext_noop(
             "Longest chat message the model may send (longer is rambling or a data dump: refused)."
         ),
@@ -387,103 +461,9 @@ class ChatSection(Section):
         30.0,
         gt=0,
         le=3600,
+        title=gettext_noop("Tool timeout (seconds)"),
         description=gettext_noop(
             "Seconds one tool call may run before the model is told it timed out; also the longest a "
             "plugin's hook or event handler may take (one may ask for less)."
         ),
-    )
-
-
-class SchedulingSection(Section):
-    __doc__ = gettext_noop("""Scheduled private messages and their delivery.""")
-
-    horizon_days: int = Field(365, ge=1, le=3650, description=gettext_noop("How far ahead a message may be scheduled."))
-    max_text_length: int = Field(1024, ge=1, le=100_000, description=gettext_noop("Longest scheduled message text."))
-    max_pending_per_session: int = Field(
-        20, ge=1, le=10_000, description=gettext_noop("Pending scheduled messages per chat.")
-    )
-    expire_after_seconds: int = Field(
-        86400,
-        ge=1,
-        le=31_536_000,
-        description=gettext_noop(
-            "An overdue message older than this (e.g. after downtime) fails as expired instead of sending."
-        ),
-    )
-    max_attempts: int = Field(5, ge=1, le=100, description=gettext_noop("Send attempts before a message fails."))
-    retry_backoff_seconds: float = Field(
-        2.0, gt=0, le=3600, description=gettext_noop("First retry delay; each further retry doubles it.")
-    )
-    lease_seconds: float = Field(
-        30.0,
-        gt=0,
-        le=3600,
-        description=gettext_noop(
-            "Backstop: a claimed message not finished within this is taken back and sent once by a "
-            "cluster. One whose cluster died is taken back as soon as that cluster's heartbeat runs out "
-            "(console.heartbeat_seconds)."
-        ),
-    )
-    poll_interval: float = Field(
-        30.0,
-        gt=0,
-        le=3600,
-        description=gettext_noop(
-            "Safety net (seconds): every write that makes work due wakes the dispatcher, which otherwise "
-            "sleeps until the next due instant; it looks anyway after this long, in case a wake-up was lost."
-        ),
-    )
-    batch_size: int = Field(
-        2000, ge=1, le=10_000, description=gettext_noop("Messages the dispatcher claims per round.")
-    )
-
-
-class ConsoleSection(Section):
-    __doc__ = gettext_noop("""The operator console: config hot reload, live logs, health checks.""")
-
-    reload_debounce_ms: int = Field(
-        300,
-        ge=10,
-        le=10_000,
-        description=gettext_noop(
-            "Config file changes are applied once the file has been quiet this long (milliseconds)."
-        ),
-        json_schema_extra={"requires_restart": True},  # the file watcher reads it when it starts
-    )
-    log_level: str = Field(
-        "INFO",
-        max_length=8,
-        pattern=r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)$",
-        description=gettext_noop(
-            "Lowest level of log records kept for the live log page (DEBUG, INFO, WARNING, ERROR)."
-        ),
-    )
-    log_retention_rows: int = Field(
-        20_000,
-        ge=100,
-        le=10_000_000,
-        description=gettext_noop("Log lines kept for the live log page; older ones are deleted."),
-    )
-    log_retention_days: int = Field(
-        7, ge=1, le=365, description=gettext_noop("Log lines older than this many days are deleted.")
-    )
-    heartbeat_seconds: float = Field(
-        2.0,
-        gt=0,
-        le=300,
-        description=gettext_noop(
-            "How often each server and cluster process writes its heartbeat (seconds). A process silent "
-            "for 4 times this counts as dead: the others take back the messages it had claimed and send them."
-        ),
-    )
-    cluster_stale_seconds: float = Field(
-        30.0,
-        gt=0,
-        le=3600,
-        description=gettext_noop(
-            "/healthz reports the cluster down when its last heartbeat is older than this (seconds)."
-        ),
-    )
-    health_requires_adapter: bool = Field(
-        False, description=gettext_noop("/healthz reports unhealthy (503) while no platform adapter is connected.")
     )

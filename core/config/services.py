@@ -1,5 +1,5 @@
-"""The sections for what the bot connects to and runs: the adapter gateway, the HTTP API, MCP servers,
-plugins and the life loop (one pydantic model each)."""
+"""The sections for what the bot connects to and runs: the adapter gateway, the HTTP API, MCP servers and
+plugins (one pydantic model each)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ class GatewaySection(Section):
         3600,
         ge=1,
         le=2_592_000,
+        title=gettext_noop("Adapter offline expiry (seconds)"),
         description=gettext_noop(
             "An outbound message waiting longer than this for its adapter fails (adapter_offline)."
         ),
@@ -30,6 +31,7 @@ class GatewaySection(Section):
         20_000,
         ge=10,
         le=1_000_000,
+        title=gettext_noop("Adapter frame backlog"),
         description=gettext_noop(
             "Frames from one adapter connection waiting to be stored; past this the connection is "
             "flooding and is closed (1008)."
@@ -39,6 +41,7 @@ class GatewaySection(Section):
         60.0,
         gt=0,
         le=3600,
+        title=gettext_noop("Delivery lease (seconds)"),
         description=gettext_noop(
             "Backstop: an outbound message claimed for delivery and not marked within this is taken back "
             "(a server marks its claims within a second; one that died loses them as soon as its heartbeat runs out, "
@@ -51,6 +54,7 @@ class GatewaySection(Section):
         30.0,
         gt=0,
         le=3600,
+        title=gettext_noop("Outbox safety poll (seconds)"),
         description=gettext_noop(
             "Safety net (seconds), without Redis: every outbound message wakes the servers through their "
             "local wake sockets; a server looks anyway after this long, in case a wake-up was lost."
@@ -60,6 +64,7 @@ class GatewaySection(Section):
         30.0,
         gt=0,
         le=3600,
+        title=gettext_noop("Outbox safety poll with Redis (seconds)"),
         description=gettext_noop(
             "Safety net (seconds), with Redis: every outbound message wakes the servers through the channel "
             "layer; a server looks anyway after this long, in case a wake-up was lost."
@@ -69,6 +74,7 @@ class GatewaySection(Section):
         30.0,
         gt=0,
         le=3600,
+        title=gettext_noop("Outbox sweep (seconds)"),
         description=gettext_noop(
             "Safety net (seconds) for settling outbound messages past the offline expiry, past their "
             "delivery lease, or claimed by a server that died: each server settles them when the next is due, and "
@@ -79,6 +85,7 @@ class GatewaySection(Section):
         10.0,
         ge=1,
         le=3600,
+        title=gettext_noop("Delivery echo wait (seconds)"),
         description=gettext_noop(
             "For a platform whose adapter echoes deliveries: a message handed over with no echo within "
             "this is handed over again (the wait doubles with each attempt). On a platform not yet known to echo, "
@@ -89,6 +96,7 @@ class GatewaySection(Section):
         5,
         ge=1,
         le=20,
+        title=gettext_noop("Delivery attempts"),
         description=gettext_noop(
             "Hand-overs of one message at most, for a platform whose adapter echoes; then it is `unconfirmed`."
         ),
@@ -99,6 +107,7 @@ class GatewaySection(Section):
         # the promise could not be kept (maibot/management/commands/serve.py, keepalive_options).
         ge=6,
         le=300,
+        title=gettext_noop("Keep-alive (seconds)"),
         description=gettext_noop(
             "A dead or frozen adapter (or browser page) is dropped within this: the server pings "
             "every connection that is idle (websocket ping / Engine.IO ping) and closes it when no answer comes."
@@ -106,7 +115,11 @@ class GatewaySection(Section):
         json_schema_extra={"requires_restart": True},  # daphne and the Socket.IO server take it at start
     )
     browser_max_text_length: int = Field(
-        4000, ge=1, le=100_000, description=gettext_noop("Longest message the operator chat page (/chat/) accepts.")
+        4000,
+        ge=1,
+        le=100_000,
+        title=gettext_noop("Chat page message length (characters)"),
+        description=gettext_noop("Longest message the operator chat page (/chat/) accepts."),
     )
 
 
@@ -114,15 +127,24 @@ class ApiSection(Section):
     __doc__ = gettext_noop("""The proactive message HTTP API.""")
 
     rate_limit_per_minute: int = Field(
-        60, ge=1, le=1_000_000, description=gettext_noop("Requests per minute per API token.")
+        60,
+        ge=1,
+        le=1_000_000,
+        title=gettext_noop("Requests per minute per token"),
+        description=gettext_noop("Requests per minute per API token."),
     )
     max_text_length: int = Field(
-        1024, ge=1, le=100_000, description=gettext_noop("Longest text a proactive message may carry.")
+        1024,
+        ge=1,
+        le=100_000,
+        title=gettext_noop("Longest text (characters)"),
+        description=gettext_noop("Longest text a proactive message may carry."),
     )
     max_image_bytes: int = Field(
         1_500_000,
         ge=1,
         le=1_800_000,
+        title=gettext_noop("Largest image (bytes)"),
         description=gettext_noop(
             "Largest base64 image a proactive message may carry (decoded bytes). Capped below the "
             "2.5 MB request body limit, which base64 (4/3 of the size) must fit in."
@@ -229,6 +251,7 @@ class McpSection(Section):
     servers: list[McpServerEntry] = Field(
         default_factory=list,
         max_length=32,
+        title=gettext_noop("MCP servers"),
         description=gettext_noop(
             "MCP servers ([[mcp.servers]]: name, command with args and env or url with headers, tools, "
             "scopes, call_timeout_seconds, connect_timeout_seconds, enabled), edited in the TOML editor."
@@ -285,12 +308,14 @@ class PluginsSection(Section):
         30.0,
         gt=0,
         le=600,
+        title=gettext_noop("Load timeout (seconds)"),
         description=gettext_noop("A plugin's runner must start and finish on_load within this (seconds)."),
     )
     cancel_grace: float = Field(
         2.0,
         gt=0,
         le=60,
+        title=gettext_noop("Cancel grace (seconds)"),
         description=gettext_noop(
             "A runner must confirm a cancelled call (timed out) within this, or it is stuck and restarted (seconds)."
         ),
@@ -299,26 +324,37 @@ class PluginsSection(Section):
         1.0,
         gt=0,
         le=600,
+        title=gettext_noop("Restart delay (seconds)"),
         description=gettext_noop("Wait before restarting a crashed runner; doubles on each crash (seconds)."),
     )
     restart_backoff_max_seconds: float = Field(
-        60.0, gt=0, le=3600, description=gettext_noop("The longest wait before restarting a crashed runner (seconds).")
+        60.0,
+        gt=0,
+        le=3600,
+        title=gettext_noop("Longest restart delay (seconds)"),
+        description=gettext_noop("The longest wait before restarting a crashed runner (seconds)."),
     )
     max_restarts: int = Field(
         5,
         ge=0,
         le=100,
+        title=gettext_noop("Crashes before giving up"),
         description=gettext_noop(
             "Crashes within restart_window_seconds after which a plugin is left failed (reload to retry)."
         ),
     )
     restart_window_seconds: float = Field(
-        600.0, ge=1, le=86_400, description=gettext_noop("The window max_restarts counts crashes in (seconds).")
+        600.0,
+        ge=1,
+        le=86_400,
+        title=gettext_noop("Crash window (seconds)"),
+        description=gettext_noop("The window max_restarts counts crashes in (seconds)."),
     )
     runner_memory_mb: int = Field(
         2048,
         ge=0,
         le=65_536,
+        title=gettext_noop("Runner memory (MB)"),
         description=gettext_noop(
             "Address-space limit of each plugin runner (MB; 0: none). A plugin over it gets MemoryError."
         ),
@@ -327,6 +363,7 @@ class PluginsSection(Section):
         "isolated",
         max_length=16,
         pattern=r"^(isolated|none)$",
+        title=gettext_noop("Runner network"),
         description=gettext_noop(
             "A runner's network: isolated (the internet through slirp4netns, never this machine's "
             "loopback services; no network when slirp4netns is not installed) or none. A plugin the deployment "
@@ -337,27 +374,38 @@ class PluginsSection(Section):
         30.0,
         ge=1,
         le=3600,
+        title=gettext_noop("Runner CPU per minute (seconds)"),
         description=gettext_noop(
             "CPU time a runner (all its processes) may use in any minute (seconds); past it the runner "
             "is killed and restarted like a crashed one."
         ),
     )
     runner_max_processes: int = Field(
-        128, ge=8, le=4096, description=gettext_noop("Processes and threads a runner may have at once (RLIMIT_NPROC).")
+        128,
+        ge=8,
+        le=4096,
+        title=gettext_noop("Runner processes at most"),
+        description=gettext_noop("Processes and threads a runner may have at once (RLIMIT_NPROC)."),
     )
     runner_max_open_files: int = Field(
-        256, ge=32, le=65_536, description=gettext_noop("Files a runner may have open at once.")
+        256,
+        ge=32,
+        le=65_536,
+        title=gettext_noop("Runner open files at most"),
+        description=gettext_noop("Files a runner may have open at once."),
     )
     runner_max_file_mb: int = Field(
         256,
         ge=1,
         le=65_536,
+        title=gettext_noop("Largest runner file (MB)"),
         description=gettext_noop("The largest file a runner may write (MB), and the size of its private /tmp."),
     )
     sends_per_minute: int = Field(
         60,
         ge=1,
         le=100_000,
+        title=gettext_noop("Sends per minute"),
         description=gettext_noop(
             "Messages a plugin may send (send.*) in any minute; past it a send fails with the reason."
         ),
@@ -366,6 +414,7 @@ class PluginsSection(Section):
         50,
         ge=1,
         le=100_000,
+        title=gettext_noop("Media per minute (MB)"),
         description=gettext_noop(
             "Image, emoji and voice bytes a plugin may send, and PNG bytes it may render, in any minute (MB)."
         ),
@@ -373,6 +422,7 @@ class PluginsSection(Section):
     limits: list[PluginLimitsEntry] = Field(
         default_factory=list,
         max_length=500,
+        title=gettext_noop("Per-plugin limits"),
         description=gettext_noop(
             "Per-plugin limits ([[plugins.limits]]: plugin = its id, then any of network, "
             "runner_memory_mb, runner_cpu_seconds_per_minute, runner_max_processes, runner_max_open_files, "
@@ -382,6 +432,7 @@ class PluginsSection(Section):
     )
     hot_reload: bool = Field(
         True,
+        title=gettext_noop("Hot reload"),
         description=gettext_noop(
             "Reload a plugin when one of its files or its config.toml changes, and load a plugin folder "
             "put in while running (a removed folder always unloads its plugin)."
@@ -392,13 +443,18 @@ class PluginsSection(Section):
         500,
         ge=10,
         le=10_000,
+        title=gettext_noop("Plugin reload wait (ms)"),
         description=gettext_noop(
             "Plugin file changes are applied once the folder has been quiet this long (milliseconds)."
         ),
         json_schema_extra={"requires_restart": True},
     )
     install_timeout: float = Field(
-        300.0, gt=0, le=3600, description=gettext_noop("One dependency installation may take this long (seconds).")
+        300.0,
+        gt=0,
+        le=3600,
+        title=gettext_noop("Dependency install timeout (seconds)"),
+        description=gettext_noop("One dependency installation may take this long (seconds)."),
     )
 
     @field_validator("limits")
@@ -409,51 +465,3 @@ class PluginsSection(Section):
         if duplicates:
             raise ValueError(f"one [[plugins.limits]] entry per plugin; repeated: {', '.join(duplicates)}")
         return entries
-
-
-class LifeSection(Section):
-    __doc__ = gettext_noop(
-        """The life loop (timers, inner state) and the model's memory (slots, summaries, scratch notes)."""
-    )
-
-    turn_timeout: float = Field(
-        120.0, gt=0, le=3600, description=gettext_noop("Hard timeout of one life-loop turn (seconds).")
-    )
-    max_timers_per_session: int = Field(
-        20, ge=1, le=10_000, description=gettext_noop("Active timers one chat may have (set_timer refuses more).")
-    )
-    max_payload_length: int = Field(
-        2000, ge=1, le=100_000, description=gettext_noop("Longest timer payload (characters).")
-    )
-    firing_requeue_seconds: float = Field(
-        300.0,
-        gt=0,
-        le=86_400,
-        description=gettext_noop(
-            "A timer firing no worker has started after this long is handed to the task queue again."
-        ),
-    )
-    inner_state_max_length: int = Field(
-        4000, ge=1, le=100_000, description=gettext_noop("Longest inner state text the model or an operator may write.")
-    )
-    memory_max_slots: int = Field(
-        100,
-        ge=1,
-        le=10_000,
-        description=gettext_noop("Memory slots per scope: global, and each chat, may hold this many facts."),
-    )
-    memory_max_content_length: int = Field(
-        300, ge=1, le=10_000, description=gettext_noop("Longest memory slot content.")
-    )
-    summary_every_messages: int = Field(
-        50,
-        ge=0,
-        le=100_000,
-        description=gettext_noop("Refresh a chat's rolling summary after this many new messages (0: never summarize)."),
-    )
-    summary_max_messages: int = Field(
-        200, ge=1, le=5000, description=gettext_noop("At most this many new messages are read by one summary refresh.")
-    )
-    scratch_notes_shown: int = Field(
-        10, ge=0, le=200, description=gettext_noop("The latest scratch notes shown to the planner.")
-    )
