@@ -7,7 +7,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -42,6 +41,7 @@ class GitServer:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.requests: list[str] = []
+        self.stopped = threading.Event()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -63,7 +63,7 @@ class GitServer:
                     self.end_headers()
                     return
                 if parts.path.startswith("/slow/"):
-                    time.sleep(30)
+                    server.stopped.wait()  # never answers while the server runs
                     return
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 env = {
@@ -101,5 +101,6 @@ class GitServer:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.stopped.set()
         self.httpd.shutdown()
         self.httpd.server_close()
