@@ -4,39 +4,16 @@ snippet, and an adapter that connects appears in the table without a reload (the
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from django.contrib.auth.models import User
-from django.db import connection
 
 from chat.models import AdapterConnection
 from core import deployment_env
 from tests.conftest import CHROMIUM_ARGS, require_chromium
+from tests.console.conftest import in_thread
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.live]
 
 TOKEN = "browser-qq-token-123456"
-
-
-@pytest.fixture
-def operator(transactional_db) -> User:
-    # Made before the browser starts (sync playwright runs an event loop in this thread).
-    return User.objects.create_superuser("op", password="pw-123456")
-
-
-def in_thread(fn) -> None:
-    """A database write from outside playwright's event loop thread."""
-
-    def run() -> None:
-        try:
-            fn()
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
 
 
 @pytest.mark.parametrize(
@@ -44,7 +21,7 @@ def in_thread(fn) -> None:
     [("zh-CN", "连接适配器", "已连接"), ("en-US", "Connect an adapter", "connected")],
 )
 def test_the_connect_page_reveals_rotates_and_follows_the_adapter(
-    operator, start_server, tmp_path, locale, title, connected
+    browser_operator, start_server, tmp_path, locale, title, connected
 ):
     require_chromium()
     from playwright.sync_api import sync_playwright

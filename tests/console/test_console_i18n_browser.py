@@ -8,24 +8,12 @@ import shutil
 import pytest
 from django.contrib.auth.models import User
 
-from tests.conftest import CHROMIUM_ARGS, require_chromium
-
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.live]
 
 PAGES = {
     "zh-CN": {"lang": "zh-hans", "tab": "仪表盘", "health": "健康状态", "next_due": "即将到期", "login": "登录"},
     "en-US": {"lang": "en", "tab": "Dashboard", "health": "Health", "next_due": "Next due", "login": "Log in"},
 }
-
-
-@pytest.fixture
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=require_chromium(), args=CHROMIUM_ARGS, headless=True)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture

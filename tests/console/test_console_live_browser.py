@@ -9,14 +9,11 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import threading
 
 import pytest
-from django.contrib.auth.models import User
-from django.db import connection
 
 from chat.services import message_send, session_get_or_create
-from tests.conftest import CHROMIUM_ARGS, require_chromium
+from tests.console.conftest import in_thread
 from tests.console.test_console_i18n_browser import PAGES, log_in
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.live]
@@ -25,36 +22,6 @@ TEXTS = {
     "zh-CN": {"stale": "未更新", "none": "没有设置与搜索匹配。"},
     "en-US": {"stale": "Not updated since", "none": "No setting matches the search."},
 }
-
-
-@pytest.fixture
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=require_chromium(), args=CHROMIUM_ARGS, headless=True)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture
-def operator(transactional_db) -> User:
-    # Made before the browser starts (sync playwright runs an event loop in this thread).
-    return User.objects.create_superuser("op", password="pw-123456")
-
-
-def in_thread(fn) -> None:
-    """A database write from outside playwright's event loop thread."""
-
-    def run() -> None:
-        try:
-            fn()
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
 
 
 def new_chat(name: str) -> None:
@@ -78,7 +45,7 @@ def screenshot(page, tmp_path, name: str) -> None:
 
 
 @pytest.mark.parametrize("language", TEXTS)
-def test_the_dashboard_updates_itself(shared_server, operator, browser, tmp_path, language):
+def test_the_dashboard_updates_itself(shared_server, browser_operator, browser, tmp_path, language):
     _, base = shared_server
     context, page = open_page(browser, base, language)
     page.goto(f"{base}/admin/console/?refresh=1")
@@ -122,7 +89,7 @@ def test_the_dashboard_updates_itself(shared_server, operator, browser, tmp_path
 
 @pytest.mark.parametrize("language", TEXTS)
 def test_the_config_search_finds_a_field_by_a_chinese_and_an_english_word(
-    shared_server, operator, browser, tmp_path, language
+    shared_server, browser_operator, browser, tmp_path, language
 ):
     _, base = shared_server
     context, page = open_page(browser, base, language)

@@ -5,7 +5,6 @@ nothing the model or the provider sent back."""
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import User
 
 from tests.conftest import CHROMIUM_ARGS, require_chromium
 from tests.console.test_console_models import answer_by_model
@@ -14,13 +13,7 @@ from tests.fake_llm import FakeLLM
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.live]
 
 
-@pytest.fixture
-def operator(transactional_db) -> User:
-    # Made before the browser starts (sync playwright runs an event loop in this thread).
-    return User.objects.create_superuser("op", password="pw-123456")
-
-
-def test_the_model_test_button_shows_each_models_outcome(operator, start_server, tmp_path):
+def test_the_model_test_button_shows_each_models_outcome(browser_operator, start_server, tmp_path):
     require_chromium()
     from playwright.sync_api import sync_playwright
 

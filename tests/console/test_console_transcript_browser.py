@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from chat.models import DeliveryStatus, Direction, Message, SourceKind
 from chat.services import session_get_or_create
-from tests.conftest import CHROMIUM_ARGS, require_chromium, wait_for
+from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.live]
 
@@ -42,16 +42,6 @@ def orm(fn):
 
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(run).result()
-
-
-@pytest.fixture
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=require_chromium(), args=CHROMIUM_ARGS, headless=True)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture

@@ -6,18 +6,11 @@ plugin's folder is refused with its reason and nothing more is written."""
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import User
 
 from tests.conftest import CHROMIUM_ARGS, require_chromium
 from tests.plugins.install_helpers import WEATHER_FOLDER, WEATHER_ID, make_zip, plugin_files, tree, with_entry
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.live]
-
-
-@pytest.fixture
-def operator(transactional_db) -> User:
-    # Made before the browser starts (sync playwright runs an event loop in this thread).
-    return User.objects.create_superuser("op", password="pw-123456")
 
 
 @pytest.mark.parametrize(
@@ -27,7 +20,9 @@ def operator(transactional_db) -> User:
         ("en-US", {"heading": "Add a plugin", "button": "Install", "done": "Installed", "refused": "leads outside"}),
     ],
 )
-def test_the_install_form_installs_a_zip_and_refuses_a_harmful_one(operator, start_server, tmp_path, locale, texts):
+def test_the_install_form_installs_a_zip_and_refuses_a_harmful_one(
+    browser_operator, start_server, tmp_path, locale, texts
+):
     require_chromium()
     from playwright.sync_api import sync_playwright
 

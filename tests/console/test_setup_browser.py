@@ -10,7 +10,6 @@ import shutil
 import pytest
 
 from core import setup
-from tests.conftest import CHROMIUM_ARGS, require_chromium
 from tests.core.test_setup_page import FORM
 from tests.fake_llm import FakeLLM
 
@@ -26,16 +25,6 @@ def pending_server(start_server, tmp_path):
     (data / setup.CODE_FILE).write_text(CODE + "\n")
     _, base = start_server("setup")
     return base
-
-
-@pytest.fixture
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=require_chromium(), args=CHROMIUM_ARGS, headless=True)
-        yield chromium
-        chromium.close()
 
 
 # What the page says in each browser language.
