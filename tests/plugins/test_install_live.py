@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 import urllib.request
 import uuid
 
@@ -16,7 +15,8 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from plugins.models import PluginInstall
-from tests.conftest import db, wait_for_async
+from tests.chat.gateway_helpers import Adapter06, envelope
+from tests.conftest import db
 from tests.fake_llm import FakeLLM
 from tests.plugins.install_helpers import WEATHER_FOLDER, WEATHER_ID, make_zip, plugin_files
 
@@ -77,8 +77,6 @@ def declare_huge_upload(base: str) -> bytes:
 
 
 async def test_an_uploaded_plugin_loads_and_its_command_answers(start_server, tmp_path):
-    from maim_message import BaseMessageInfo, FormatInfo, MessageBase, RouteConfig, Router, Seg, TargetConfig, UserInfo
-
     session = await db(operator_session)
     with FakeLLM() as fake:
         proc, base = start_server(
@@ -101,35 +99,11 @@ async def test_an_uploaded_plugin_loads_and_its_command_answers(start_server, tm
         installs = html.split('id="plugin-installs"')[1]
         assert WEATHER_ID in installs and f"{WEATHER_FOLDER}/" in installs and "weather.zip" in installs
 
-        router = Router(
-            RouteConfig(route_config={"qq": TargetConfig(url=base.replace("http", "ws") + "/ws", token=TOKEN)})
-        )
-        received: asyncio.Queue = asyncio.Queue()
-
-        async def on_message(message: dict) -> None:
-            await received.put(message)
-
-        router.register_class_handler(on_message)
-        task = asyncio.create_task(router.run())
+        adapter = await Adapter06(base, token=TOKEN).start()
         try:
-
-            async def connected() -> bool:
-                return router.check_connection("qq")
-
-            await wait_for_async(connected, what="the adapter to connect")
-            info = BaseMessageInfo(
-                platform="qq", message_id=uuid.uuid4().int % 10**9, time=time.time(),
-                user_info=UserInfo(platform="qq", user_id=10001, user_nickname="Alice", user_cardname=""),
-                format_info=FormatInfo(content_format=["text"], accept_format=["text"]), additional_config={},
-            )  # fmt: skip
-            text = "/hello Bob"
-            message = MessageBase(
-                message_info=info, message_segment=Seg("seglist", [Seg("text", text)]), raw_message=text
-            )
-            await router.send_message(message)
-            frame = await asyncio.wait_for(received.get(), timeout=30)
+            await adapter.send(envelope(user_id=10001, nickname="Alice", text="/hello Bob"))
+            frame = await adapter.next_message(timeout=30)
             assert [s["data"] for s in frame["message_segment"]["data"] if s["type"] == "text"] == ["Hi, Bob!"]
             assert fake.requests == []  # the plugin's command answered, not the model
         finally:
-            await router.stop()
-            task.cancel()
+            await adapter.stop()
