@@ -197,14 +197,13 @@ async def test_a_flood_is_closed_with_1008_and_nothing_is_half_stored(start_serv
 
 async def test_offline_messages_past_the_expiry_fail_as_adapter_offline(start_server, tmp_path, make_session):
     write_bot_config(tmp_path / "data-expiry", "[gateway]\noffline_expiry_seconds = 1\n")
+    _, base = start_server("expiry", MAIBOT_ADAPTER_TOKENS=TOKEN)
     session = await db(make_session, user_id="40004")
     out = await db(message_send, session=session, source_kind="scheduled_send", text="too late")
-    # Past the 1 s expiry without waiting for it: the row's creation time is set 1.5 s back, before the
-    # server starts. (Backdated while a server runs, its expiry instant could fall before the server's
-    # last sweep, which the deliverer takes as settled: then only the safety net would look again.)
+    # Past the 1 s expiry without waiting for it: the row's creation time is set 1.5 s back (while the
+    # server runs: its deliverer must still sweep it, chat.outbox_rows.outbox_next_due).
     backdated = timezone.now() - timedelta(seconds=1.5)
     assert await db(lambda: Message.objects.filter(pk=out.pk).update(created_at=backdated)) == 1
-    _, base = start_server("expiry", MAIBOT_ADAPTER_TOKENS=TOKEN)
     adapter = await Adapter06(base, token=TOKEN).start()
     try:
         failed = await wait_for_async(
