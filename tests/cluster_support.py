@@ -4,6 +4,7 @@ private PostgreSQL the tests may restart (never the machine's: other suites use 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -219,9 +220,12 @@ class PrivatePostgres:
 
 
 def kill_while_claimed(platform: str, pid: int, timeout: float = 30) -> tuple[str, float, list[int]]:
-    """SIGKILL `pid` (the server holding `platform`'s adapter) the moment it holds a claim of that
-    platform's outbound rows: the database is polled without pause, as a claim lasts only as long as
-    its hand-over. Returns (the claimer's instance, the kill's wall-clock time, the rows it left
+    """SIGKILL `pid` (the server holding `platform`'s adapter) while it holds a claim of that platform's
+    outbound rows: the database is polled without pause, as a claim lasts only as long as its hand-over.
+    Seen a claim, the process is frozen (SIGSTOP, until every thread has stopped) and the rows it still
+    holds are read: none (the hand-over finished between the poll and the freeze, which load makes
+    likely) and it is let go on to its next claim; some, and it is killed frozen, so that it holds
+    exactly those. Returns (the claimer's instance, the kill's wall-clock time, the rows it left
     claimed); the caller reaps the process."""
     import time
 
@@ -231,11 +235,25 @@ def kill_while_claimed(platform: str, pid: int, timeout: float = 30) -> tuple[st
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         claimer = claimed.values_list("delivery_claimed_by", flat=True).first()
-        if claimer:
+        if not claimer:
+            continue
+        os.kill(pid, signal.SIGSTOP)
+        assert wait_for(lambda: _all_threads_stopped(pid), timeout=10, interval=0.001), "SIGSTOP did not stop it"
+        left = list(claimed.filter(delivery_claimed_by=claimer).values_list("pk", flat=True))
+        if left:
             os.kill(pid, signal.SIGKILL)
-            killed_at = time.time()
-            return claimer, killed_at, list(claimed.filter(delivery_claimed_by=claimer).values_list("pk", flat=True))
-    raise AssertionError(f"no claim of {platform}'s rows seen in {timeout}s")
+            return claimer, time.time(), left
+        os.kill(pid, signal.SIGCONT)
+    raise AssertionError(f"no claim of {platform}'s rows held at a freeze in {timeout}s")
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    """Every thread of `pid` is in the stopped state (T)."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+    return bool(states) and all(state == "T" for state in states)
 
 
 def heartbeat_name(instance: str) -> str | None:
