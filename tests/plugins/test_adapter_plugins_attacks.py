@@ -80,7 +80,11 @@ async def test_a_receive_only_and_a_send_only_gateway_share_a_platform(start_ser
     assert split["route_inbound"] == "ok True"
     assert "gateway outbound is declared send-only" in split["route_outbound"]
 
-    stored = await db(lambda: list(Message.objects.filter(direction="in").values_list("session__platform", "text")))
+    # Accepted means queued for storage (chat.gateway.plugin_adapters): the row comes a moment later.
+    stored = await wait_for_async(
+        lambda: list(Message.objects.filter(direction="in").values_list("session__platform", "text")),
+        what="the routed message stored",
+    )
     assert stored == [("qqsplit", "经接收网关")]
     # Only the sending gateway is the platform's connection; outbound rows go to it, and its answer is their fate.
     (conn,) = await db(lambda: list(AdapterConnection.objects.filter(platform="qqsplit", disconnected_at__isnull=True)))
