@@ -96,8 +96,9 @@ test-live: venv-dev venv-mm07
 
 # The same suite on PostgreSQL (and Redis for the channel layer and the task broker).
 # Left out, besides the Chromium pages and the source-tree checks: tests marked backend_independent, whose
-# outcome the database and the notifier cannot change (plugin runners and their sandbox, plugin installs,
-# MCP client links, the data dir's modes); `make test` runs them.
+# outcome the database and the notifier cannot change (plugin runners, their sandbox, host and hooks, plugin
+# installs, MCP client links, the data dir's modes, the config editor and reload, addresses behind a reverse
+# proxy); `make test` runs them.
 # tests/maibot/test_pyz.py is left to `make test`: the single file brings its own SQLite data dir (it uses
 # neither suite's database), and one build at a time in this folder.
 test-postgres: venv-dev venv-mm07

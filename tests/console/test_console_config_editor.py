@@ -14,6 +14,8 @@ from core.config import TEMPLATE_PATH, get_config, render_template
 from core.models import ConfigChange
 from tests.conftest import wait_for
 
+pytestmark = pytest.mark.backend_independent
+
 NOTE = "# 运营备注 operator note: keep the persona short\n"
 
 

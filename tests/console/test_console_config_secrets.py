@@ -23,6 +23,8 @@ from core.redaction import PLACEHOLDER
 from plugins.capabilities import config as plugin_config
 from tests.console.test_console_config_editor import form_data_from
 
+pytestmark = pytest.mark.backend_independent
+
 OPENAI_KEY = "sk-live-openai-0123456789"
 FILE_KEY = "sk-from-deployment-file-777"
 ADAPTER_TOKEN = "adapter-token-abcdef123"

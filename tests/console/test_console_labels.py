@@ -20,7 +20,7 @@ from django.test import Client, RequestFactory
 from django.urls import reverse
 from django.utils import timezone
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.backend_independent]
 
 ZH = "zh-CN,zh;q=0.9"
 EN = "en-US,en;q=0.9"

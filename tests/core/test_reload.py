@@ -14,6 +14,8 @@ from core import reload
 from core.config import get_config, render_template
 from tests.conftest import wait_for as shared_wait_for
 
+pytestmark = pytest.mark.backend_independent
+
 
 @pytest.fixture
 def clean_reload_state():

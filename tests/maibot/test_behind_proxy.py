@@ -28,7 +28,7 @@ from tests.conftest import Proc, free_port, subprocess_env, wait_for, wait_for_a
 from tests.core.test_setup_page import FORM
 from tests.internal_service import SECRET, InternalService
 
-pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True), pytest.mark.backend_independent]
 
 PROXY_SOURCE = "127.0.0.2"
 CODE = "the-printed-code"

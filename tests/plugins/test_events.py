@@ -30,7 +30,7 @@ from tests.chat.planner_helpers import fake_llm_fixture, runtimes_fixture, say, 
 from tests.conftest import wait_for, wait_for_async
 from tests.plugins.conftest import load_ipc_plugins
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.backend_independent]
 
 EVENTS = "test.maibot.events"
 CALLER = "test.maibot.api-caller"

@@ -25,7 +25,7 @@ from plugins.host import PluginState
 from tests.chat.planner_helpers import inbound_store
 from tests.fake_llm import FakeLLM
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.backend_independent]
 
 WEATHER = "test.maibot.weather"
 

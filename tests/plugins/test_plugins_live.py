@@ -21,7 +21,7 @@ from tests.conftest import wait_for_async
 from tests.fake_llm import FakeLLM
 from tests.plugins.conftest import copy_plugins
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live, pytest.mark.backend_independent]
 
 TOKEN = "plugins-token"
 

@@ -20,7 +20,7 @@ from tests.chat.planner_helpers import fake_llm_fixture, runtimes_fixture, say  
 from tests.conftest import wait_for_async
 from tests.plugins.conftest import load_ipc_plugins
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.backend_independent]
 
 SLOW = "test.maibot.slowtool"
 CHATS = 10  # more chats stalled at once than the engine's pool has tool threads

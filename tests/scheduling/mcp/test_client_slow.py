@@ -20,7 +20,7 @@ from scheduling.mcp.client import ServerLink
 from tests.chat.planner_helpers import fake_llm_fixture, runtimes_fixture, say  # noqa: F401
 from tests.conftest import wait_for_async
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.backend_independent]
 
 SERVER = Path(__file__).resolve().parent / "tool_server.py"
 CALL_TIMEOUT = 8.0
