@@ -27,6 +27,9 @@ The invariants, for every model run on it:
   and marking are one transaction where the next stage is our database (the dispatcher); where it is a
   socket (the outbox) a hand-over whose mark was lost is resolved by the release's choice: failed (at
   most once), or again within the attempt limit where the platform echoes (at least once, bounded).
+- Lock order: on PostgreSQL every UPDATE of the machine takes its row locks in primary-key order, so
+  two over the same rows (two releasers, a releaser and a claimer) wait for one another and never
+  deadlock; their conditions are checked again once the lock is had.
 - Retry or fail: a failed attempt goes back to pending (due after `core.retry.backoff`) while the row
   has attempts left, else out of the machine for good (`retry_or_fail`).
 - Expiry: a pending row older than its expiry leaves the machine as failed, never claimed (`expire`;
@@ -42,7 +45,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection, models
+from django.db import connection, models, transaction
 from django.db.models import F, Q, QuerySet
 from django.db.models.functions import Now
 
@@ -91,7 +94,8 @@ def claim(
     ids = list(pick() if callable(pick) else pick)
     if not ids:
         return token, 0
-    taken = spec.model.objects.filter(pk__in=ids, **{spec.status: spec.pending}).update(
+    taken = _update(
+        spec.model.objects.filter(pk__in=ids, **{spec.status: spec.pending}),
         **{
             spec.status: spec.sending,
             spec.token: token,
@@ -118,7 +122,7 @@ def finish(spec: ClaimSpec, token: str, ids: Collection[Any], *, now: datetime |
 
 def end(spec: ClaimSpec, rows: QuerySet, *, now: datetime | None = None, **fields: Any) -> int:
     """End the claims of `rows` (a queryset that names whose: `held` or `abandoned`), setting `fields`."""
-    return rows.update(**spec.released(), **spec.stamp(now), **fields)
+    return _update(rows, **spec.released(), **spec.stamp(now), **fields)
 
 
 def finish_each(spec: ClaimSpec, token: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
@@ -132,7 +136,8 @@ def finish_each(spec: ClaimSpec, token: str, columns: Sequence[str], rows: Seque
     pk = q(spec.model._meta.pk.column)
     token_col, status_col = (q(spec.model._meta.get_field(n).column) for n in (spec.token, spec.status))
     sql = f"UPDATE {table} SET {', '.join(assigned)} WHERE {pk} = %s AND {token_col} = %s AND {status_col} = %s"
-    params = [(*values, "", None, key, token, spec.sending) for *values, key in rows]
+    # In primary-key order, as the machine's other UPDATEs lock (`_update`): in one transaction with them.
+    params = sorted(((*values, "", None, key, token, spec.sending) for *values, key in rows), key=lambda p: p[-3])
     with connection.cursor() as cursor:
         cursor.executemany(sql, params)
 
@@ -140,8 +145,8 @@ def finish_each(spec: ClaimSpec, token: str, columns: Sequence[str], rows: Seque
 def retry_or_fail(rows: QuerySet, *, attempts: str, most: int, retry: dict, fail: dict) -> tuple[int, int]:
     """Rows (in one state, which both `retry` and `fail` leave) with attempts left get `retry`, the
     rest `fail`: (retried, failed)."""
-    failed = rows.filter(**{f"{attempts}__gte": most}).update(**fail)
-    retried = rows.filter(**{f"{attempts}__lt": most}).update(**retry)
+    failed = _update(rows.filter(**{f"{attempts}__gte": most}), **fail)
+    retried = _update(rows.filter(**{f"{attempts}__lt": most}), **retry)
     return retried, failed
 
 
@@ -162,4 +167,17 @@ def abandoned(spec: ClaimSpec, now: datetime) -> QuerySet:
 def expire(spec: ClaimSpec, *, age: str, before: datetime, scope: Q | None = None, **fields: Any) -> int:
     """Pending rows whose `age` field is before `before` leave the machine with `fields`; the count."""
     rows = spec.model.objects.filter(**{spec.status: spec.pending, f"{age}__lt": before})
-    return (rows.filter(scope) if scope is not None else rows).update(**fields)
+    return _update(rows.filter(scope) if scope is not None else rows, **fields)
+
+
+def _update(rows: QuerySet, **fields: Any) -> int:
+    """`rows.update(**fields)` with its row locks taken in primary-key order where the database locks rows
+    (PostgreSQL): two of the machine's UPDATEs over the same rows (two releasers, a releaser and a
+    claimer) then wait for one another, where locking in their scans' orders could deadlock. The row
+    conditions are checked again once a lock is had, so each row still goes to one of them. (SQLite
+    writes one transaction at a time.)"""
+    if not connection.features.has_select_for_update:
+        return rows.update(**fields)
+    with transaction.atomic(savepoint=False):
+        in_order = rows.order_by("pk").select_for_update(of=("self",)).values("pk")
+        return rows.filter(pk__in=in_order).update(**fields)

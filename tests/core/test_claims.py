@@ -463,3 +463,35 @@ def test_claimers_at_once_take_disjoint_rows_and_between_them_all(user, make_ses
     assert not (set(first) & set(second)) and not (set(first) & set(third)) and not (set(second) & set(third))
     assert sorted(first + second + third) == sorted(ids)
     assert set(spec.model.objects.values_list(spec.attempts, flat=True)) == {1}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_update_of_the_machine_locks_its_rows_in_primary_key_order(make_session):
+    """On PostgreSQL each of the machine's UPDATEs takes its row locks in primary-key order, so two of them
+    over the same rows (two releasers, a releaser and a claimer: the race above, which deadlocked once in
+    CI when each locked in its own scan's order) wait for one another instead."""
+    if not connection.features.has_select_for_update:
+        pytest.skip("SQLite writes one transaction at a time: no row locks to order")
+    from django.test.utils import CaptureQueriesContext
+
+    AdapterPlatform.objects.create(platform="qq", first_echo_at=timezone.now())
+    session = make_session(platform="qq")
+    messages_send([Outbound(session=session, source_kind="proactive", text=f"m{i}") for i in range(3)])
+    heartbeat_row("dead", alive_for=30)
+    with CaptureQueriesContext(connection) as queries:
+        assert len(claim_as("dead", "qq")) == 3
+        ProcessHeartbeat.objects.filter(instance="dead").update(alive_until=timezone.now() - timedelta(seconds=1))
+        outbox_sweep()  # the dead claimer's rows: retry_or_fail
+        token, taken = claims.claim(
+            outbox_rows.CLAIMS, list(Message.objects.values_list("pk", flat=True)), now=timezone.now(), lease_seconds=60
+        )
+        assert taken == 3
+        assert claims.finish(outbox_rows.CLAIMS, token, list(Message.objects.values_list("pk", flat=True))) == 3
+        claims.expire(outbox_rows.CLAIMS, age="created_at", before=timezone.now())
+    # The machine's writes: each sets the claim token (a claim stamps it, every end clears it), but the
+    # expiry of pending rows, which is last.
+    machine = [q["sql"] for q in queries.captured_queries if '"delivery_claim" =' in q["sql"].split("WHERE")[0]]
+    machine.append([q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE")][-1])
+    assert len(machine) >= 5, machine  # the two claims, the take-back, the finish, the expiry
+    for sql in machine:
+        assert sql.startswith('UPDATE "chat_message"') and "ORDER BY" in sql and "FOR UPDATE OF" in sql, sql
