@@ -36,12 +36,23 @@ class PluginLimits:
     media_mb_per_minute: int
 
     def describe(self) -> str:
-        memory = f"{self.memory_mb} MB" if self.memory_mb else "unlimited"
-        return (
-            f"network {self.network}; memory {memory} per process; CPU {self.cpu_seconds_per_minute:g} s a minute; "
-            f"{self.max_processes} processes; {self.max_open_files} open files; files up to {self.max_file_mb} MB; "
-            f"{self.sends_per_minute} sends and {self.media_mb_per_minute} MB of media a minute"
-        )
+        """The limits in one line, in the operator's language (the admin's Plugins page)."""
+        from django.utils.translation import gettext, pgettext
+
+        memory = f"{self.memory_mb} MB" if self.memory_mb else pgettext("memory limit", "unlimited")
+        return gettext(
+            "network %(network)s; memory %(memory)s per process; CPU %(cpu)s s a minute; %(processes)d processes; "
+            "%(files)d open files; files up to %(file_mb)d MB; %(sends)d sends and %(media)d MB of media a minute"
+        ) % {
+            "network": self.network,
+            "memory": memory,
+            "cpu": f"{self.cpu_seconds_per_minute:g}",
+            "processes": self.max_processes,
+            "files": self.max_open_files,
+            "file_mb": self.max_file_mb,
+            "sends": self.sends_per_minute,
+            "media": self.media_mb_per_minute,
+        }
 
 
 def limits_for(plugin_id: str) -> PluginLimits:

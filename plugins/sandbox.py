@@ -42,8 +42,11 @@ import os
 import subprocess
 import sys
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from django.utils.translation import gettext, gettext_noop
 
 from plugins import bwrap
 from plugins.bwrap import program as _program
@@ -116,31 +119,40 @@ def support() -> Support:
     return Support("", slirp)
 
 
+# Why plugins may not start (a record's reason, the log), and the admin's sentence about it.
+REFUSAL = gettext_noop(
+    "the plugin sandbox cannot run: %(problem)s. Plugins are not started without it; the deployment may run "
+    "them unsandboxed with MAIBOT_PLUGIN_SANDBOX=off (they can then read everything the server can)"
+)
+
+
 def refusal() -> str:
     """Why plugins may not start ("" when they may): the sandbox is required but cannot run here."""
     if not enabled():
         return ""
     problem = support().problem
-    if not problem:
-        return ""
-    return (
-        f"the plugin sandbox cannot run: {problem}. Plugins are not started without it; the deployment may "
-        "run them unsandboxed with MAIBOT_PLUGIN_SANDBOX=off (they can then read everything the server can)"
-    )
+    return REFUSAL % {"problem": problem} if problem else ""
 
 
 def state() -> str:
-    """The sandbox of this process's plugins in one sentence (the admin's Plugins page)."""
+    """The sandbox of this process's plugins in one sentence, in the operator's language (the admin's
+    Plugins page; the problem a refusal names is the probe's, as written)."""
     if not enabled():
-        return (
+        return gettext(
             "OFF (MAIBOT_PLUGIN_SANDBOX=off): plugins run as the server's user and can read the data dir, the "
             "database and the server's secrets"
         )
-    if refusal():
-        return refusal()
-    who = "each plugin as a uid of its own" if as_root() else "as the server's user in a user namespace"
-    network = "slirp4netns for isolated networks" if support().network else "no slirp4netns: no plugin network"
-    return f"bubblewrap ({who}; {network})"
+    if problem := support().problem:
+        return gettext(REFUSAL) % {"problem": problem}
+    if as_root():
+        who = gettext("each plugin as a uid of its own")
+    else:
+        who = gettext("as the server's user in a user namespace")
+    if support().network:
+        network = gettext("slirp4netns for isolated networks")
+    else:
+        network = gettext("no slirp4netns: no plugin network")
+    return gettext("bubblewrap (%(who)s; %(network)s)") % {"who": who, "network": network}
 
 
 def effective_network(network: str) -> str:
@@ -150,22 +162,34 @@ def effective_network(network: str) -> str:
     return network
 
 
-def describe(plugin_id: str, network: str) -> str:
-    """How a plugin's runner is contained, as the admin and the log say it."""
+NOT_SANDBOXED = gettext_noop(
+    "NOT SANDBOXED (MAIBOT_PLUGIN_SANDBOX=off): it runs as the server's user and can read the data dir, the "
+    "database and the server's secrets, and use this machine's network"
+)
+NETWORKS = {
+    "none": gettext_noop("no network"),
+    "isolated": gettext_noop("the internet only (slirp4netns; not this machine's loopback)"),
+    "host": gettext_noop("this machine's network, loopback included (MAIBOT_PLUGIN_HOST_NETWORK)"),
+}
+
+
+def _as_written(text: str) -> str:
+    return text
+
+
+def describe(plugin_id: str, network: str, translate: Callable[[str], str] = _as_written) -> str:
+    """How a plugin's runner is contained: as its record keeps it, or with translate=gettext in the
+    operator's language (the admin's Plugins page)."""
     if not enabled():
-        return (
-            "NOT SANDBOXED (MAIBOT_PLUGIN_SANDBOX=off): it runs as the server's user and can read the data dir, "
-            "the database and the server's secrets, and use this machine's network"
-        )
-    who = f"uid {plugin_uid(plugin_id)}" if as_root() else "the server's user in a user namespace"
-    net = {
-        "none": "no network",
-        "isolated": "the internet only (slirp4netns; not this machine's loopback)",
-        "host": "this machine's network, loopback included (MAIBOT_PLUGIN_HOST_NETWORK)",
-    }[effective_network(network)]
-    text = f"bubblewrap, {who}, {net}"
+        return translate(NOT_SANDBOXED)
+    in_namespace = gettext_noop("the server's user in a user namespace")
+    who = f"uid {plugin_uid(plugin_id)}" if as_root() else translate(in_namespace)
+    net = translate(NETWORKS[effective_network(network)])
+    text = translate(gettext_noop("bubblewrap, %(who)s, %(network)s")) % {"who": who, "network": net}
     if network != effective_network(network):
-        text += "; no network because slirp4netns is not installed (apt-get install slirp4netns)"
+        text = translate(
+            gettext_noop("%(sandbox)s; no network because slirp4netns is not installed (apt-get install slirp4netns)")
+        ) % {"sandbox": text}
     return text
 
 

@@ -9,6 +9,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
+from django.utils.translation import gettext
 from django.views.decorators.http import require_POST
 
 from plugins import host as plugin_host
@@ -46,12 +47,12 @@ def plugins_view(request: HttpRequest) -> HttpResponse:
         "admin/plugins/plugins.html",
         {
             **admin.site.each_context(request),
-            "title": "Plugins",
+            "title": gettext("Plugins"),
             "records": records,
             "started": current is not None,
             "plugins_dir": plugin_host.plugins_dir(),
             "host_version": mf.HOST_APPLICATION_VERSION,
-            "sdk_version": mf.sdk_version() or "(not installed)",
+            "sdk_version": mf.sdk_version() or gettext("(not installed)"),
             "allowed": allowed,
             "can_edit_config": request.user.has_perm(CHANGE_PLUGIN_CONFIG),
             # pip's own output may quote anything it was given or found: superusers only (plugins.deps).
@@ -108,20 +109,21 @@ def plugin_config_view(request: HttpRequest, plugin_id: str) -> HttpResponse:
         text = request.POST.get("toml", "").replace("\r\n", "\n")
         outcome = current.validate_config(plugin_id, text)  # refuses a text over MAX_CONFIG_BYTES
         if outcome.ok:
-            messages.success(request, f"{plugin_id}: config.toml saved and applied ({outcome.message})")
+            saved = gettext("%(plugin)s: config.toml saved and applied (%(outcome)s)")
+            messages.success(request, saved % {"plugin": plugin_id, "outcome": outcome.message})
             return redirect("console-plugin-config", plugin_id=plugin_id)
         error = outcome.message
     else:
         try:
             text = path.read_text(encoding="utf-8") if path.is_file() else ""
         except (OSError, UnicodeDecodeError) as exc:
-            text, error = "", f"config.toml cannot be read: {exc}"
+            text, error = "", gettext("config.toml cannot be read: %(error)s") % {"error": exc}
     return TemplateResponse(
         request,
         "admin/plugins/plugin_config.html",
         {
             **admin.site.each_context(request),
-            "title": f"Plugin config: {record.name}",
+            "title": gettext("Plugin config: %(name)s") % {"name": record.name},
             "record": record,
             "path": path,
             "toml": text,

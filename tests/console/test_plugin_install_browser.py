@@ -1,7 +1,7 @@
 """The Plugins page's Install form in headless Chromium against a real daphne, in Simplified Chinese and in
 English: the form is in the browser's language; a zip chosen in the file field installs the plugin (the
-message says where, in that language) and the folder watcher loads it; a zip with a path outside the
-plugin's folder is refused with its reason and nothing more is written."""
+message says where, in that language) and the folder watcher loads it (its state shown in that language);
+a zip with a path outside the plugin's folder is refused with its reason and nothing more is written."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from tests.conftest import CHROMIUM_ARGS, require_chromium
 from tests.plugins.install_helpers import WEATHER_FOLDER, WEATHER_ID, make_zip, plugin_files, tree, with_entry
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.live]
+
+LOADED = {"zh-CN": "已加载", "en-US": "loaded"}  # the plugin's state, in the page's language
 
 
 @pytest.mark.parametrize(
@@ -51,7 +53,7 @@ def test_the_install_form_installs_a_zip_and_refuses_a_harmful_one(
         assert texts["done"] in message and f"plugins/{WEATHER_FOLDER}/" in message
         proc.wait_for_output(f"plugin {WEATHER_ID}: new plugin → loaded", 60)
         page.reload()
-        assert page.locator(f'tr.plugin[data-plugin="{WEATHER_ID}"] td.state').inner_text() == "loaded"
+        assert page.locator(f'tr.plugin[data-plugin="{WEATHER_ID}"] td.state').inner_text() == LOADED[locale]
         page.screenshot(path=f"/tmp/maibot-console-plugin-install-{locale}.png", full_page=True)
 
         page.set_input_files("#plugin-archive", str(bad))
