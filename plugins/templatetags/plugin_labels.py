@@ -4,6 +4,8 @@ no label knows is shown as written."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django import template
 from django.utils.translation import gettext, pgettext_lazy
 
@@ -54,29 +56,19 @@ ACTIONS = {
 }
 
 
-@register.filter
-def plugin_state(value: str) -> str:
-    return STATES.get(value, value)
+def _label(labels: dict[str, str]) -> Callable[[str], str]:
+    return lambda value: labels.get(value, value)
 
 
-@register.filter
-def runner_state(value: str) -> str:
-    return RUNNER_STATES.get(value, value)
-
-
-@register.filter
-def component_kind(value: str) -> str:
-    return COMPONENT_KINDS.get(value, value)
-
-
-@register.filter
-def limit_kind(value: str) -> str:
-    return LIMITS.get(value, value)
-
-
-@register.filter
-def plugin_action(value: str) -> str:
-    return ACTIONS.get(value, value)
+# {{ record.state|plugin_state }}, {{ record.runner_state|runner_state }}, … : the value's label.
+for _name, _labels in {
+    "plugin_state": STATES,
+    "runner_state": RUNNER_STATES,
+    "component_kind": COMPONENT_KINDS,
+    "limit_kind": LIMITS,
+    "plugin_action": ACTIONS,
+}.items():
+    register.filter(_name, _label(_labels))
 
 
 @register.filter
