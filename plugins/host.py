@@ -50,6 +50,7 @@ from plugins.host_base import (
     plugins_dir,
     text_digest,
 )
+from plugins.install import clear_stale_staging
 from plugins.loading import PluginLoading
 from plugins.records import PluginRecord, PluginState
 from plugins.reloading import PluginReloading
@@ -220,6 +221,8 @@ def start() -> PluginHost:
                 directory = plugins_dir()
                 # Created when missing, so that a plugin put there later is seen (the watcher needs it).
                 directory.mkdir(exist_ok=True)
+                if left := clear_stale_staging():
+                    logger.warning("removed %d plugin install folders left by an interrupted install", len(left))
                 host.load_all(directory)
                 settings = plugin_settings()
                 host.watcher = PluginWatcher(

@@ -20,6 +20,7 @@ import shutil
 import stat
 import tempfile
 import threading
+import time
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -79,6 +80,23 @@ class Installed:
     folder: Path
     revision: str = ""
     warnings: list[str] = field(default_factory=list)
+
+
+def clear_stale_staging(*, now: float | None = None) -> list[str]:
+    """Remove the staging folders installs left behind when their process died mid-way (an install
+    removes its own, whatever its outcome): those untouched for an hour, or twice the git time-out if that
+    is longer, so that an install still running in another process sharing the data dir keeps its folder.
+    The names removed (the plugin host counts them in its log as it starts)."""
+    root = Path(settings.DATA_DIR) / STAGING
+    if not root.is_dir():
+        return []
+    cutoff = (time.time() if now is None else now) - max(3600.0, 2 * limits().git_timeout)
+    removed = []
+    for stage in sorted(root.iterdir()):
+        if stage.is_dir() and not stage.is_symlink() and stage.stat().st_mtime < cutoff:
+            shutil.rmtree(stage, ignore_errors=True)
+            removed.append(stage.name)
+    return removed
 
 
 @contextmanager

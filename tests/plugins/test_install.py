@@ -259,3 +259,27 @@ def test_the_form_and_the_permission_are_in_chinese_and_english(installer, data_
         assert permission_name(permission) == "Can install a plugin (a zip upload or a git URL: code the bot runs)"
     response = installer.post(URL, {}, HTTP_ACCEPT_LANGUAGE="zh-CN,zh;q=0.9", follow=True)
     assert "请提供 zip 文件或 git 地址（二选一）。" in " ".join(str(m) for m in response.context["messages"])
+
+
+def test_the_folders_an_interrupted_install_left_are_removed_as_the_host_starts(data_dir, caplog):
+    """A process killed mid-install leaves its staging folder (an install removes its own whatever its
+    outcome): the plugin host removes such folders as it starts, but not one an install in another
+    process (a shared data dir) is still writing."""
+    import os
+    import time
+
+    from plugins import host
+
+    stale, fresh = data_dir / ".plugin-staging" / "tmpstale", data_dir / ".plugin-staging" / "tmpfresh"
+    for stage in (stale, fresh):
+        (stage / "weather").mkdir(parents=True)
+        (stage / "weather" / "plugin.py").write_text("# half unpacked\n")
+    two_hours_ago = time.time() - 7200
+    os.utime(stale, (two_hours_ago, two_hours_ago))
+    try:
+        host.start()
+    finally:
+        host.stop()
+    assert not stale.exists()
+    assert (fresh / "weather" / "plugin.py").exists()
+    assert "removed 1 plugin install folders left by an interrupted install" in caplog.text
