@@ -8,7 +8,7 @@ from django.views.generic import RedirectView
 from api.http import api as proactive_api
 from chat.views import chat_page
 from console import connect, setup, transcript, views
-from plugins.install_views import plugin_install_view, plugin_rescan_view
+from plugins.install_views import plugin_install_view, plugin_rescan_view, plugin_update_view
 from plugins.views import plugin_action_view, plugin_config_view, plugins_view
 
 urlpatterns = [
@@ -30,8 +30,9 @@ urlpatterns = [
     path("admin/connect/state/", admin.site.admin_view(connect.connect_state_view), name="console-connect-state"),
     path("admin/connect/secret/", admin.site.admin_view(connect.secret_view), name="console-secret"),
     path("admin/plugins/", admin.site.admin_view(plugins_view), name="console-plugins"),
-    # Its path is also plugins.upload_limit's (the ASGI server refuses a bigger body before reading it).
+    # Their paths are also plugins.upload_limit's (the ASGI server refuses a bigger body before reading it).
     path("admin/plugins/install/", admin.site.admin_view(plugin_install_view), name="console-plugin-install"),
+    path("admin/plugins/update/", admin.site.admin_view(plugin_update_view), name="console-plugin-update"),
     path("admin/plugins/rescan/", admin.site.admin_view(plugin_rescan_view), name="console-plugin-rescan"),
     path(
         "admin/chats/<int:session_pk>/",

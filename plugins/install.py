@@ -8,7 +8,7 @@ plain file or folder (no symlink, no special file), none encrypted or named twic
 into a private staging folder of the data dir (`.plugin-staging/`, on the plugins folder's file system),
 its manifest read and checked by plugins.manifest (id, versions, host and SDK ranges), and only then
 moved into `plugins/<folder>` with one rename: the watcher sees a whole plugin or none. A plugin whose id
-or folder is already there is refused (never overwritten). The folder is named after the plugin's id
+or folder is already there is refused (never overwritten): replacing one is an update (plugins.update). The folder is named after the plugin's id
 (dots made underscores: `github.author.weather` → `github_author_weather`)."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -80,6 +80,7 @@ class Installed:
     folder: Path
     revision: str = ""
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # said in the outcome (an update: its config.toml kept)
 
 
 def clear_stale_staging(*, now: float | None = None) -> list[str]:
@@ -292,8 +293,14 @@ def move_in(root: Path, known_ids: dict[str, Path] | None = None) -> Installed:
     return Installed(manifest.id, manifest.version, manifest.name, target, warnings=warnings)
 
 
-def install_zip(upload: IO[bytes], size: int, known_ids: dict[str, Path] | None = None) -> Installed:
-    """Install the plugin of the uploaded zip (`size` bytes)."""
+# What puts a checked, staged plugin tree in place: move_in (an install), plugins.update.swap_in (an update).
+Place = Callable[[Path], Installed]
+
+
+def install_zip(
+    upload: IO[bytes], size: int, known_ids: dict[str, Path] | None = None, place: Place | None = None
+) -> Installed:
+    """Install the plugin of the uploaded zip (`size` bytes); `place` puts it in (default: move_in)."""
     lim = limits()
     if size > lim.upload_bytes:
         raise InstallError(
@@ -302,6 +309,7 @@ def install_zip(upload: IO[bytes], size: int, known_ids: dict[str, Path] | None 
         )
     digest = sha256_of(upload)
     with staging() as stage:
-        installed = move_in(unpack_zip(upload, stage, lim), known_ids)
+        root = unpack_zip(upload, stage, lim)
+        installed = place(root) if place else move_in(root, known_ids)
     installed.revision = f"sha256:{digest}"
     return installed

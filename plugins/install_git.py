@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.utils.translation import gettext as _
 
-from plugins.install import Installed, InstallError, Limits, check_tree, limits, mib, move_in, staging
+from plugins.install import Installed, InstallError, Limits, Place, check_tree, limits, mib, move_in, staging
 
 MAX_URL = 2000
 # What git gets of the server's environment: finding programs, proxies and certificates; nothing else.
@@ -152,8 +152,8 @@ def checked_checkout(dest: Path, home: Path) -> str:
     return _git_output(dest, home, "rev-parse", "HEAD").strip()
 
 
-def install_git(url: str, known_ids: dict[str, Path] | None = None) -> Installed:
-    """Clone the plugin at `url` and install it (plugins.install.move_in)."""
+def install_git(url: str, known_ids: dict[str, Path] | None = None, place: Place | None = None) -> Installed:
+    """Clone the plugin at `url` and install it (plugins.install.move_in; `place` instead, for an update)."""
     url = check_url(url)
     lim = limits()
     with staging() as stage:
@@ -168,6 +168,6 @@ def install_git(url: str, known_ids: dict[str, Path] | None = None) -> Installed
         check_tree(dest, lim)
         for path in [dest, *dest.rglob("*")]:
             os.chmod(path, 0o755 if path.is_dir() else 0o644, follow_symlinks=False)
-        installed = move_in(dest, known_ids)
+        installed = place(dest) if place else move_in(dest, known_ids)
     installed.revision = commit
     return installed

@@ -1,11 +1,14 @@
-"""The Plugins page's Install form (a zip upload or a git URL, permission plugins.install_plugin) and its
-Rescan button (plugins.reload_plugin). Every attempt is recorded (plugins.models.PluginInstall: who,
-when, from where, what came of it) and listed on the page. The plugin then loads by the normal path: the
-folder watcher when hot reload is on, else the host's rescan of that folder, at once."""
+"""The Plugins page's Install and Update forms (a zip upload or a git URL, permission
+plugins.install_plugin: an update runs new code as an install does) and its Rescan button
+(plugins.reload_plugin). Every attempt is recorded (plugins.models.PluginInstall: who, when, from where,
+what came of it; an update with the version it replaced) and listed on the page. The plugin then loads
+by the normal path: the folder watcher when hot reload is on, else the host's rescan of that folder (an
+update: the host's reload of the plugin), at once."""
 
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 
 from django.contrib import messages
@@ -20,6 +23,7 @@ from plugins.install import Installed, InstallError, install_zip, limits, mib
 from plugins.install_git import install_git
 from plugins.models import PluginInstall
 from plugins.records import PluginState
+from plugins.update import find_target, swap_in
 from plugins.upload_limit import max_body
 
 INSTALL_PLUGIN = "plugins.install_plugin"
@@ -39,24 +43,41 @@ def _known_ids() -> dict[str, Path]:
     }
 
 
-def _load(installed: Installed) -> str:
-    """Where the new plugin loads: the watcher (hot reload), else the running host at once, else at start."""
+def _load(installed: Installed, update: bool = False) -> str:
+    """Where the new plugin loads: the watcher (hot reload), else the running host at once, else at start.
+    An update of a plugin the watcher would not reload (its allow_hot_reload off) is reloaded at once."""
     current = plugin_host.host
     if current is None:
         return _("The plugin host has not started in this process: it loads when the bot starts.")
-    if current.watcher is not None and current.watcher.hot_reload:
+    record = current.records.get(installed.plugin_id) if update else None
+    hot = current.watcher is not None and current.watcher.hot_reload
+    if hot and (record is None or record.allow_hot_reload or record.state == PluginState.REMOVED):
+        if update:
+            return _("The folder watcher reloads it within seconds: reload this page to see its state.")
         return _("The folder watcher loads it within seconds: reload this page to see its state.")
+    if record is not None and record.state != PluginState.REMOVED:
+        return _("Reloaded: %(outcome)s") % {
+            "outcome": current.reload(installed.plugin_id, source="update from the console").message
+        }
     return current.add_folder(installed.folder).message
 
 
-def _install(request: HttpRequest) -> tuple[PluginInstall, Installed]:
+def _install(request: HttpRequest, update: bool = False) -> tuple[PluginInstall, Installed]:
     url = request.POST.get("git_url", "").strip()
     upload = request.FILES.get("archive")
     if bool(url) == bool(upload):
         raise InstallError(_("Give either a zip file or a git URL."))
-    row = PluginInstall(user=request.user, source="git" if url else "zip", origin=(url or upload.name)[:500])
+    row = PluginInstall(
+        user=request.user, source="git" if url else "zip", origin=(url or upload.name)[:500], update=update
+    )
+    known, place = _known_ids(), None
     try:
-        installed = install_git(url, _known_ids()) if url else install_zip(upload, upload.size, _known_ids())
+        if update:
+            row.plugin_id = request.POST.get("plugin_id", "")[:200]
+            target = find_target(row.plugin_id, known)
+            row.previous_version, row.folder = target.version[:40], target.folder.name
+            place = partial(swap_in, target=target)
+        installed = install_git(url, known, place) if url else install_zip(upload, upload.size, known, place)
     except InstallError as exc:
         row.detail = str(exc)[:4000]
         row.save()
@@ -66,23 +87,34 @@ def _install(request: HttpRequest) -> tuple[PluginInstall, Installed]:
     return row, installed
 
 
-@require_POST
-def plugin_install_view(request: HttpRequest) -> HttpResponse:
+def _refused_unread(request: HttpRequest) -> bool:
+    """Before the body is read: a request over the limit is refused whole (the ASGI server's limit is the
+    same, plugins.upload_limit, and answers before reading it)."""
+    if int(request.META.get("CONTENT_LENGTH") or 0) <= max_body():
+        return False
+    messages.error(request, _("Refused: the upload is larger than %(limit)s.") % {"limit": mib(limits().upload_bytes)})
+    return True
+
+
+def _attempt(request: HttpRequest, update: bool) -> tuple[PluginInstall, Installed] | None:
     if not request.user.has_perm(INSTALL_PLUGIN):
         raise PermissionDenied
-    # Before the body is read: a request over the limit is refused whole (the ASGI server's limit is the
-    # same, plugins.upload_limit, and answers before reading it).
-    if int(request.META.get("CONTENT_LENGTH") or 0) > max_body():
-        messages.error(
-            request, _("Refused: the upload is larger than %(limit)s.") % {"limit": mib(limits().upload_bytes)}
-        )
-        return redirect("console-plugins")
+    if _refused_unread(request):
+        return None
     try:
-        row, installed = _install(request)
+        return _install(request, update)
     except InstallError as exc:
-        logger.warning("plugin install by %s refused: %s", request.user.get_username(), exc)
+        what = "update" if update else "install"
+        logger.warning("plugin %s by %s refused: %s", what, request.user.get_username(), exc)
         messages.error(request, str(exc))
+        return None
+
+
+@require_POST
+def plugin_install_view(request: HttpRequest) -> HttpResponse:
+    if (done := _attempt(request, update=False)) is None:
         return redirect("console-plugins")
+    row, installed = done
     logger.info(
         "plugin %s %s installed into %s by %s from %s (%s)",
         row.plugin_id, row.version, row.folder, request.user.get_username(), row.origin, row.revision,
@@ -91,6 +123,28 @@ def plugin_install_view(request: HttpRequest) -> HttpResponse:
     row.save()
     text = _("Installed %(name)s %(version)s (%(id)s) into plugins/%(folder)s/.") % {
         "name": installed.name, "version": installed.version, "id": installed.plugin_id, "folder": row.folder
+    }  # fmt: skip
+    messages.success(request, f"{text} {row.detail}")
+    for warning in installed.warnings:
+        messages.warning(request, warning)
+    return redirect("console-plugins")
+
+
+@require_POST
+def plugin_update_view(request: HttpRequest) -> HttpResponse:
+    """Replace an installed plugin (the form's `plugin_id`) by the new version in the zip or git URL."""
+    if (done := _attempt(request, update=True)) is None:
+        return redirect("console-plugins")
+    row, installed = done
+    logger.info(
+        "plugin %s updated %s → %s in %s by %s from %s (%s)", row.plugin_id, row.previous_version or "?",
+        row.version, row.folder, request.user.get_username(), row.origin, row.revision,
+    )  # fmt: skip
+    row.detail = " ".join([*installed.notes, _load(installed, update=True)])
+    row.save()
+    text = _("Updated %(name)s (%(id)s) from %(old)s to %(new)s in plugins/%(folder)s/.") % {
+        "name": installed.name, "id": installed.plugin_id, "old": row.previous_version or "?",
+        "new": installed.version, "folder": row.folder,
     }  # fmt: skip
     messages.success(request, f"{text} {row.detail}")
     for warning in installed.warnings:

@@ -28,8 +28,9 @@ class PluginAdmin(models.Model):
 
 
 class PluginInstall(models.Model):
-    """One attempt to install a plugin from the console: who, when, from where, and what came of it (an
-    attempt refused, e.g. a bad manifest or a path outside the plugin's folder, is kept with its reason)."""
+    """One attempt to install or update a plugin from the console: who, when, from where, and what came of
+    it (an attempt refused, e.g. a bad manifest or a path outside the plugin's folder, is kept with its
+    reason). An update (`update`) also keeps the version it replaced (`previous_version`)."""
 
     at = models.DateTimeField(auto_now_add=True, db_index=True, verbose_name=_("at"))
     user = models.ForeignKey(
@@ -42,6 +43,8 @@ class PluginInstall(models.Model):
     version = models.CharField(max_length=40, blank=True, verbose_name=_("version"))
     folder = models.CharField(max_length=200, blank=True, verbose_name=_("folder"))
     ok = models.BooleanField(default=False, verbose_name=_("installed"))
+    update = models.BooleanField(default=False, verbose_name=_("update"))
+    previous_version = models.CharField(max_length=40, blank=True, verbose_name=_("previous version"))
     detail = models.TextField(blank=True, verbose_name=_("detail"))
 
     class Meta:

@@ -1,4 +1,4 @@
-"""Bounds on a plugin upload's request (the console's Install form): a body declared larger than
+"""Bounds on a plugin upload's request (the console's Install and Update forms): a body declared larger than
 MAIBOT_PLUGIN_INSTALL_MAX_UPLOAD (and a little for the form around it), or not declared at all, is
 answered 413/411 before it is read. Two layers: daphne (Twisted) reads a whole body into a temporary file
 before the application sees the request, so under daphne the check runs when the request's headers are
@@ -12,7 +12,7 @@ import sys
 
 from django.conf import settings
 
-PATH = "/admin/plugins/install/"
+PATHS = ("/admin/plugins/install/", "/admin/plugins/update/")
 FORM_OVERHEAD = 64 * 1024
 
 
@@ -53,7 +53,7 @@ def refuse_big_uploads_in_daphne() -> None:
     def gotLength(self, length):  # Twisted's name
         channel = self.channel
         path = (getattr(channel, "_path", b"") or b"").split(b"?")[0]
-        if getattr(channel, "_command", b"") != b"POST" or path != PATH.encode():
+        if getattr(channel, "_command", b"") != b"POST" or path not in {p.encode() for p in PATHS}:
             return original(self, length)
         if length is not None and length <= max_body():
             return original(self, length)
@@ -78,7 +78,7 @@ async def _refuse(send, status: int, text: str) -> None:
 
 def limit_plugin_uploads(app):
     async def wrapper(scope, receive, send):
-        if scope["type"] != "http" or scope["path"] != PATH or scope.get("method") != "POST":
+        if scope["type"] != "http" or scope["path"] not in PATHS or scope.get("method") != "POST":
             return await app(scope, receive, send)
         limit = max_body()
         declared = dict(scope.get("headers") or []).get(b"content-length")

@@ -19,6 +19,7 @@ from plugins.install import limits, mib
 from plugins.install_views import INSTALL_PLUGIN, RESCAN
 from plugins.models import PluginInstall
 from plugins.records import PluginState
+from plugins.update import installed_plugins
 
 VIEW_CONSOLE = "maibot.view_console"
 # Each action and the permission it needs.
@@ -60,6 +61,7 @@ def plugins_view(request: HttpRequest) -> HttpResponse:
             "sandbox_state": sandbox.state(),
             "sandbox_problem": bool(sandbox.refusal()) or not sandbox.enabled(),
             "can_install": request.user.has_perm(INSTALL_PLUGIN),
+            "updatable": installed_plugins() if request.user.has_perm(INSTALL_PLUGIN) else [],
             "can_rescan": request.user.has_perm(RESCAN),
             "install_limits": {"upload": mib(limits().upload_bytes), "unpacked": mib(limits().unpacked_bytes)},
             "installs": PluginInstall.objects.select_related("user")[:20],
