@@ -8,8 +8,9 @@ plain file or folder (no symlink, no special file), none encrypted or named twic
 into a private staging folder of the data dir (`.plugin-staging/`, on the plugins folder's file system),
 its manifest read and checked by plugins.manifest (id, versions, host and SDK ranges), and only then
 moved into `plugins/<folder>` with one rename: the watcher sees a whole plugin or none. A plugin whose id
-or folder is already there is refused (never overwritten): replacing one is an update (plugins.update). The folder is named after the plugin's id
-(dots made underscores: `github.author.weather` → `github_author_weather`)."""
+or folder is already there is refused (never overwritten): replacing one is an update (plugins.update).
+The folder is named after the plugin's id (dots made underscores: `github.author.weather` →
+`github_author_weather`)."""
 
 from __future__ import annotations
 
