@@ -221,7 +221,7 @@ def test_the_form_lists_the_installed_plugins_in_both_languages(installer, insta
         UPDATE, {"plugin_id": WEATHER_ID, "archive": upload(make_zip(new_version("1.1.0")))},
         HTTP_ACCEPT_LANGUAGE="zh-CN,zh;q=0.9", follow=True,
     )  # fmt: skip
-    assert "降级" in said(response) and "已更新" in said(response)
+    assert "这是一次降级" in said(response) and "从 1.2.0 更新到 1.1.0" in said(response)
 
 
 def test_an_update_body_over_the_limit_is_refused_by_the_asgi_layer():
