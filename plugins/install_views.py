@@ -110,6 +110,15 @@ def _attempt(request: HttpRequest, update: bool) -> tuple[PluginInstall, Install
         return None
 
 
+def _done(request: HttpRequest, row: PluginInstall, installed: Installed, text: str) -> HttpResponse:
+    """Record the attempt that succeeded and say so (and the manifest's warnings)."""
+    row.save()
+    messages.success(request, f"{text} {row.detail}")
+    for warning in installed.warnings:
+        messages.warning(request, warning)
+    return redirect("console-plugins")
+
+
 @require_POST
 def plugin_install_view(request: HttpRequest) -> HttpResponse:
     if (done := _attempt(request, update=False)) is None:
@@ -120,14 +129,10 @@ def plugin_install_view(request: HttpRequest) -> HttpResponse:
         row.plugin_id, row.version, row.folder, request.user.get_username(), row.origin, row.revision,
     )  # fmt: skip
     row.detail = _load(installed)
-    row.save()
     text = _("Installed %(name)s %(version)s (%(id)s) into plugins/%(folder)s/.") % {
         "name": installed.name, "version": installed.version, "id": installed.plugin_id, "folder": row.folder
     }  # fmt: skip
-    messages.success(request, f"{text} {row.detail}")
-    for warning in installed.warnings:
-        messages.warning(request, warning)
-    return redirect("console-plugins")
+    return _done(request, row, installed, text)
 
 
 @require_POST
@@ -141,15 +146,11 @@ def plugin_update_view(request: HttpRequest) -> HttpResponse:
         row.version, row.folder, request.user.get_username(), row.origin, row.revision,
     )  # fmt: skip
     row.detail = " ".join([*installed.notes, _load(installed, update=True)])
-    row.save()
     text = _("Updated %(name)s (%(id)s) from %(old)s to %(new)s in plugins/%(folder)s/.") % {
         "name": installed.name, "id": installed.plugin_id, "old": row.previous_version or "?",
         "new": installed.version, "folder": row.folder,
     }  # fmt: skip
-    messages.success(request, f"{text} {row.detail}")
-    for warning in installed.warnings:
-        messages.warning(request, warning)
-    return redirect("console-plugins")
+    return _done(request, row, installed, text)
 
 
 @require_POST
