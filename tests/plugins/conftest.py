@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,18 @@ def installer(client):
 
     client.force_login(staff("maibot.view_console", "plugins.install_plugin"))
     return client
+
+
+@contextmanager
+def host_on(folder: Path, monkeypatch) -> Iterator[object]:
+    """The server's plugin host (plugins.host.host) loaded from `folder`, without a watcher (hot reload
+    off: an install or update loads the plugin itself, as Rescan does); stopped after."""
+    from plugins import host as plugin_host
+
+    host = plugin_host.PluginHost()
+    host.load_all(folder)
+    monkeypatch.setattr(plugin_host, "host", host)
+    try:
+        yield host
+    finally:
+        host.stop()

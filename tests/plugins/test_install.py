@@ -14,6 +14,7 @@ import pytest
 from django.test import Client
 
 from plugins.models import PluginInstall
+from tests.plugins.conftest import host_on
 from tests.plugins.install_helpers import (
     BLOCK_DEVICE,
     FIFO,
@@ -193,15 +194,9 @@ def test_neither_or_both_of_zip_and_url_is_refused(installer, data_dir):
 
 @pytest.fixture
 def running_host(data_dir, monkeypatch):
-    """The server's plugin host, started on the test's empty plugins folder, without a watcher (hot reload
-    off: the install loads the plugin itself, as Rescan does)."""
-    from plugins import host as plugin_host
-
-    host = plugin_host.PluginHost()
-    host.load_all(data_dir / "plugins")
-    monkeypatch.setattr(plugin_host, "host", host)
-    yield host
-    host.stop()
+    """The server's plugin host on the test's empty plugins folder, without a watcher."""
+    with host_on(data_dir / "plugins", monkeypatch) as host:
+        yield host
 
 
 @pytest.mark.django_db(transaction=True)

@@ -14,6 +14,7 @@ import pytest
 from django.test import Client
 
 from plugins.models import PluginInstall
+from tests.plugins.conftest import host_on
 from tests.plugins.git_server import GitServer, bare_repo
 from tests.plugins.install_helpers import (
     WEATHER_FOLDER,
@@ -248,13 +249,8 @@ def test_an_update_body_over_the_limit_is_refused_by_the_asgi_layer():
 @pytest.fixture
 def running_host(data_dir, installed, monkeypatch):
     """The server's plugin host on the plugins folder with the installed plugin, without a watcher."""
-    from plugins import host as plugin_host
-
-    host = plugin_host.PluginHost()
-    host.load_all(data_dir / "plugins")
-    monkeypatch.setattr(plugin_host, "host", host)
-    yield host
-    host.stop()
+    with host_on(data_dir / "plugins", monkeypatch) as host:
+        yield host
 
 
 @pytest.mark.django_db(transaction=True)
