@@ -42,7 +42,7 @@ SKIPPED_PREFIXES = ("__MACOSX/",)
 CHUNK = 64 * 1024
 _FOLDER_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 # One install moves into plugins/ at a time: the check that the folder and id are free holds until the rename.
-_move_lock = threading.Lock()
+move_lock = threading.Lock()
 
 
 class InstallError(Exception):
@@ -284,7 +284,7 @@ def move_in(root: Path, known_ids: dict[str, Path] | None = None) -> Installed:
     directory = plugins_dir()
     directory.mkdir(exist_ok=True)
     target = directory / folder_name(manifest.id)
-    with _move_lock:
+    with move_lock:
         if why := _taken(manifest, target, known_ids or {}):
             raise InstallError(
                 _("Refused: %(why)s. Nothing was overwritten: remove it first to install this one.") % {"why": why}
@@ -298,10 +298,8 @@ def move_in(root: Path, known_ids: dict[str, Path] | None = None) -> Installed:
 Place = Callable[[Path], Installed]
 
 
-def install_zip(
-    upload: IO[bytes], size: int, known_ids: dict[str, Path] | None = None, place: Place | None = None
-) -> Installed:
-    """Install the plugin of the uploaded zip (`size` bytes); `place` puts it in (default: move_in)."""
+def install_zip(upload: IO[bytes], size: int, place: Place = move_in) -> Installed:
+    """Install the plugin of the uploaded zip (`size` bytes); `place` puts the checked tree in."""
     lim = limits()
     if size > lim.upload_bytes:
         raise InstallError(
@@ -310,7 +308,6 @@ def install_zip(
         )
     digest = sha256_of(upload)
     with staging() as stage:
-        root = unpack_zip(upload, stage, lim)
-        installed = place(root) if place else move_in(root, known_ids)
+        installed = place(unpack_zip(upload, stage, lim))
     installed.revision = f"sha256:{digest}"
     return installed

@@ -152,8 +152,8 @@ def checked_checkout(dest: Path, home: Path) -> str:
     return _git_output(dest, home, "rev-parse", "HEAD").strip()
 
 
-def install_git(url: str, known_ids: dict[str, Path] | None = None, place: Place | None = None) -> Installed:
-    """Clone the plugin at `url` and install it (plugins.install.move_in; `place` instead, for an update)."""
+def install_git(url: str, place: Place = move_in) -> Installed:
+    """Clone the plugin at `url` and install it; `place` puts the checked checkout in."""
     url = check_url(url)
     lim = limits()
     with staging() as stage:
@@ -168,6 +168,6 @@ def install_git(url: str, known_ids: dict[str, Path] | None = None, place: Place
         check_tree(dest, lim)
         for path in [dest, *dest.rglob("*")]:
             os.chmod(path, 0o755 if path.is_dir() else 0o644, follow_symlinks=False)
-        installed = place(dest) if place else move_in(dest, known_ids)
+        installed = place(dest)
     installed.revision = commit
     return installed

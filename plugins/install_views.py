@@ -19,7 +19,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from plugins import host as plugin_host
-from plugins.install import Installed, InstallError, install_zip, limits, mib
+from plugins.install import Installed, InstallError, install_zip, limits, mib, move_in
 from plugins.install_git import install_git
 from plugins.models import PluginInstall
 from plugins.records import PluginState
@@ -70,14 +70,15 @@ def _install(request: HttpRequest, update: bool = False) -> tuple[PluginInstall,
     row = PluginInstall(
         user=request.user, source="git" if url else "zip", origin=(url or upload.name)[:500], update=update
     )
-    known, place = _known_ids(), None
+    known = _known_ids()
+    place = partial(move_in, known_ids=known)
     try:
         if update:
             row.plugin_id = request.POST.get("plugin_id", "")[:200]
             target = find_target(row.plugin_id, known)
             row.previous_version, row.folder = target.version[:40], target.folder.name
             place = partial(swap_in, target=target)
-        installed = install_git(url, known, place) if url else install_zip(upload, upload.size, known, place)
+        installed = install_git(url, place) if url else install_zip(upload, upload.size, place)
     except InstallError as exc:
         row.detail = str(exc)[:4000]
         row.save()

@@ -41,6 +41,13 @@ ENTRY_FILE = "plugin.py"
 
 _SEMVER = re.compile(r"^\d+\.\d+\.\d+$")
 _PLUGIN_ID = re.compile(r"^[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)+$")
+
+
+def is_plugin_id(value: str) -> bool:
+    """A plugin's own id as its manifest must give it (a dependency's id only has the form)."""
+    return bool(_PLUGIN_ID.fullmatch(value)) and len(value) <= 200
+
+
 _ID_RULE = "must be letters/digits/underscores separated by dots or dashes, e.g. github.author.plugin"
 # PEP 508's name: letters and digits at both ends, dots, dashes and underscores between.
 _PACKAGE_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,198}[A-Za-z0-9])?$")
@@ -161,7 +168,7 @@ class Manifest(_Model):
     @field_validator("id")
     @classmethod
     def _id(cls, value: str) -> str:
-        if not _PLUGIN_ID.fullmatch(value) or len(value) > 200:
+        if not is_plugin_id(value):
             raise ValueError(_ID_RULE)
         return value
 

@@ -52,7 +52,7 @@ def find_target(plugin_id: str, known_ids: dict[str, Path] | None = None) -> Tar
     missing = InstallError(
         _("Refused: there is no installed plugin %(id)s to update (install it instead).") % {"id": plugin_id[:200]}
     )
-    if not mf._PLUGIN_ID.fullmatch(plugin_id) or len(plugin_id) > 200:
+    if not mf.is_plugin_id(plugin_id):
         raise missing
     directory = plugins_dir().resolve()
     folder = (known_ids or {}).get(plugin_id)
@@ -74,7 +74,7 @@ def installed_plugins() -> list[Target]:
     found = {}
     for folder in sorted(p for p in directory.iterdir() if p.is_dir() and not p.is_symlink()):
         plugin_id = raw_id(folder)
-        if plugin_id and mf._PLUGIN_ID.fullmatch(plugin_id) and plugin_id not in found:
+        if plugin_id and mf.is_plugin_id(plugin_id) and plugin_id not in found:
             found[plugin_id] = Target(plugin_id, folder, _old_version(folder))
     return sorted(found.values(), key=lambda t: t.plugin_id)
 
@@ -146,7 +146,7 @@ def swap_in(root: Path, target: Target) -> Installed:
             % {"new": manifest.id, "old": target.plugin_id}
         )
     notes, downgrade = version_notes(target, manifest.version)
-    with install._move_lock:
+    with install.move_lock:
         if raw_id(target.folder) != target.plugin_id or target.folder.is_symlink():
             raise InstallError(_("Refused: the plugin's folder changed meanwhile: nothing was replaced."))
         if kept := keep_config(target.folder, root):
