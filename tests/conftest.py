@@ -32,6 +32,7 @@ from django.db import connection
 
 from core import config as bot_config
 from maibot.management.commands.serve import daphne_argv
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -386,6 +387,7 @@ _STARTED: list[Proc] = []
 def pytest_sessionfinish(session, exitstatus) -> None:
     for proc in _STARTED:
         proc.kill_session()
+    forkserver.close()
 
 
 class Proc:
@@ -398,9 +400,14 @@ class Proc:
         self.outlived: list[int] = []  # what `stop` found still running after the process was gone
         # A session of its own: whatever it starts (a server's cluster in a process group of its own
         # too) can be found, and killed, after it is gone.
-        self.popen = subprocess.Popen(
-            args, cwd=ROOT, env=env, stdout=self._fh, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        # Servers and clusters come from the worker's fork server (tests.forkserver: their imports done
+        # once); anything else is a plain child process.
+        if forkserver.usable(args):
+            self.popen = forkserver.spawn(args, env, str(log), str(ROOT))
+        else:
+            self.popen = subprocess.Popen(
+                args, cwd=ROOT, env=env, stdout=self._fh, stderr=subprocess.STDOUT, start_new_session=True
+            )
         _STARTED.append(self)
 
     def output(self) -> str:
