@@ -16,6 +16,7 @@ from chat.admin import ReadOnlyAdmin
 from chat.admin.conversations import ChatSessionAdmin
 from chat.models import ChatSession
 from console.permissions import label_permissions_of_users_and_groups
+from console.site import unregister_task_queue_internals
 from core.login_lock import SerializedLoginForm
 from core.models import ConfigChange
 
@@ -73,4 +74,5 @@ admin.site.unregister(ChatSession)
 admin.site.register(ChatSession, ConsoleChatSessionAdmin)
 
 
+unregister_task_queue_internals()
 label_permissions_of_users_and_groups()

@@ -77,7 +77,8 @@ INSTALLED_APPS = [
     # that its `runserver` (daphne's, serving the ASGI app) wins over staticfiles'. daphne itself is no app
     # here: its app module imports Twisted and the server into every process Django sets up.
     "maibot",
-    "django.contrib.admin",
+    # Django's admin, serving the console's site (its sidebar led by the bot's pages).
+    "console.apps.ConsoleAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
