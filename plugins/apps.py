@@ -1,11 +1,12 @@
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
 
 
 class PluginsConfig(AppConfig):
     """The host for unmodified MaiBot SDK plugins (maibot-plugin-sdk): loading, components, capabilities."""
 
     name = "plugins"
-    verbose_name = "Plugins"
+    verbose_name = _("Plugins")
 
     def ready(self) -> None:
         from plugins.capabilities import maisaka

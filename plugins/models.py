@@ -72,6 +72,8 @@ class PluginDataRow(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        verbose_name = _("plugin data row")
+        verbose_name_plural = _("plugin data rows")
         constraints = [
             models.UniqueConstraint(fields=["plugin_id", "model_name", "row_id"], name="plugin_data_row_unique_id")
         ]
