@@ -7,10 +7,11 @@ The new version is unpacked and checked in its staging folder exactly as an inst
 have the same id. The operator's `config.toml` of the old folder (a plain file) then replaces the new
 tree's, whatever the new archive ships (the new version's default is not used; options it adds take their
 defaults when the plugin loads). Then two renames on one file system, under the install lock: the old
-folder into the staging folder, the new tree into its place (the same folder name). If the second rename
-fails, the old folder is renamed back; the plugins folder never holds half a plugin. The old folder is
-removed with the staging folder after the swap, and with it anything else the plugin wrote into its own
-folder: only config.toml is kept."""
+folder aside, the new tree into its place (the same folder name). If the second rename
+fails, the old folder is renamed back; the plugins folder never holds half a plugin. The old folder waits
+in the data dir (never inside a staging folder, which is removed whatever happens), so that should even
+the rename back fail it stays whole where the error says. It is removed after the swap, and with it
+anything else the plugin wrote into its own folder: only config.toml is kept."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from django.conf import settings
 from django.utils.translation import gettext as _
 from packaging.version import InvalidVersion, Version
 
@@ -118,11 +120,19 @@ def keep_config(old_folder: Path, root: Path) -> str:
     return _("Your config.toml is kept; the new version's default config.toml was not used.")
 
 
-def swap(root: Path, folder: Path) -> None:
-    """Rename `folder` out (next to `root`, in its staging folder) and `root` into its place; on failure
-    the old folder is renamed back and OSError raised. Should even that fail, the old folder is moved out
-    of the staging folder (which is removed) into the data dir, and the error names where it is."""
-    aside = root.parent / "replaced"
+class NotPutBack(OSError):
+    """The new tree could not be renamed in, nor the old folder back: the old one is whole at `kept`."""
+
+    def __init__(self, error: OSError, kept: Path) -> None:
+        super().__init__(str(error))
+        self.kept = kept
+
+
+def swap(root: Path, folder: Path) -> Path:
+    """Rename `folder` aside (into the data dir, outside every staging folder) and `root` into its place;
+    the old folder's new path, for the caller to remove. On failure the old folder is renamed back and
+    OSError raised; should even that fail, NotPutBack names where the old folder is (nothing removes it)."""
+    aside = Path(settings.DATA_DIR) / f".{folder.name}.replaced-{time.time_ns()}"
     os.rename(folder, aside)
     try:
         os.rename(root, folder)
@@ -130,10 +140,9 @@ def swap(root: Path, folder: Path) -> None:
         try:
             os.rename(aside, folder)
         except OSError:
-            kept = root.parent.parent.parent / f"{folder.name}.replaced-{int(time.time())}"
-            os.rename(aside, kept)
-            raise OSError(f"{exc}; the installed version could not be put back: it is in {kept}") from None
+            raise NotPutBack(exc, aside) from None
         raise
+    return aside
 
 
 def swap_in(root: Path, target: Target) -> Installed:
@@ -153,12 +162,20 @@ def swap_in(root: Path, target: Target) -> Installed:
             notes.append(kept)
         os.chmod(root, 0o755)
         try:
-            swap(root, target.folder)
+            replaced = swap(root, target.folder)
+        except NotPutBack as exc:
+            raise InstallError(
+                _(
+                    "The update failed and the installed version could not be put back: it is kept whole in "
+                    "%(kept)s; move it back into plugins/ as %(folder)s. (%(error)s)"
+                )
+                % {"kept": exc.kept, "folder": target.folder.name, "error": exc}
+            ) from None
         except OSError as exc:
             raise InstallError(
                 _("The update failed, the installed version was put back: %(error)s") % {"error": exc}
             ) from None
-    shutil.rmtree(root.parent / "replaced", ignore_errors=True)
+    shutil.rmtree(replaced, ignore_errors=True)
     return Installed(
         manifest.id, manifest.version, manifest.name, target.folder, warnings=downgrade + warnings, notes=notes
     )

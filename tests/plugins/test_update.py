@@ -147,8 +147,38 @@ def test_a_swap_failing_half_way_puts_the_old_folder_back(installer, data_dir, i
     monkeypatch.setattr(plugin_update.os, "rename", rename)
     text = update(installer, make_zip(new_version()))
     assert "The update failed, the installed version was put back:" in text and "No space left" in text
-    assert calls == [(WEATHER_FOLDER, "replaced"), ("plugin", WEATHER_FOLDER), ("replaced", WEATHER_FOLDER)]
+    aside = calls[0][1]
+    assert aside.startswith(f".{WEATHER_FOLDER}.replaced-")
+    assert calls == [(WEATHER_FOLDER, aside), ("plugin", WEATHER_FOLDER), (aside, WEATHER_FOLDER)]
     assert snapshot(installed) == before and tree(data_dir / ".plugin-staging") == []
+    assert not list(data_dir.glob(f".{WEATHER_FOLDER}.replaced-*"))
+    assert not PluginInstall.objects.order_by("-at", "-pk").first().ok
+
+
+def test_a_swap_that_cannot_even_put_the_old_folder_back_keeps_it_in_the_data_dir_and_says_where(
+    installer, data_dir, installed, monkeypatch
+):
+    from plugins import update as plugin_update
+
+    before, real_rename, calls = snapshot(installed), os.rename, []
+
+    def rename(src, dst):
+        calls.append((Path(src).name, Path(dst).name))
+        if len(calls) in (2, 3):  # the new tree into place, then the old one back: both refused
+            raise OSError(13, "Permission denied")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(plugin_update.os, "rename", rename)
+    text = update(installer, make_zip(new_version()))
+    (kept,) = data_dir.glob(f".{WEATHER_FOLDER}.replaced-*")
+    assert len(calls) == 3 and calls[0] == (WEATHER_FOLDER, kept.name)
+    assert "could not be put back: it is kept whole in" in text and str(kept) in text, text
+    assert "was put back" not in text
+    # Nothing half-written and nothing lost: the old version whole where the message says (the staging
+    # folder, removed whatever happens, never held it), no half plugin in plugins/.
+    assert snapshot(kept) == before
+    assert not installed.exists()
+    assert tree(data_dir / ".plugin-staging") == []
     assert not PluginInstall.objects.order_by("-at", "-pk").first().ok
 
 
