@@ -17,6 +17,15 @@ from django.utils.translation import gettext
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
+from console.config_tables import (
+    RoutesField,
+    TableField,
+    is_routes,
+    parse_map,
+    same_value,
+    table_item,
+    toml_value,
+)
 from core.config import (
     RETIRED_KEYS,
     BotConfig,
@@ -25,7 +34,6 @@ from core.config import (
     ensure_config_file,
     get_config,
     parse_config,
-    raw_only,
     requires_restart,
     retired_keys,
 )
@@ -84,8 +92,12 @@ def search_text(section: str, key: str, info: FieldInfo) -> str:
 
 
 def _form_field(info: FieldInfo, default: Any) -> forms.Field:
-    kind = _kind(info.annotation)
     common = {"help_text": translated_help(info), "label_suffix": ""}
+    if item := table_item(info.annotation):
+        return TableField(item, **common)
+    if is_routes(info.annotation):
+        return RoutesField(required=False, widget=forms.Textarea(attrs={"rows": 4, "cols": 60}), **common)
+    kind = _kind(info.annotation)
     if kind == "bool":
         return forms.BooleanField(required=False, **common)
     if kind == "int":
@@ -126,21 +138,12 @@ class DictField(forms.CharField):
         return value
 
     def to_python(self, value: Any) -> dict[str, str]:
-        text = super().to_python(value) or ""
-        result: dict[str, str] = {}
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            key, sep, item = line.partition("=")
-            if not sep or not key.strip():
-                raise forms.ValidationError(f"line {number}: write `name = value`", code="invalid")
-            result[key.strip()] = item.strip()
-        return result
+        return parse_map(super().to_python(value) or "")
 
 
 def _form_fields(model: type) -> list[tuple[str, FieldInfo]]:
-    """The fields the form edits: tables of their own ([[llm.models]], ...) are left to the TOML editor."""
-    return [(key, info) for key, info in model.model_fields.items() if not raw_only(info)]
+    """The fields the form edits: every one (tables of their own as tables: console.config_tables)."""
+    return list(model.model_fields.items())
 
 
 def _sections() -> list[tuple[str, type]]:
@@ -179,7 +182,6 @@ class ConfigForm(forms.Form):
             f"{section}{SEP}{key}": redact_data(value, secrets, tagged=True, path=(section, key))
             for section, model in _sections()
             for key, value in dumped[section].items()
-            if not raw_only(model.model_fields[key])
         }
         return cls(initial=initial, base=cfg, secrets=secrets)
 
@@ -215,13 +217,26 @@ class ConfigForm(forms.Form):
                 name = SEP.join(loc[:2])
                 if name in self.fields:
                     if name not in self.errors:
-                        self.add_error(name, err["msg"])
+                        self.add_error(name, _where(err["loc"][2:], err["msg"]))
                 else:
                     self.add_error(None, f"{'.'.join(loc)}: {err['msg']}")
         else:
             if not self.errors:
                 self.config = config
         return cleaned
+
+
+def _where(place: tuple, message: str) -> str:
+    """A validation message, with the row (1-based) and column of a table's cell, or a map's key."""
+    if not place:
+        return message
+    if isinstance(place[0], int):
+        where = gettext("row %(row)d") % {"row": place[0] + 1}
+        place = place[1:]
+    else:
+        where = ""
+    parts = [where, *(str(p) for p in place)]
+    return f"{', '.join(p for p in parts if p)}: {message}"
 
 
 def toml_with_values(text: str, cfg: BotConfig) -> str:
@@ -237,18 +252,18 @@ def toml_with_values(text: str, cfg: BotConfig) -> str:
     for section, values in cfg.model_dump().items():
         table = doc.get(section)
         for key, value in values.items():
-            if raw_only(models[section].model_fields[key]):
-                continue  # the form never changes them: the file's tables stay as written
+            info = models[section].model_fields[key]
+            typed = getattr(getattr(cfg, section), key)
             if table is not None and key in table:
                 current = table[key]
-                if (current.unwrap() if hasattr(current, "unwrap") else current) != value:
-                    table[key] = value
+                if not same_value(info, current.unwrap() if hasattr(current, "unwrap") else current, typed):
+                    table[key] = toml_value(typed)
             elif value != defaults[section][key]:
                 if table is None:
                     doc.add(tomlkit.nl())
                     doc.add(section, tomlkit.table())
                     table = doc[section]
-                table[key] = value
+                table[key] = toml_value(typed)
     return tomlkit.dumps(doc)
 
 

@@ -6,6 +6,18 @@ Each field's description is its documentation: the commented template in config/
 Everything is imported from here (`from core.config import get_config`); the modules are its parts.
 """
 
+from core.config.base import ConfigError, Section
+from core.config.entries import (
+    DEFAULT_MODEL,
+    LLM_TASKS,
+    Budget,
+    McpServerEntry,
+    ModelEntry,
+    PluginLimitsEntry,
+    TalkRule,
+    mcp_secret_resolve,
+    mcp_secret_variables,
+)
 from core.config.loading import (
     RETIRED_KEYS,
     TEMPLATE_PATH,
@@ -22,38 +34,17 @@ from core.config.loading import (
 )
 from core.config.model import BotConfig, LLMModel
 from core.config.operations import ConsoleSection, LifeSection, SchedulingSection
-from core.config.sections import (
-    DEFAULT_MODEL,
-    LLM_TASKS,
-    RAW_ONLY,
-    BotSection,
-    Budget,
-    ChatSection,
-    ConfigError,
-    LLMSection,
-    ModelEntry,
-    Section,
-    TalkRule,
-    llm_key_variables,
-)
-from core.config.services import (
-    ApiSection,
-    GatewaySection,
-    McpSection,
-    McpServerEntry,
-    PluginLimitsEntry,
-    PluginsSection,
-    mcp_secret_resolve,
-    mcp_secret_variables,
-)
-from core.config.template import field_help, raw_only, render_template, requires_restart
+from core.config.sections import TABLE, BotSection, ChatSection, LLMSection
+from core.config.services import ApiSection, GatewaySection, McpSection, PluginsSection
+from core.config.template import field_help, is_table, render_template, requires_restart
+from core.deployment_env import llm_key_variables
 from core.text import format_instant, format_shown
 
 __all__ = [
     "DEFAULT_MODEL",
     "LLM_TASKS",
-    "RAW_ONLY",
     "RETIRED_KEYS",
+    "TABLE",
     "TEMPLATE_PATH",
     "ApiSection",
     "BotConfig",
@@ -80,6 +71,7 @@ __all__ = [
     "format_instant",
     "format_shown",
     "get_config",
+    "is_table",
     "llm_key_variables",
     "load_config",
     "mcp_secret_resolve",
@@ -87,7 +79,6 @@ __all__ = [
     "override",
     "parse_config",
     "private_write",
-    "raw_only",
     "reload_config",
     "render_template",
     "requires_restart",

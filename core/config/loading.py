@@ -15,8 +15,8 @@ import tomlkit
 from django.utils.translation import gettext, gettext_noop
 from pydantic import ValidationError
 
+from core.config.base import ConfigError
 from core.config.model import BotConfig
-from core.config.sections import ConfigError
 from core.config.template import render_template
 
 TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "config" / "bot_config.toml"

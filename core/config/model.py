@@ -10,15 +10,10 @@ from zoneinfo import ZoneInfo
 from django.utils.translation import gettext_noop
 from pydantic import Field
 
+from core.config.base import Section
+from core.config.entries import DEFAULT_MODEL, LLM_TASKS
 from core.config.operations import ConsoleSection, LifeSection, SchedulingSection
-from core.config.sections import (
-    DEFAULT_MODEL,
-    LLM_TASKS,
-    BotSection,
-    ChatSection,
-    LLMSection,
-    Section,
-)
+from core.config.sections import BotSection, ChatSection, LLMSection
 from core.config.services import ApiSection, GatewaySection, McpSection, PluginsSection
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.utils.translation import gettext_noop
 from pydantic import Field
 
-from core.config.sections import Section
+from core.config.base import Section
 
 
 class SchedulingSection(Section):

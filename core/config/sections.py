@@ -3,24 +3,23 @@ pydantic model each; a field's description is its documentation, its title the c
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.utils.translation import gettext_noop
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from core.deployment_env import llm_key_variables
-
-
-class ConfigError(Exception):
-    """The config file cannot be used; the message names the key and the problem."""
-
-
-class Section(BaseModel):
-    # Every number has finite bounds (inf and nan are refused everywhere), every text a length limit:
-    # a value the config accepts never overflows a date, a timeout or a prompt (tests/core/test_config.py
-    # walks the fields).
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+from core.config.base import Section
+from core.config.entries import (
+    DEFAULT_MODEL,
+    LLM_TASKS,
+    Budget,
+    LLMTask,
+    ModelEntry,
+    ModelName,
+    TalkRule,
+    _check_key_variable,
+)
 
 
 class BotSection(Section):
@@ -86,86 +85,9 @@ class BotSection(Section):
         return value
 
 
-# What calls a model: the chat planner, the life loop, chat summaries, and anything else (utility).
-LLM_TASKS = ("planner", "life", "summary", "utility")
-LLMTask = Literal["planner", "life", "summary", "utility"]
-ModelName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
-# The single model of `[llm]` itself (base_url, model, ...), when one is set.
-DEFAULT_MODEL = "default"
-
-
-def _check_key_variable(value: str) -> str:
-    # The key's variable is the deployment's choice, not the console's: otherwise whoever may edit
-    # the config could point it at any secret in the environment and send it to a URL of theirs.
-    allowed = llm_key_variables()
-    if value not in allowed:
-        raise ValueError(
-            f"{value!r} is not an allowed API key variable (allowed: {', '.join(sorted(allowed))}; "
-            "the deployment lists others in MAIBOT_LLM_KEY_ENVS)"
-        )
-    return value
-
-
-class ModelEntry(Section):
-    """One named model a task may be routed to (`[[llm.models]]`)."""
-
-    name: ModelName = Field(description=gettext_noop("The name tasks and budgets refer to."))
-    base_url: str = Field("", max_length=2048, description=gettext_noop("API base URL. Empty: llm.base_url."))
-    api_key_env: str = Field("OPENAI_API_KEY", min_length=1, max_length=128, description=gettext_noop("Key variable."))
-    model: str = Field(min_length=1, max_length=256, description=gettext_noop("The provider's model id."))
-    price_input_per_1m: float = Field(0.0, ge=0, le=10_000, description=gettext_noop("Price per 1M prompt tokens."))
-    price_output_per_1m: float = Field(
-        0.0, ge=0, le=10_000, description=gettext_noop("Price per 1M completion tokens.")
-    )
-    timeout: float = Field(120.0, gt=0, le=3600, description=gettext_noop("Seconds before one call times out."))
-    max_concurrent: int = Field(4, ge=1, le=1000, description=gettext_noop("Calls in flight at once per process."))
-
-    @field_validator("api_key_env")
-    @classmethod
-    def _allowed_key_variable(cls, value: str) -> str:
-        return _check_key_variable(value)
-
-    @field_validator("name")
-    @classmethod
-    def _not_reserved(cls, value: str) -> str:
-        if value == DEFAULT_MODEL:
-            raise ValueError(f"{DEFAULT_MODEL!r} is the name of the single model of [llm] itself")
-        return value
-
-
-class Budget(Section):
-    """A daily cap (`[[llm.budgets]]`), counted from local midnight in the bot's time zone."""
-
-    scope: Literal["model", "task", "session"] = Field(
-        description=gettext_noop("What the cap counts: model, task or session.")
-    )
-    target: str = Field(
-        "",
-        max_length=64,
-        description=gettext_noop("The model's or the task's name; empty for a session cap (it holds for each chat)."),
-    )
-    daily_tokens: int = Field(
-        0, ge=0, le=10**12, description=gettext_noop("Prompt + completion tokens per day (0: no cap).")
-    )
-    daily_cost: float = Field(
-        0.0, ge=0, le=10**7, description=gettext_noop("Cost per day, in the prices' currency (0: no cap).")
-    )
-
-    @model_validator(mode="after")
-    def _meaningful(self) -> Budget:
-        if not self.daily_tokens and not self.daily_cost:
-            raise ValueError("a budget needs daily_tokens or daily_cost")
-        if self.scope == "task" and self.target not in LLM_TASKS:
-            raise ValueError(f"a task budget's target is one of {', '.join(LLM_TASKS)}")
-        if self.scope == "model" and not self.target:
-            raise ValueError("a model budget names its model in target")
-        if self.scope == "session" and self.target:
-            raise ValueError("a session budget holds for each chat: leave target empty")
-        return self
-
-
-# Fields too structured for the console's form: edited in the TOML editor (/admin/config/raw/).
-RAW_ONLY = {"raw_only": True}
+# Fields of tables of their own ([[llm.models]], [llm.tasks], ...): the config template documents them in a
+# comment, absent from the file until written (the console's form edits them as tables).
+TABLE = {"table": True}
 
 
 class LLMSection(Section):
@@ -237,10 +159,9 @@ class LLMSection(Section):
         max_length=20,
         title=gettext_noop("More models"),
         description=gettext_noop(
-            "More models ([[llm.models]]: name, base_url, api_key_env, model, prices, timeout, "
-            "max_concurrent), edited in the TOML editor."
+            "More models ([[llm.models]]: name, base_url, api_key_env, model, prices, timeout, max_concurrent)."
         ),
-        json_schema_extra=RAW_ONLY,
+        json_schema_extra=TABLE,
     )
     tasks: dict[LLMTask, list[ModelName]] = Field(
         default_factory=dict,
@@ -251,7 +172,7 @@ class LLMSection(Section):
             'error or timeout tries the next. Unlisted tasks use "default" (this section\'s model), else the '
             "first of [[llm.models]]."
         ),
-        json_schema_extra=RAW_ONLY,
+        json_schema_extra=TABLE,
     )
     embedding: list[ModelName] = Field(
         default_factory=list,
@@ -262,7 +183,7 @@ class LLMSection(Section):
             "OpenAI-compatible /embeddings model; a provider error tries the next. Empty: llm.embed answers "
             "that none is configured."
         ),
-        json_schema_extra=RAW_ONLY,
+        json_schema_extra=TABLE,
     )
     voice: list[ModelName] = Field(
         default_factory=list,
@@ -273,7 +194,7 @@ class LLMSection(Section):
             "OpenAI-compatible /audio/transcriptions model. Empty: llm.transcribe_audio answers that none is "
             "configured."
         ),
-        json_schema_extra=RAW_ONLY,
+        json_schema_extra=TABLE,
     )
     budgets: list[Budget] = Field(
         default_factory=list,
@@ -283,7 +204,7 @@ class LLMSection(Section):
             "Daily caps ([[llm.budgets]]: scope model | task | session, target, daily_tokens, daily_cost). "
             "A call that would run past one is not made. None by default."
         ),
-        json_schema_extra=RAW_ONLY,
+        json_schema_extra=TABLE,
     )
 
     @field_validator("api_key_env")
@@ -316,22 +237,6 @@ class LLMSection(Section):
             if budget.scope == "model" and budget.target not in known:
                 raise ValueError(f"a budget names the unknown model {budget.target!r}")
         return self
-
-
-_HHMM = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
-
-
-class TalkRule(Section):
-    """talk_frequency for a chat and/or a time window (e.g. quiet hours 00:00-08:00 -> 0)."""
-
-    chat: str = Field(
-        "", max_length=200, description=gettext_noop("platform:group:ID or platform:private:ID; empty: every chat.")
-    )
-    start: str = Field(
-        "00:00", max_length=5, pattern=_HHMM, description=gettext_noop("Window start, local time (HH:MM).")
-    )
-    end: str = Field("00:00", max_length=5, pattern=_HHMM, description=gettext_noop("Window end, exclusive (HH:MM)."))
-    talk_frequency: float = Field(ge=0, le=1, description=gettext_noop("The talk_frequency in force in the window."))
 
 
 class ChatSection(Section):
@@ -407,7 +312,7 @@ class ChatSection(Section):
             "[[chat.talk_frequency_rules]]: chat (empty: every chat), start and end (HH:MM, local; "
             "equal: all day), talk_frequency. A rule for the chat beats one for every chat; then the first listed."
         ),
-        json_schema_extra=RAW_ONLY,
+        json_schema_extra=TABLE,
     )
     ignored_chats: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
         default_factory=list,

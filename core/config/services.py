@@ -3,14 +3,12 @@ plugins (one pydantic model each)."""
 
 from __future__ import annotations
 
-import os
-import re
-from typing import Annotated
-
 from django.utils.translation import gettext_noop
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
-from core.config.sections import RAW_ONLY, Section
+from core.config.base import Section
+from core.config.entries import McpServerEntry, PluginLimitsEntry
+from core.config.sections import TABLE
 
 
 class GatewaySection(Section):
@@ -152,99 +150,6 @@ class ApiSection(Section):
     )
 
 
-_ENV_NAME = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
-_SECRET_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
-
-
-def mcp_secret_variables() -> set[str]:
-    """Environment variables an MCP server's env or headers may name as ${NAME} (set by the deployment)."""
-    return {name.strip() for name in os.environ.get("MAIBOT_MCP_SECRET_ENVS", "").split(",") if name.strip()}
-
-
-def mcp_secret_resolve(value: str) -> str:
-    """A header or env value with a ${NAME} reference replaced by that variable's value."""
-    match = _SECRET_REF.match(value)
-    return os.environ.get(match[1], "") if match else value
-
-
-class McpServerEntry(Section):
-    """One MCP server whose tools the bot may use ([[mcp.servers]])."""
-
-    name: str = Field(
-        min_length=1,
-        max_length=24,
-        pattern=r"^[a-z][a-z0-9_]*$",
-        description=gettext_noop("Unique short name; its tools are offered to the model as <name>__<tool>."),
-    )
-    enabled: bool = Field(True, description=gettext_noop("false: not started; its tools are not offered."))
-    command: str | None = Field(
-        None,
-        min_length=1,
-        max_length=1024,
-        description=gettext_noop("stdio transport: the program to start (give this or url)."),
-    )
-    args: list[Annotated[str, Field(max_length=1024)]] = Field(
-        default_factory=list, max_length=64, description=gettext_noop("stdio transport: the program's arguments.")
-    )
-    env: dict[_ENV_NAME, Annotated[str, Field(max_length=4096)]] = Field(
-        default_factory=dict,
-        max_length=64,
-        description=gettext_noop(
-            "stdio transport: extra environment variables. A value ${NAME} is read from this process's "
-            "environment, for a NAME the deployment lists in MAIBOT_MCP_SECRET_ENVS (keep secrets out of this file)."
-        ),
-    )
-    url: str | None = Field(
-        None,
-        max_length=2048,
-        pattern=r"^https?://",
-        description=gettext_noop("Streamable-HTTP transport: the server's endpoint URL (give this or command)."),
-    )
-    headers: dict[Annotated[str, Field(min_length=1, max_length=128)], Annotated[str, Field(max_length=4096)]] = Field(
-        default_factory=dict,
-        max_length=64,
-        description=gettext_noop("Streamable-HTTP transport: extra request headers (a value ${NAME}: as in env)."),
-    )
-    tools: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
-        default_factory=lambda: ["*"],
-        max_length=200,
-        description=gettext_noop('The server\'s tools the model is offered (its own names); ["*"]: all of them.'),
-    )
-    scopes: list[Annotated[str, Field(pattern=r"^(chat|life)$")]] = Field(
-        default_factory=lambda: ["chat"],
-        max_length=2,
-        description=gettext_noop(
-            "Where its tools are offered: chat (the chat planner, connected by the server process), life "
-            "(the life loop, connected by each cluster worker on its first turn)."
-        ),
-    )
-    call_timeout_seconds: float = Field(
-        30.0,
-        ge=0.5,
-        le=600,
-        description=gettext_noop("How long one tool call may take before it fails with tool_timeout."),
-    )
-    connect_timeout_seconds: float = Field(
-        20.0, ge=1, le=300, description=gettext_noop("How long starting or connecting to the server may take.")
-    )
-
-    @model_validator(mode="after")
-    def _one_transport(self) -> McpServerEntry:
-        if (self.url is None) == (self.command is None):
-            raise ValueError("give exactly one of command (stdio) or url (streamable HTTP)")
-        # Like llm.api_key_env: whoever edits the config may not send any secret of the environment
-        # to a server of theirs, only those the deployment set aside for MCP servers.
-        allowed = mcp_secret_variables()
-        for value in (*self.env.values(), *self.headers.values()):
-            match = _SECRET_REF.match(value)
-            if match and match[1] not in allowed:
-                raise ValueError(
-                    f"{match[1]!r} is not an allowed secret variable (the deployment lists them in "
-                    "MAIBOT_MCP_SECRET_ENVS)"
-                )
-        return self
-
-
 class McpSection(Section):
     __doc__ = gettext_noop("""MCP servers whose tools join the bot's planner (the bot's own MCP endpoint is /mcp).""")
 
@@ -254,9 +159,9 @@ class McpSection(Section):
         title=gettext_noop("MCP servers"),
         description=gettext_noop(
             "MCP servers ([[mcp.servers]]: name, command with args and env or url with headers, tools, "
-            "scopes, call_timeout_seconds, connect_timeout_seconds, enabled), edited in the TOML editor."
+            "scopes, call_timeout_seconds, connect_timeout_seconds, enabled)."
         ),
-        json_schema_extra=RAW_ONLY,
+        json_schema_extra=TABLE,
     )
 
     @field_validator("servers")
@@ -267,36 +172,6 @@ class McpSection(Section):
         if duplicates:
             raise ValueError(f"server names must be unique; repeated: {', '.join(duplicates)}")
         return servers
-
-
-class PluginLimitsEntry(Section):
-    """One plugin's own limits ([[plugins.limits]]); a key left out keeps the [plugins] value."""
-
-    plugin: str = Field(min_length=1, max_length=200, description=gettext_noop("The plugin's id (its manifest's id)."))
-    network: str | None = Field(
-        None, max_length=16, pattern=r"^(isolated|none)$", description=gettext_noop("As plugins.network.")
-    )
-    runner_memory_mb: int | None = Field(
-        None, ge=0, le=65_536, description=gettext_noop("As plugins.runner_memory_mb.")
-    )
-    runner_cpu_seconds_per_minute: float | None = Field(
-        None, ge=1, le=3600, description=gettext_noop("As plugins.runner_cpu_seconds_per_minute.")
-    )
-    runner_max_processes: int | None = Field(
-        None, ge=8, le=4096, description=gettext_noop("As plugins.runner_max_processes.")
-    )
-    runner_max_open_files: int | None = Field(
-        None, ge=32, le=65_536, description=gettext_noop("As plugins.runner_max_open_files.")
-    )
-    runner_max_file_mb: int | None = Field(
-        None, ge=1, le=65_536, description=gettext_noop("As plugins.runner_max_file_mb.")
-    )
-    sends_per_minute: int | None = Field(
-        None, ge=1, le=100_000, description=gettext_noop("As plugins.sends_per_minute.")
-    )
-    media_mb_per_minute: int | None = Field(
-        None, ge=1, le=100_000, description=gettext_noop("As plugins.media_mb_per_minute.")
-    )
 
 
 class PluginsSection(Section):
@@ -426,9 +301,9 @@ class PluginsSection(Section):
         description=gettext_noop(
             "Per-plugin limits ([[plugins.limits]]: plugin = its id, then any of network, "
             "runner_memory_mb, runner_cpu_seconds_per_minute, runner_max_processes, runner_max_open_files, "
-            "runner_max_file_mb, sends_per_minute, media_mb_per_minute), edited in the TOML editor."
+            "runner_max_file_mb, sends_per_minute, media_mb_per_minute)."
         ),
-        json_schema_extra=RAW_ONLY,
+        json_schema_extra=TABLE,
     )
     hot_reload: bool = Field(
         True,

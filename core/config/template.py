@@ -18,10 +18,10 @@ def requires_restart(field: Any) -> bool:
     return bool(isinstance(extra, dict) and extra.get("requires_restart"))
 
 
-def raw_only(field: Any) -> bool:
-    """A field of tables (e.g. [[llm.models]]): written in the TOML editor, not the console's form."""
+def is_table(field: Any) -> bool:
+    """A field of tables of its own (e.g. [[llm.models]]): documented in the template, absent until set."""
     extra = field.json_schema_extra
-    return bool(isinstance(extra, dict) and extra.get("raw_only"))
+    return bool(isinstance(extra, dict) and extra.get("table"))
 
 
 def field_help(field: Any) -> str:
@@ -51,7 +51,7 @@ def render_template() -> str:
             table.add(tomlkit.comment(section_model.__doc__.strip()))
         section_value = getattr(defaults, name)
         for key, sub in section_model.model_fields.items():
-            if raw_only(sub):
+            if is_table(sub):
                 # Tables of their own ([[llm.models]], ...): documented here, absent until written.
                 page = TABLES_DOCUMENTED_IN.get(name, "docs/index.md")
                 table.add(tomlkit.comment(f"{key}: {field_help(sub)} None by default; see {page}."))

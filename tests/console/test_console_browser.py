@@ -75,6 +75,22 @@ def test_config_editor_in_the_browser(start_server, page, tmp_path):
     assert "# Tool-call rounds per cycle before it must end." in after
     assert page.input_value("#id_chat__max_rounds") == "6"
 
+    # A model, its budget and a quiet-hours rule in the tables, as the operator types them.
+    page.fill("input[name='llm__models-0-name']", "backup")
+    page.fill("input[name='llm__models-0-model']", "deepseek-chat")
+    page.select_option("select[name='llm__budgets-0-scope']", "model")
+    page.fill("input[name='llm__budgets-0-target']", "backup")
+    page.fill("input[name='llm__budgets-0-daily_cost']", "1.5")
+    page.fill("input[name='chat__talk_frequency_rules-0-end']", "08:00")
+    page.fill("input[name='chat__talk_frequency_rules-0-talk_frequency']", "0")
+    page.click("input[name=_save]")
+    page.wait_for_selector("text=Saved and applied")
+    page.locator("#section-llm").screenshot(path="/tmp/maibot-console-config-tables.png")
+    after = config_file.read_text(encoding="utf-8")
+    assert '[[llm.models]]\nname = "backup"\nmodel = "deepseek-chat"' in after, after
+    assert 'scope = "model"' in after and "daily_cost = 1.5" in after and 'end = "08:00"' in after
+    assert page.input_value("input[name='llm__models-0-name']") == "backup"
+
     # The raw view refuses an invalid text and keeps the file.
     page.click("text=Configuration (TOML)")
     page.fill("textarea[name=toml]", after.replace("max_rounds = 6", "max_rounds = many"))

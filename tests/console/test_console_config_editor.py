@@ -46,10 +46,17 @@ class _FormFields(HTMLParser):
         super().__init__()
         self.data: dict[str, str] = {}
         self._textarea: str | None = None
+        self._select: str | None = None
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
-        if tag == "input" and a.get("name") and a.get("type") != "submit":
+        if tag == "select":
+            self._select = a["name"]
+        elif tag == "option" and self._select:
+            # A browser submits the selected option, else the first.
+            if self._select not in self.data or "selected" in a:
+                self.data[self._select] = a.get("value", "")
+        elif tag == "input" and a.get("name") and a.get("type") != "submit":
             if a.get("type") == "checkbox":
                 if "checked" in a:
                     self.data[a["name"]] = "on"
@@ -66,6 +73,8 @@ class _FormFields(HTMLParser):
     def handle_endtag(self, tag):
         if tag == "textarea":
             self._textarea = None
+        elif tag == "select":
+            self._select = None
 
 
 def form_data(client: Client, url: str = "/admin/config/") -> dict[str, str]:

@@ -12,7 +12,7 @@ from django.utils import translation
 from django.utils.html import escape
 from pydantic import BaseModel, Field
 
-from core.config import BotConfig, raw_only
+from core.config import BotConfig
 
 ZH = "zh-CN,zh;q=0.9"
 EN = "en-US,en;q=0.9"
@@ -41,7 +41,6 @@ def form_fields() -> list[tuple[str, str, str | None]]:
         (section, key, info.title)
         for section, f in BotConfig.model_fields.items()
         for key, info in f.annotation.model_fields.items()
-        if not raw_only(info)
     ]
 
 

@@ -98,7 +98,8 @@ def test_admin_pages_show_servers_and_endpoint_calls(admin_client):
     assert "missing_anchor" in admin_client.get(calls).content.decode()
 
 
-# --- the config editor: the servers are written in the TOML editor, only with their own permission ----
+# --- the config editor: the servers are written in the form's table or the TOML editor, only with their
+# own permission ----
 
 SERVER_TOML = '\n[[mcp.servers]]\nname = "calc"\ncommand = "python"\nargs = ["calc.py"]\ntools = ["add"]\n'
 
@@ -106,7 +107,10 @@ SERVER_TOML = '\n[[mcp.servers]]\nname = "calc"\ncommand = "python"\nargs = ["ca
 def test_a_config_editor_without_the_mcp_permission_cannot_change_the_servers(config_file, config_editor):
     client, _ = config_editor
     before = config_file.read_text(encoding="utf-8")
-    assert "mcp__servers" not in form_data(client)  # tables of their own are not in the form
+    row = {"mcp__servers-0-name": "calc", "mcp__servers-0-command": "python", "mcp__servers-0-args": "calc.py"}
+    page = client.post("/admin/config/", form_data(client) | row).content.decode()
+    assert "Can change the MCP servers" in page
+    assert config_file.read_text(encoding="utf-8") == before and get_config().mcp.servers == []
     page = client.post(
         "/admin/config/raw/", {"toml": before + SERVER_TOML, "base_digest": reload.text_digest(before)}
     ).content.decode()
