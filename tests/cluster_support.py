@@ -11,6 +11,8 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -220,52 +222,73 @@ class PrivatePostgres:
         self.start()
 
 
-def kill_while_claimed(platform: str, pid: int, timeout: float = 30) -> tuple[str, float, list[int]]:
-    """SIGKILL `pid` (the server holding `platform`'s adapter) while it holds a claim of that platform's
-    outbound rows: the database is polled without pause, as a claim lasts only as long as its hand-over,
-    from a thread raised above the load (nice -10, when allowed: a poller starved of the CPU while the
-    claims come and go sees none). Seen a claim, the process is frozen (SIGSTOP, until every thread has
-    stopped) and the rows it still holds are read: none (the hand-over finished between the poll and
-    the freeze) and it is let go on to its next claim; some, and it is killed frozen, so that it holds
-    exactly those. Returns (the claimer's instance, the kill's wall-clock time, the rows it left
-    claimed); the caller reaps the process."""
-    import threading
-    import time
-
-    from chat.models import Message
-
-    claimed = Message.objects.filter(session__platform=platform, delivery_status="sending")
+@contextlib.contextmanager
+def _above_the_load():
+    """This thread at nice -10 while inside (when allowed): a poller starved of the CPU under a loaded
+    machine sees a short-lived state late, or never."""
     thread = threading.get_native_id()
     niceness = os.getpriority(os.PRIO_PROCESS, thread)
     with contextlib.suppress(PermissionError):
         os.setpriority(os.PRIO_PROCESS, thread, -10)
     try:
+        yield
+    finally:
+        with contextlib.suppress(PermissionError):
+            os.setpriority(os.PRIO_PROCESS, thread, niceness)
+
+
+def _freeze(pid: int) -> None:
+    os.kill(pid, signal.SIGSTOP)
+    assert wait_for(lambda: _all_threads_stopped(pid), timeout=10, interval=0.001), "SIGSTOP did not stop it"
+
+
+def kill_while_claimed(platform: str, pid: int, timeout: float = 30) -> tuple[str, float, list[int]]:
+    """SIGKILL `pid` (the server holding `platform`'s adapter) while it holds a claim of that platform's
+    outbound rows: the database is polled without pause, as a claim lasts only as long as its hand-over,
+    from a thread raised above the load. Seen a claim, the process is frozen (SIGSTOP, until every thread
+    has stopped) and the rows it still holds are read: none (the hand-over finished between the poll and
+    the freeze) and it is let go on to its next claim; some, and it is killed frozen, so that it holds
+    exactly those. Returns (the claimer's instance, the kill's wall-clock time, the rows it left
+    claimed); the caller reaps the process."""
+    from chat.models import Message
+
+    claimed = Message.objects.filter(session__platform=platform, delivery_status="sending")
+    with _above_the_load():
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             claimer = claimed.values_list("delivery_claimed_by", flat=True).first()
             if not claimer:
                 continue
-            os.kill(pid, signal.SIGSTOP)
-            assert wait_for(lambda: _all_threads_stopped(pid), timeout=10, interval=0.001), "SIGSTOP did not stop it"
+            _freeze(pid)
             left = list(claimed.filter(delivery_claimed_by=claimer).values_list("pk", flat=True))
             if left:
                 os.kill(pid, signal.SIGKILL)
                 return claimer, time.time(), left
             os.kill(pid, signal.SIGCONT)
-    finally:
-        with contextlib.suppress(PermissionError):
-            os.setpriority(os.PRIO_PROCESS, thread, niceness)
     states = Message.objects.filter(session__platform=platform).values_list("delivery_status", flat=True)
     raise AssertionError(f"no claim of {platform}'s rows held at a freeze in {timeout}s: {Counter(states)}")
 
 
+def freeze_tree_when(proc: Proc, ready, timeout: float = 40) -> None:
+    """Freeze `proc` and everything it started (SIGSTOP) as soon as `ready()` holds, polled without
+    pause from a thread raised above the load (a burst may be over before a starved poller sees it
+    start). The caller kills or continues them."""
+    with _above_the_load():
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert time.monotonic() < deadline, f"not ready in {timeout}s"
+        for pid in [proc.popen.pid, *descendants(proc.popen.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                _freeze(pid)
+
+
 def _all_threads_stopped(pid: int) -> bool:
-    """Every thread of `pid` is in the stopped state (T)."""
+    """Every thread of `pid` is stopped (T), or has ended (Z)."""
     states = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(OSError):
             states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
-    return bool(states) and all(state == "T" for state in states)
+    return bool(states) and all(state in ("T", "Z") for state in states)  # a zombie runs nothing either
 
 
 def heartbeat_name(instance: str) -> str | None:
