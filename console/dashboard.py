@@ -14,8 +14,9 @@ from typing import Any
 from django.apps import apps
 from django.db import connection
 from django.db.models import Count, F, Max, Q, Sum
-from django.db.models.functions import Now, TruncDate
+from django.db.models.functions import Now, TruncDate, TruncHour
 from django.utils import timezone
+from django.utils.html import format_html
 from django.utils.translation import gettext as _
 
 from chat.accounts import bot_account
@@ -29,7 +30,7 @@ from chat.fate import (
     sender_fate_expression,
     sender_fate_q,
 )
-from chat.models import AdapterConnection, ChatSession, CycleKind, LLMCall, Message, PlannerCycle
+from chat.models import AdapterConnection, ChatSession, CycleKind, Direction, LLMCall, Message, PlannerCycle
 from console import charts
 from core.config import get_config
 from core.models import LogEntry, ProcessHeartbeat
@@ -180,6 +181,48 @@ def lateness_charts(stats: dict[str, Any], now: datetime | None = None) -> list:
             ],
         ),
     ]
+
+
+def message_volume(now: datetime | None = None) -> dict[str, Any]:
+    """Messages per platform in each of the last 24 hours (the bot's time zone, the current hour last),
+    received and sent (replies, scheduled and proactive messages): {"hours": [hour start, ...],
+    "in"|"out": {platform: [count per hour]}}. Counted by the database, by the message's time."""
+    tz = get_config().tzinfo
+    now = timezone.localtime(now or timezone.now(), tz)
+    first = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=23)
+    hours = [first + timedelta(hours=i) for i in range(24)]
+    index = {hour: i for i, hour in enumerate(hours)}
+    volume: dict[str, dict[str, list[int]]] = {Direction.IN: {}, Direction.OUT: {}}
+    rows = (
+        Message.objects.filter(time__gte=first)
+        .annotate(hour=TruncHour("time", tzinfo=tz))
+        .values("hour", "direction", "session__platform")
+        .annotate(n=Count("id"))
+    )
+    for row in rows:
+        i = index.get(timezone.localtime(row["hour"], tz))
+        if i is not None and row["direction"] in volume:
+            counts = volume[row["direction"]].setdefault(row["session__platform"], [0] * 24)
+            counts[i] += row["n"]
+    return {"hours": hours, "in": volume[Direction.IN], "out": volume[Direction.OUT]}
+
+
+def volume_charts(volume: dict[str, Any]) -> list:
+    """Two stacked bar charts: messages received, and sent, per hour and platform."""
+    labels = [hour.strftime("%H:00") for hour in volume["hours"]]
+    zone = volume["hours"][-1].tzname() or ""
+    made = []
+    for key, title in (
+        ("in", _("Messages received per hour and platform (%(zone)s)")),
+        ("out", _("Messages sent per hour and platform: replies, scheduled and proactive (%(zone)s)")),
+    ):
+        series = [charts.Series(platform, counts) for platform, counts in sorted(volume[key].items())]
+        title = title % {"zone": zone}
+        if series:
+            made.append(charts.bar_chart(title=title, categories=labels, series=series, stacked=True))
+        else:
+            made.append(format_html('<p class="chart-empty">{}: {}</p>', title, charts.no_data()))
+    return made
 
 
 def _totals() -> dict[str, Any]:

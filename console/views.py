@@ -73,6 +73,7 @@ def _dashboard_panels(request: HttpRequest) -> dict:
         "timers": dashboard.timers_summary(),
         "lateness": lateness,
         "lateness_charts": dashboard.lateness_charts(lateness, now),
+        "volume_charts": dashboard.volume_charts(dashboard.message_volume(now)),
         "usage": usage,
         "llm_charts": dashboard.llm_charts(usage),
         "spend": dashboard.llm_spend(now=now),

@@ -125,7 +125,7 @@ def test_dashboard_shows_adapters_scheduled_work_lateness_usage_and_errors(opera
 def test_dashboard_renders_empty(operator):
     page = operator.get("/admin/console/")
     assert page.status_code == 200
-    assert page.content.decode().count("no data yet") == 4
+    assert page.content.decode().count("no data yet") == 6  # lateness, LLM usage, messages received and sent
 
 
 def test_console_pages_are_for_operators_only(db):
@@ -182,3 +182,36 @@ def test_healthz_reports_database_cluster_and_adapters(db):
     assert response.status_code == 503
     assert response.json()["checks"]["cluster"]["ok"] is False
     assert "SECRET" not in json.dumps(response.json()).upper()
+
+
+def test_message_volume_counts_each_platform_per_hour_of_the_bots_zone(operator, make_session):
+    from chat.models import Message
+    from console.dashboard import message_volume
+
+    tz = bot_config.get_config().tzinfo  # Asia/Shanghai: its hours are not UTC's
+    now = timezone.localtime(timezone.now(), tz).replace(minute=30, second=0, microsecond=0)
+    qq, wechat = make_session(platform="qq"), make_session(platform="wechat")
+
+    def message(session, direction, hours_ago, minute=0):
+        at = now.replace(minute=minute) - timedelta(hours=hours_ago)
+        fate = {"source_kind": "reply", "delivery_status": "pending"} if direction == "out" else {}
+        Message.objects.create(
+            session=session, direction=direction, text="x", time=at, **{"source_kind": "user", **fate}
+        )
+
+    for _ in range(3):
+        message(qq, "in", 0)
+    message(qq, "out", 0, minute=59)
+    message(wechat, "in", 5, minute=1)
+    message(qq, "in", 23)
+    message(qq, "in", 24)  # the hour before the first shown: left out
+    volume = message_volume(now)
+    assert volume["hours"][-1] == now.replace(minute=0) and len(volume["hours"]) == 24
+    assert volume["in"]["qq"][23] == 3 and volume["in"]["qq"][0] == 1 and sum(volume["in"]["qq"]) == 4
+    assert volume["in"]["wechat"][18] == 1 and sum(volume["in"]["wechat"]) == 1
+    assert volume["out"] == {"qq": [0] * 23 + [1]}
+
+    for language, title in (("en", "Messages received per hour and platform"), ("zh-hans", "每小时各平台收到的消息")):
+        page = operator.get("/admin/console/", HTTP_ACCEPT_LANGUAGE=language).content.decode()
+        panel = page.split('id="message-volume"', 1)[1].split('<div class="module', 1)[0]
+        assert title in panel and "<svg" in panel and "wechat" in panel, panel[:500]
