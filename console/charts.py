@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from html import escape
 
@@ -9,8 +10,8 @@ from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext as _
 
 PALETTE = ["#417690", "#e0a030", "#70a050", "#c05050", "#8060b0", "#40a0a0", "#b07040", "#808080"]
-WIDTH, HEIGHT = 640, 260
-LEFT, RIGHT, TOP, BOTTOM = 64, 16, 16, 56
+WIDTH, HEIGHT = 640, 274
+LEFT, RIGHT, TOP, BOTTOM = 64, 16, 30, 56  # the title above the plot
 
 
 @dataclass
@@ -45,6 +46,26 @@ def _fmt(value: float) -> str:
     return f"{value:.2g}" if value < 1 else f"{value:.1f}"
 
 
+def _frame(title: str, top: float, unit: str) -> list[str]:
+    """A chart's opening: the svg element, its title (for screen readers and shown above the plot), and
+    the grid with its y labels from 0 to `top`."""
+    plot_h = HEIGHT - TOP - BOTTOM
+    parts = [
+        f'<svg class="chart" role="img" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" '
+        f'width="{WIDTH}" height="{HEIGHT}" aria-label="{escape(title)}">',
+        f"<title>{escape(title)}</title>",
+        f'<text x="{LEFT}" y="14" font-size="12" font-weight="bold" fill="#333">{escape(title)}</text>',
+    ]
+    for i in range(5):  # grid and y labels
+        y = TOP + plot_h - plot_h * i / 4
+        parts.append(f'<line x1="{LEFT}" y1="{y:.1f}" x2="{WIDTH - RIGHT}" y2="{y:.1f}" stroke="#ddd"/>')
+        parts.append(
+            f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="11" fill="#666">'
+            f"{escape(_fmt(top * i / 4))}{escape(unit)}</text>"
+        )
+    return parts
+
+
 def bar_chart(
     *, title: str, categories: list[str], series: list[Series], unit: str = "", stacked: bool = False
 ) -> SafeString:
@@ -56,20 +77,11 @@ def bar_chart(
     else:
         peak = max((v for s in series for v in s.values), default=0)
     top = _nice_max(peak)
-    parts = [
-        f'<svg class="chart" role="img" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" '
-        f'width="{WIDTH}" height="{HEIGHT}" aria-label="{escape(title)}">',
-        f"<title>{escape(title)}</title>",
-    ]
-    for i in range(5):  # grid and y labels
-        y = TOP + plot_h - plot_h * i / 4
-        parts.append(f'<line x1="{LEFT}" y1="{y:.1f}" x2="{WIDTH - RIGHT}" y2="{y:.1f}" stroke="#ddd"/>')
-        parts.append(
-            f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="11" fill="#666">'
-            f"{escape(_fmt(top * i / 4))}{escape(unit)}</text>"
-        )
+    parts = _frame(title, top, unit)
     group_w = plot_w / n
     bar_w = group_w * 0.7 / (1 if stacked else max(len(series), 1))
+    # Every category labelled while labels have 40 px each, else every step-th one (the last one always).
+    step = math.ceil(n * 40 / plot_w)
     for ci, category in enumerate(categories):
         x0 = LEFT + ci * group_w + group_w * 0.15
         base = 0.0
@@ -85,10 +97,11 @@ def bar_chart(
             )
             if stacked:
                 base += value
-        parts.append(
-            f'<text x="{LEFT + ci * group_w + group_w / 2:.1f}" y="{TOP + plot_h + 16}" text-anchor="middle" '
-            f'font-size="11" fill="#444">{escape(category)}</text>'
-        )
+        if (n - 1 - ci) % step == 0:
+            parts.append(
+                f'<text x="{LEFT + ci * group_w + group_w / 2:.1f}" y="{TOP + plot_h + 16}" text-anchor="middle" '
+                f'font-size="11" fill="#444">{escape(category)}</text>'
+            )
     parts.append(f'<line x1="{LEFT}" y1="{TOP + plot_h}" x2="{WIDTH - RIGHT}" y2="{TOP + plot_h}" stroke="#888"/>')
     x = LEFT
     for si, s in enumerate(series):  # legend
@@ -112,18 +125,7 @@ def line_chart(*, title: str, labels: list[str], series: list[Series], unit: str
     values = [v for s in series for v in s.values if v is not None]
     top = _nice_max(max(values, default=0))
     n = max(len(labels) - 1, 1)
-    parts = [
-        f'<svg class="chart" role="img" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" '
-        f'width="{WIDTH}" height="{HEIGHT}" aria-label="{escape(title)}">',
-        f"<title>{escape(title)}</title>",
-    ]
-    for i in range(5):
-        y = TOP + plot_h - plot_h * i / 4
-        parts.append(f'<line x1="{LEFT}" y1="{y:.1f}" x2="{WIDTH - RIGHT}" y2="{y:.1f}" stroke="#ddd"/>')
-        parts.append(
-            f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="11" fill="#666">'
-            f"{escape(_fmt(top * i / 4))}{escape(unit)}</text>"
-        )
+    parts = _frame(title, top, unit)
     every = max(1, len(labels) // 8)
     for i, label in enumerate(labels):
         if i % every == 0:

@@ -126,13 +126,18 @@ def dashboard_data(transactional_db, make_session) -> None:
             send_at=now - timedelta(seconds=lateness), due_at=now - timedelta(seconds=lateness)
         )
     assert deliver_due().sent == 3
+    from chat.models import Message
+
+    Message.objects.create(
+        session=make_session(platform="wechat"), direction="in", source_kind="user", text="hi", time=now
+    )
 
 
 def test_dashboard_charts_render(dashboard_data, shared_server, page, tmp_path):
     _, base = shared_server
     log_in(page, base, "/admin/console/")
     charts = page.query_selector_all("svg.chart")
-    assert len(charts) == 4
+    assert len(charts) == 6  # messages received and sent, lateness twice, LLM tokens and cost
     for chart in charts:
         box = chart.bounding_box()
         assert box["width"] > 300 and box["height"] > 150
@@ -141,6 +146,8 @@ def test_dashboard_charts_render(dashboard_data, shared_server, page, tmp_path):
     bars = [r for r in usage.query_selector_all("rect") if (r.bounding_box() or {}).get("height", 0) > 1]
     assert len(bars) >= 4 + 2  # four day/model bars plus the two legend swatches
     assert "no data yet" not in page.inner_text("#llm-usage")
+    received, sent = page.query_selector_all("#message-volume svg.chart")
+    assert "wechat" in received.inner_html() and "qq" in sent.inner_html()
     lateness_lines = page.query_selector_all("#lateness svg.chart path")
     assert len(lateness_lines) == 2  # p50 and p99 over the hours
     shot = tmp_path / "dashboard.png"

@@ -1,9 +1,10 @@
 """The single file, end to end: `make dist` builds dist/maibot.pyz once per session; copied alone into an
 empty folder and run with the system python3 (not the project's venv), it creates ./maibot-data, shows the
-set-up page (headless Chromium: operator, model with the test button, nickname, adapter token), a real
-maim_message adapter gets the bot's reply and, from the cluster's dispatcher, the message the bot scheduled;
-SIGTERM stops everything; started again after a migration was
-rolled back and the stamp made older, it keeps the data and migrates; on a data dir newer than itself (by
+set-up page (headless Chromium set to Chinese: operator, model with the test button, nickname, adapter
+token), a real maim_message adapter gets the bot's reply and, from the cluster's dispatcher, the message the
+bot scheduled; SIGTERM stops everything; started again after a migration was
+rolled back and the stamp made older, it keeps the data and migrates, and the operator (in Chinese) finds
+the conversation, the scheduled message and the model's spend; on a data dir newer than itself (by
 the stamp, or by a migration it does not have) it refuses to start, naming why."""
 
 from __future__ import annotations
@@ -115,16 +116,17 @@ def _answers(url: str) -> int | None:
 
 
 def _set_up_in_browser(base: str, provider: FakeLLM, code: str) -> str:
-    """Fill in the set-up page with the printed one-time code, test the model; returns what the test
-    button showed."""
+    """Fill in the set-up page, in a browser set to Chinese, with the printed one-time code, test the
+    model; returns what the test button showed."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=require_chromium(), args=CHROMIUM_ARGS, headless=True)
-        page = browser.new_page()
+        page = browser.new_context(locale="zh-CN").new_page()
         page.set_default_timeout(30_000)
         page.goto(f"{base}/admin/")
         page.wait_for_url(f"{base}/setup/")  # the first page is the set-up page
+        assert page.inner_text("h1") == "设置麦麦"
         page.fill("#id_code", code)  # asked for on loopback too
         page.fill("#id_username", OPERATOR)
         page.fill("#id_password", PASSWORD)
@@ -141,6 +143,7 @@ def _set_up_in_browser(base: str, provider: FakeLLM, code: str) -> str:
         page.click("#setup-submit")
         page.wait_for_url(f"{base}/admin/console/")  # the set-up lands on the dashboard
         assert OPERATOR.upper() in page.inner_text("#user-tools").upper()  # logged in as the new operator
+        assert "仪表盘" in page.inner_text("#nav-sidebar")
         browser.close()
     return tested
 
@@ -158,11 +161,12 @@ async def _adapter_gets_reply_and_scheduled_message(base: str) -> list[dict]:
 
 
 def _login_sees_reply(base: str) -> None:
+    """The operator, in Chinese, finds the conversation, the message the bot scheduled and the spend."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=require_chromium(), args=CHROMIUM_ARGS, headless=True)
-        page = browser.new_page()
+        page = browser.new_context(locale="zh-CN").new_page()
         page.set_default_timeout(30_000)
         page.goto(f"{base}/admin/chat/message/")
         page.wait_for_url(f"{base}/admin/login/**")  # no set-up page any more: the normal login
@@ -171,6 +175,11 @@ def _login_sees_reply(base: str) -> None:
         page.click("input[type=submit]")
         page.wait_for_url(f"{base}/admin/chat/message/")
         assert "pong from the file" in page.content()
+        page.click("#console-scheduled a")  # the sidebar's Scheduled
+        assert "scheduled from the file" in page.content()
+        page.click("#console-dashboard a")
+        usage = page.inner_text("#llm-usage")
+        assert "LLM 用量" in usage and "fake-1" in usage, usage
         browser.close()
 
 
@@ -222,7 +231,7 @@ def test_the_single_file_sets_up_in_the_browser_replies_stops_upgrades_and_refus
             code = re.search(r"one-time code: (\S+)", run.output()).group(1)
             tested = _set_up_in_browser(base, provider, code)
             # The outcome only, never the model's words (the fake answers "ok" without the tool call).
-            assert tested.startswith("Warning: the model answered in ") and "did not call" in tested, tested
+            assert tested.startswith("警告：模型在") and "没有调用提供的工具" in tested, tested
             assert not (data / "setup-code").exists()
             assert (data / "deployment.env").stat().st_mode & 0o077 == 0
             assert 'nickname = "PyzBot"' in (data / "bot_config.toml").read_text()
