@@ -21,6 +21,7 @@ import errno
 import json
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -35,7 +36,7 @@ SPEC_ENV = "MAIBOT_SUPERVISOR_SPEC"
 STOP_GRACE_SECONDS = 30.0
 BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0
 STABLE_AFTER_SECONDS = 60.0  # a child that ran this long starts its next backoff from the beginning
-TICK_SECONDS = 0.2
+TICK_SECONDS = 0.2  # how often a child is looked at where its end cannot be waited for (no pidfd)
 
 logger = logging.getLogger("maibot.serve")
 
@@ -84,6 +85,7 @@ class Child:
     restart_at: float | None = None
     failures: int = 0  # crashes in a row (a run of STABLE_AFTER_SECONDS ends the row): its backoff
     restarts: int = 0
+    pidfd: int | None = None
 
     def start(self) -> None:
         # A group of its own: the child and everything it forks can be signalled (and killed) together,
@@ -91,6 +93,16 @@ class Child:
         self.proc = subprocess.Popen(self.argv, cwd=self.cwd, env={**os.environ, **self.env}, start_new_session=True)
         self.started_at = time.monotonic()
         self.restart_at = None
+        self.close_pidfd()
+        try:  # readable when the child ends: the supervisor sleeps until then (Linux 5.3 and newer)
+            self.pidfd = os.pidfd_open(self.proc.pid)
+        except (AttributeError, OSError):
+            self.pidfd = None
+
+    def close_pidfd(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
 
     def stop(self) -> None:
         """SIGTERM, the grace period, then its whole group killed."""
@@ -148,17 +160,39 @@ class Supervisor:
             child.start()
 
     def run(self) -> None:
-        """Restart any child that died (with backoff), each TICK_SECONDS, until a signal (or PortTaken
-        from a child that died for its port); then stop them all."""
+        """Restart any child that died (with backoff) until a signal (or PortTaken from a child that died
+        for its port); then stop them all. Between checks it sleeps until a child ends, a signal comes or
+        a restart is due (TICK_SECONDS at most where a child's end cannot be waited for)."""
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_write, False)
+        previous = signal.set_wakeup_fd(wake_write)
         try:
             while not self.stopping:
                 for child in self.children:
                     self._supervise(child)
-                time.sleep(TICK_SECONDS)
+                if not self.stopping:
+                    self._sleep(wake_read)
         finally:
+            signal.set_wakeup_fd(previous)
+            os.close(wake_read)
+            os.close(wake_write)
             for child in self.children[: self.first]:
                 child.stop()
             self._stop_all(self.children[self.first :])
+            for child in self.children:
+                child.close_pidfd()
+
+    def _sleep(self, wake: int) -> None:
+        now = time.monotonic()
+        running = [c for c in self.children if c.restart_at is None]
+        due = [c.restart_at - now for c in self.children if c.restart_at is not None]
+        if any(c.pidfd is None for c in running):
+            due.append(TICK_SECONDS)
+        readable, _, _ = select.select(
+            [wake, *(c.pidfd for c in running if c.pidfd is not None)], [], [], max(0.0, min(due)) if due else None
+        )
+        if wake in readable:
+            os.read(wake, 512)  # the signals' bytes: the handler has set `stopping`
 
     def _supervise(self, child: Child) -> None:
         now = time.monotonic()

@@ -271,8 +271,8 @@ async def test_a_server_killed_while_handing_a_burst_over_loses_its_claims_withi
     delivery lease; once each, but for what the receipt trade-off allows (a frame the dead server
     wrote whose echo died with it is handed over again, once, by the live server)."""
     platform = "qq-claims-kill"
-    # The default batch: the burst goes out in chunks of 200, each a long hand-over; five of them, as a
-    # fast server hands one over in a few milliseconds (two were both missed once, at load).
+    # The default batches: the outbox hands over up to 500 rows at a time, so 1,000 make at least two long
+    # hand-overs (a burst of 400 was handed over between two polls once, at load).
     clusters("k", config="")
     sessions = [await db(make_session, platform=platform) for _ in range(20)]
     adapter = await NapCatStandIn(deployment.base, platform=platform).start()

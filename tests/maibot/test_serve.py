@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import urllib.request
 from datetime import timedelta
 from pathlib import Path
@@ -60,6 +61,12 @@ def _rss_mib(pid: int) -> float:
     return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS")) / 1024
 
 
+def _voluntary_switches(pid: int) -> int:
+    """How often `pid`'s main thread gave up the CPU (each sleep or wait that ended is one)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("voluntary_ctxt_switches"))
+
+
 def _answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
@@ -82,6 +89,11 @@ def test_a_killed_cluster_is_restarted_while_the_server_serves_and_stop_leaves_n
         # `serve` became the supervisor (exec): the standard library only, not a Django process.
         assert "-m maibot.supervisor" in _processes()[serve.popen.pid][2]
         assert _rss_mib(serve.popen.pid) < 30, _rss_mib(serve.popen.pid)
+        # It sleeps until a child ends or a signal comes: over 2 s of all being well (a measuring window,
+        # not a wait), no wake-up of its own (a 0.2 s tick made 10).
+        switches = _voluntary_switches(serve.popen.pid)
+        time.sleep(2)
+        assert _voluntary_switches(serve.popen.pid) - switches <= 2, "the supervisor polls"
         # The cluster's sentinel, workers and monitor share its process group.
         assert wait_for(lambda: len(_group(cluster)) >= 3, timeout=30), _group(cluster)
         old_group = _group(cluster)
@@ -118,7 +130,7 @@ async def test_a_web_child_killed_while_handing_over_leaves_its_claims_to_its_su
     env = subprocess_env(MAIBOT_DATA_DIR=str(tmp_path / "data"), LOG_LEVEL="INFO")
     serve = Proc([sys.executable, "manage.py", "serve", "--port", str(port)], env, tmp_path / "serve.log")
     adapter = None
-    n = 300
+    n = 1000  # hand-overs of up to 500 rows: long enough to be seen holding a claim at load
     try:
         base = f"http://127.0.0.1:{port}"
         assert await asyncio.to_thread(wait_for, lambda: _answers(f"{base}/admin/login/"), 60), serve.output()
