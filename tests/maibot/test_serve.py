@@ -130,7 +130,7 @@ async def test_a_web_child_killed_while_handing_over_leaves_its_claims_to_its_su
     env = subprocess_env(MAIBOT_DATA_DIR=str(tmp_path / "data"), LOG_LEVEL="INFO")
     serve = Proc([sys.executable, "manage.py", "serve", "--port", str(port)], env, tmp_path / "serve.log")
     adapter = None
-    n = 1000  # hand-overs of up to 500 rows: long enough to be seen holding a claim at load
+    n = 300
     try:
         base = f"http://127.0.0.1:{port}"
         assert await asyncio.to_thread(wait_for, lambda: _answers(f"{base}/admin/login/"), 60), serve.output()
