@@ -20,8 +20,9 @@ from pydantic.fields import FieldInfo
 from console.config_tables import (
     RoutesField,
     TableField,
+    cell_text,
     is_routes,
-    parse_map,
+    parse_cell,
     same_value,
     table_item,
     toml_value,
@@ -104,10 +105,9 @@ def _form_field(info: FieldInfo, default: Any) -> forms.Field:
         return forms.IntegerField(**common)
     if kind == "float":
         return forms.FloatField(**common)
-    if kind == "list":
-        return ListField(required=False, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}), **common)
-    if kind == "dict":
-        return DictField(required=False, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}), **common)
+    if kind in ("list", "dict"):
+        textarea = forms.Textarea(attrs={"rows": 3, "cols": 60})
+        return LinesField("map" if kind == "dict" else "list", required=False, widget=textarea, **common)
     widget = (
         forms.Textarea(attrs={"rows": 3, "cols": 80})
         if len(str(default)) > LONG_TEXT
@@ -116,29 +116,18 @@ def _form_field(info: FieldInfo, default: Any) -> forms.Field:
     return forms.CharField(required=False, strip=False, widget=widget, **common)
 
 
-class ListField(forms.CharField):
-    """list[str] as a textarea, one item per line."""
+class LinesField(forms.CharField):
+    """A list[str] (one item per line) or a dict[str, str] (one `name = value` per line) as a textarea."""
+
+    def __init__(self, kind: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.kind = kind
 
     def prepare_value(self, value: Any) -> Any:
-        if isinstance(value, list):
-            return "\n".join(value)
-        return value
+        return cell_text(value, self.kind)
 
-    def to_python(self, value: Any) -> list[str]:
-        text = super().to_python(value) or ""
-        return [line.strip() for line in text.splitlines() if line.strip()]
-
-
-class DictField(forms.CharField):
-    """dict[str, str] as a textarea, one `key = value` per line."""
-
-    def prepare_value(self, value: Any) -> Any:
-        if isinstance(value, dict):
-            return "\n".join(f"{k} = {v}" for k, v in value.items())
-        return value
-
-    def to_python(self, value: Any) -> dict[str, str]:
-        return parse_map(super().to_python(value) or "")
+    def to_python(self, value: Any) -> Any:
+        return parse_cell(super().to_python(value) or "", self.kind)
 
 
 def _form_fields(model: type) -> list[tuple[str, FieldInfo]]:

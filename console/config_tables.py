@@ -47,8 +47,8 @@ def column_kind(annotation: Any) -> str:
     return {str: "str", int: "int", float: "float", bool: "bool"}[annotation]
 
 
-def _text(value: Any, kind: str) -> str:
-    """A cell's text: a value of the config, or the text posted (kept as posted)."""
+def cell_text(value: Any, kind: str) -> str:
+    """A cell's (or a list or map field's) text: a value of the config, or the text posted (kept as posted)."""
     if value is None:
         return ""
     if isinstance(value, str):
@@ -76,7 +76,9 @@ def parse_map(text: str) -> dict[str, str]:
     return result
 
 
-def _parsed(text: str, kind: str) -> Any:
+def parse_cell(text: str, kind: str) -> Any:
+    """A cell's (or a list or map field's) text as data: a list one item per line, a map one
+    `name = value` per line, anything else the text (the config's model converts it)."""
     if kind == "list":
         return [line.strip() for line in text.splitlines() if line.strip()]
     if kind == "map":
@@ -114,16 +116,11 @@ class TableWidget(forms.Widget):
         for i in range(min(count, 1000)):
             if data.get(f"{name}-{i}-remove"):
                 continue
-            cells = {c.key: data.get(f"{name}-{i}-{c.key}", "") for c in self.columns if c.kind != "bool"}
-            cells |= {
-                c.key: "true" if data.get(f"{name}-{i}-{c.key}") else "false" for c in self.columns if c.kind == "bool"
-            }
-            if any(v.strip() for k, v in cells.items() if self._column(k).kind != "bool"):
-                rows.append(cells)
+            texts = {c.key: data.get(f"{name}-{i}-{c.key}", "") for c in self.columns if c.kind != "bool"}
+            if any(text.strip() for text in texts.values()):  # a row of blank cells (ticks aside) is none
+                ticks = {c.key: "true" if data.get(f"{name}-{i}-{c.key}") else "false" for c in self.columns}
+                rows.append({key: texts.get(key, tick) for key, tick in ticks.items()})
         return rows
-
-    def _column(self, key: str) -> Column:
-        return next(c for c in self.columns if c.key == key)
 
     def render(self, name, value, attrs=None, renderer=None) -> SafeString:
         rows = list(value or []) + [{} for _ in range(EXTRA_ROWS)]
@@ -187,7 +184,9 @@ class TableField(forms.Field):
         """Rows of cell texts, from the config's values or from what was posted."""
         if not isinstance(value, list):
             return value
-        return [{c.key: _text(row.get(c.key), c.kind) for c in self.columns} for row in value if isinstance(row, dict)]
+        return [
+            {c.key: cell_text(row.get(c.key), c.kind) for c in self.columns} for row in value if isinstance(row, dict)
+        ]
 
     def to_python(self, value: Any) -> list[dict[str, Any]] | None:
         """The rows as plain data, blank cells left out; idempotent (already parsed cells stay)."""
@@ -197,7 +196,7 @@ class TableField(forms.Field):
             value = json.loads(value or "[]")
         kinds = {c.key: c.kind for c in self.columns}
         return [
-            {key: _parsed(cell, kinds[key]) if isinstance(cell, str) else cell for key, cell in row.items()
+            {key: parse_cell(cell, kinds[key]) if isinstance(cell, str) else cell for key, cell in row.items()
              if key in kinds and not (isinstance(cell, str) and not cell.strip())}
             for row in value
         ]  # fmt: skip
@@ -238,7 +237,10 @@ def is_routes(annotation: Any) -> bool:
 
 
 def same_value(info: FieldInfo, written: Any, value: Any) -> bool:
-    """Whether the file's `written` value (as tomlkit reads it) means the config's `value`."""
+    """Whether the file's `written` value (as tomlkit reads it) means the config's `value`: as written,
+    but a list of tables through its model (the file gives only the keys that differ from defaults)."""
+    if table_item(info.annotation) is None:
+        return written == value
     try:
         return TypeAdapter(info.annotation).validate_python(written) == value
     except ValidationError:
@@ -255,6 +257,4 @@ def toml_value(value: Any) -> Any:
             table.update(item.model_dump(exclude_defaults=True))
             tables.append(table)
         return tables
-    if isinstance(value, BaseModel):
-        return value.model_dump()
     return value
