@@ -33,7 +33,7 @@ def test_a_forked_child_ends_by_a_signal_as_a_plain_child_does(tmp_path):
     log = tmp_path / "child.log"
     log.touch()
     child = forkserver.spawn(
-        _shell("import time; print('up', flush=True); time.sleep(120)"), dict(os.environ), str(log), str(ROOT)
+        _shell("import signal; print('up', flush=True); signal.pause()"), dict(os.environ), str(log), str(ROOT)
     )
     assert wait_for(lambda: "up" in log.read_text(), timeout=60)
     assert child.poll() is None
