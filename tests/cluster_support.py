@@ -318,6 +318,24 @@ def check_arrivals_after_kill(delivered, texts: list[str], *, moved: float) -> t
     return {t: arrivals[t][0] for t in texts}, twice
 
 
+def repeats_on_record(seen: Counter, *, platforms: list[str]) -> dict[str, int]:
+    """Asserts that each text the platform saw more than once (`seen`: arrivals per text) was handed
+    over again on the record: its outbound row counts at least as many hand-overs as arrivals (its echo
+    missed the deployment's confirm window, as on a loaded machine: the receipt trade-off). Never a copy
+    the row does not account for. Returns the repeated texts and their arrival counts. (Call it on a
+    database thread.)"""
+    from chat.models import Message
+
+    twice = {text: count for text, count in seen.items() if count > 1}
+    attempts = dict(
+        Message.objects.filter(direction="out", session__platform__in=platforms, text__in=list(twice)).values_list(
+            "text", "delivery_attempts"
+        )
+    )
+    assert all(attempts.get(text, 0) >= count for text, count in twice.items()), (twice, attempts)
+    return twice
+
+
 def data_dir_with(root: Path, name: str, bot_config: str) -> Path:
     data = root / name
     data.mkdir(parents=True, exist_ok=True)
@@ -336,4 +354,5 @@ __all__ = [
     "heartbeat_name",
     "kill_tree",
     "kill_while_claimed",
+    "repeats_on_record",
 ]

@@ -29,6 +29,7 @@ from tests.cluster_support import (
     heartbeat_name,
     kill_tree,
     kill_while_claimed,
+    repeats_on_record,
 )
 from tests.conftest import Proc, db, subprocess_env, wait_for_async
 
@@ -249,18 +250,8 @@ async def test_a_cluster_killed_mid_burst_leaves_each_message_sent_exactly_once(
         await adapter.stop()
     seen = Counter(adapter.napcat.texts())
     assert sorted(seen) == sorted(f"due {i}" for i in range(n))
-    # One row each (above). The platform sees a row twice only when the server handed it over again on
-    # the record (its echo missed the 2 s confirm window of this deployment, as on a loaded machine):
-    # never a second copy the row does not account for.
-    twice = {text: count for text, count in seen.items() if count > 1}
-    attempts = await db(
-        lambda: dict(
-            Message.objects.filter(session__platform=platform, text__in=list(twice)).values_list(
-                "text", "delivery_attempts"
-            )
-        )
-    )
-    assert all(attempts[text] >= count for text, count in twice.items()), (twice, attempts)
+    # One row each (above); a second copy only as a hand-over on the record.
+    await db(repeats_on_record, seen, platforms=[platform])
 
 
 async def test_a_server_killed_while_handing_a_burst_over_loses_its_claims_within_seconds(
@@ -371,7 +362,8 @@ async def test_two_servers_and_two_clusters_under_mixed_load_lose_and_double_not
 ):
     """A bounded soak (the hour-long one is bench/scaleout.py --soak): two adapters (one per server, by
     the balancer's leastconn), inbound messages, scheduled messages due throughout, proactive sends and
-    HTTP requests through the balancer, all at once for a few seconds."""
+    HTTP requests through the balancer, all at once for a few seconds. Nothing lost, and nothing doubled
+    that the rows do not record as handed over again."""
     import aiohttp
 
     from tests.chat.gateway_helpers import envelope
@@ -458,15 +450,25 @@ async def test_two_servers_and_two_clusters_under_mixed_load_lose_and_double_not
             return expected <= got
 
         await wait_for_async(everything_arrived, timeout=90, what="every outbound message at its adapter")
+        # And each confirmed by its echo (a repeat below is the exception, not a lost receipt).
+        ids = await db(
+            lambda: list(
+                Message.objects.filter(direction="out", session__platform__in=platforms, text__in=expected).values_list(
+                    "pk", flat=True
+                )
+            )
+        )
+        assert len(ids) == len(expected)
+        await all_delivered(ids, timeout=60)
     finally:
         for adapter in adapters:
             await adapter.stop()
-    # Each where it belongs, once.
+    # Each where it belongs, once: a second copy only as a hand-over on the record (an echo that missed
+    # this deployment's 2 s confirm window on a loaded machine; ci12 saw one on PostgreSQL).
     for adapter, p in zip(adapters, platforms, strict=True):
-        seen = Counter(t for t in adapter.napcat.texts() if t.startswith(p))
-        mine = {t for t in expected if t.startswith(p + " ")}
-        assert set(seen) >= mine
-        assert all(seen[t] == 1 for t in mine), [t for t in mine if seen[t] != 1][:10]
+        seen = Counter(t for t in adapter.napcat.texts() if t.startswith(p + " "))
+        assert set(seen) >= {t for t in expected if t.startswith(p + " ")}
+        await db(repeats_on_record, seen, platforms=[p])
     texts = await db(
         lambda: list(
             Message.objects.filter(direction="in", session__platform__in=platforms).values_list("text", flat=True)
