@@ -38,6 +38,15 @@ def _nice_max(value: float) -> float:
     return 10 * magnitude
 
 
+def _whole_max(value: float) -> int:
+    """A y axis top for counts: four equal steps of a whole number (1, 2, 5 × 10^n), so every label is an
+    integer (a count of 1 gets 0-4, not 0, 0.25, ... 1)."""
+    step = 1
+    while 4 * step < value:
+        step = step * 5 // 2 if str(step)[0] == "2" else step * 2  # 1, 2, 5, 10, 20, 50, ...
+    return 4 * step
+
+
 def _fmt(value: float) -> str:
     if value >= 1000:
         return f"{value:,.0f}"
@@ -67,16 +76,23 @@ def _frame(title: str, top: float, unit: str) -> list[str]:
 
 
 def bar_chart(
-    *, title: str, categories: list[str], series: list[Series], unit: str = "", stacked: bool = False
+    *,
+    title: str,
+    categories: list[str],
+    series: list[Series],
+    unit: str = "",
+    stacked: bool = False,
+    counts: bool = False,
 ) -> SafeString:
-    """Grouped (or stacked) bars, one group per category, one colour per series, with a legend."""
+    """Grouped (or stacked) bars, one group per category, one colour per series, with a legend. `counts`:
+    the values are whole numbers, and so is every y label."""
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     n = max(len(categories), 1)
     if stacked:
         peak = max((sum(s.values[i] for s in series) for i in range(len(categories))), default=0)
     else:
         peak = max((v for s in series for v in s.values), default=0)
-    top = _nice_max(peak)
+    top = _whole_max(peak) if counts else _nice_max(peak)
     parts = _frame(title, top, unit)
     group_w = plot_w / n
     bar_w = group_w * 0.7 / (1 if stacked else max(len(series), 1))

@@ -219,7 +219,7 @@ def volume_charts(volume: dict[str, Any]) -> list:
         series = [charts.Series(platform, counts) for platform, counts in sorted(volume[key].items())]
         title = title % {"zone": zone}
         if series:
-            made.append(charts.bar_chart(title=title, categories=labels, series=series, stacked=True))
+            made.append(charts.bar_chart(title=title, categories=labels, series=series, stacked=True, counts=True))
         else:
             made.append(format_html('<p class="chart-empty">{}: {}</p>', title, charts.no_data()))
     return made
@@ -310,6 +310,7 @@ def llm_charts(usage: dict[str, Any]) -> list:
             categories=labels,
             series=[charts.Series(m, [usage["tokens"][m][d] for d in usage["days"]]) for m in models],
             stacked=True,
+            counts=True,
         ),
         charts.bar_chart(
             title=_("LLM cost per day and model"),

@@ -215,3 +215,24 @@ def test_message_volume_counts_each_platform_per_hour_of_the_bots_zone(operator,
         page = operator.get("/admin/console/", HTTP_ACCEPT_LANGUAGE=language).content.decode()
         panel = page.split('id="message-volume"', 1)[1].split('<div class="module', 1)[0]
         assert title in panel and "<svg" in panel and "wechat" in panel, panel[:500]
+
+
+def test_count_charts_label_their_axis_with_whole_numbers():
+    """A count chart's y labels are integers however small the counts (not 0, 0.25, 0.5 for one message);
+    a chart of measurements keeps its fractions."""
+    import re
+
+    from console.charts import Series, _whole_max, bar_chart
+
+    def y_labels(svg: str) -> list[str]:
+        return re.findall(r'text-anchor="end"[^>]*>([^<]*)</text>', svg)
+
+    assert [_whole_max(v) for v in (0, 1, 3, 4, 5, 7, 8, 9, 19, 21, 199, 201, 1_999)] == [
+        4, 4, 4, 4, 8, 8, 8, 20, 20, 40, 200, 400, 2_000,
+    ]  # fmt: skip
+    for peak in (1, 3, 6, 13, 37, 950, 12_345):
+        svg = bar_chart(title="t", categories=["a", "b"], series=[Series("qq", [peak, 0])], counts=True)
+        labels = y_labels(svg)
+        assert len(labels) == 5 and all(re.fullmatch(r"[\d,]+", label) for label in labels), (peak, labels)
+        assert int(labels[-1].replace(",", "")) >= peak
+    assert "0.25" in y_labels(bar_chart(title="t", categories=["a"], series=[Series("p50", [0.9])]))
