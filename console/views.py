@@ -230,10 +230,16 @@ def home(request: HttpRequest) -> HttpResponse:
 
 
 def console_login(request: HttpRequest) -> HttpResponse:
-    """The admin's login, landing on `/` (so on the dashboard) unless it was sent elsewhere (`next`)."""
-    if REDIRECT_FIELD_NAME not in request.GET and REDIRECT_FIELD_NAME not in request.POST:
+    """The admin's login, landing on `/` (so on the dashboard) unless it was sent to a page of its own
+    (`next`). The admin's index is no such page: it is where the printed "operator console" address
+    (/admin/) sends a visitor to log in, and it lands on the dashboard too."""
+    sent_to = request.POST.get(REDIRECT_FIELD_NAME, request.GET.get(REDIRECT_FIELD_NAME))
+    if sent_to in (None, "", reverse("admin:index")):
         request.GET = request.GET.copy()
         request.GET[REDIRECT_FIELD_NAME] = reverse("home")
+        if REDIRECT_FIELD_NAME in request.POST:
+            request.POST = request.POST.copy()
+            request.POST[REDIRECT_FIELD_NAME] = reverse("home")
     return admin.site.login(request)
 
 

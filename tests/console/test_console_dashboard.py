@@ -147,6 +147,23 @@ def test_console_pages_are_for_operators_only(db):
     assert "/admin/config/" not in index  # viewing is not editing
 
 
+def test_the_login_lands_on_the_dashboard_from_the_printed_address_and_elsewhere_where_it_was_sent(operator):
+    """The printed "operator console" address is /admin/: its login lands on the dashboard, as a login
+    with no destination does; a login sent from another page goes back there."""
+    client = Client()
+    to_login = client.get("/admin/")["Location"]
+    assert to_login == "/admin/login/?next=/admin/"
+    form = client.get(to_login).content.decode()
+    assert 'name="next" value="/"' in form  # the form itself carries the dashboard's way
+    for sent_to, lands in (("/admin/", "/"), ("", "/"), ("/admin/chat/message/", "/admin/chat/message/")):
+        client = Client()
+        response = client.post(
+            f"/admin/login/?next={sent_to}", {"username": "op", "password": "pw-123456", "next": sent_to}
+        )
+        assert response.status_code == 302 and response["Location"] == lands, (sent_to, response)
+    assert client.get("/")["Location"] == "/admin/console/"
+
+
 def test_percentile_is_nearest_rank():
     assert percentile([], 50) is None
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0
