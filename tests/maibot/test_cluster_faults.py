@@ -360,8 +360,8 @@ def test_haproxy_config_is_valid():
 async def test_two_servers_and_two_clusters_under_mixed_load_lose_and_double_nothing(
     deployment, clusters, make_session
 ):
-    """A bounded soak (the hour-long one is bench/scaleout.py --soak): two adapters (one per server, by
-    the balancer's leastconn), inbound messages, scheduled messages due throughout, proactive sends and
+    """A bounded soak (the hour-long one is bench/scaleout.py --soak): two adapters (one per server),
+    inbound messages, scheduled messages due throughout, proactive sends and
     HTTP requests through the balancer, all at once for a few seconds. Nothing lost, and nothing doubled
     that the rows do not record as handed over again."""
     import aiohttp
@@ -370,21 +370,24 @@ async def test_two_servers_and_two_clusters_under_mixed_load_lose_and_double_not
 
     clusters("m1", "m2")
     platforms = ["qq-mixed-a", "qq-mixed-b"]
-    adapters = []
-    for platform in platforms:
-        adapters.append(await NapCatStandIn(deployment.base, platform=platform).start())
+
+    async def holder(platform: str) -> int:
+        async def held() -> int:
+            try:
+                return deployment.holder(platform) + 1
+            except AssertionError:
+                return 0
+
+        return await wait_for_async(held, what=f"the server holding {platform}") - 1
+
+    # The first adapter through the balancer; the second straight to the other server (leastconn alone
+    # may put both on one: it counts a connection of an earlier scenario still closing, as ci13 saw).
+    adapters = [await NapCatStandIn(deployment.base, platform=platforms[0]).start()]
     try:
-
-        async def holder(platform: str) -> int:
-            async def held() -> int:
-                try:
-                    return deployment.holder(platform) + 1
-                except AssertionError:
-                    return 0
-
-            return await wait_for_async(held, what=f"the server holding {platform}") - 1
-
-        assert {await holder(p) for p in platforms} == {0, 1}, "leastconn put both adapters on one server"
+        other = 1 - await holder(platforms[0])
+        direct = f"http://127.0.0.1:{deployment.ports[other]}"
+        adapters.append(await NapCatStandIn(direct, platform=platforms[1]).start())
+        assert await holder(platforms[1]) == other
         sessions = {p: [await db(make_session, platform=p) for _ in range(10)] for p in platforms}
         seconds, scheduled_each, sent_each, inbound_each = 5, 100, 40, 50
         start = timezone.now() + timedelta(seconds=1)
