@@ -1,11 +1,16 @@
-"""The single file, end to end: `make dist` builds dist/maibot.pyz once per session; copied alone into an
-empty folder and run with the system python3 (not the project's venv), it creates ./maibot-data, shows the
-set-up page (headless Chromium set to Chinese: operator, model with the test button, nickname, adapter
-token), a real maim_message adapter gets the bot's reply and, from the cluster's dispatcher, the message the
-bot scheduled; SIGTERM stops everything; started again after a migration was
-rolled back and the stamp made older, it keeps the data and migrates, and the operator (in Chinese) finds
-the conversation, the scheduled message and the model's spend; on a data dir newer than itself (by
-the stamp, or by a migration it does not have) it refuses to start, naming why."""
+"""The single file, end to end, as the issue's new operator meets it: `make dist` builds dist/maibot.pyz
+once per session; copied alone into an empty folder and run with the system python3 (not the project's
+venv) bound to every address (HOST=0.0.0.0), it creates ./maibot-data and prints the set-up page's
+addresses; opened from another machine (this machine's own non-loopback address: the server sees a
+remote client) in headless Chromium set to Chinese, the set-up (operator, model with the test button,
+nickname, the adapter on this machine without a token) shows the snippet for the NapCat adapter; the
+adapter (tests.chat.napcat_standin: MaiBot-Napcat-Adapter 0.7 in legacy mode) configured with exactly
+that snippet gets the bot's reply and, from the cluster's dispatcher, the message the bot scheduled; the
+operator, in Chinese, opens the conversation's transcript, the scheduled message and the model's spend
+from the sidebar. SIGTERM stops everything; started again after a migration was rolled back and the
+stamp made older, it keeps the data and migrates, and the operator logs in from the same address; on a
+data dir newer than itself (by the stamp, or by a migration it does not have) it refuses to start,
+naming why."""
 
 from __future__ import annotations
 
@@ -115,9 +120,10 @@ def _answers(url: str) -> int | None:
         return None
 
 
-def _set_up_in_browser(base: str, provider: FakeLLM, code: str) -> str:
+def _set_up_in_browser(base: str, provider: FakeLLM, code: str) -> tuple[str, str]:
     """Fill in the set-up page, in a browser set to Chinese, with the printed one-time code, test the
-    model; returns what the test button showed."""
+    model, keep the adapter on this machine without a token (the default); returns what the test button
+    showed and the adapter snippet the page showed."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
@@ -127,7 +133,7 @@ def _set_up_in_browser(base: str, provider: FakeLLM, code: str) -> str:
         page.goto(f"{base}/admin/")
         page.wait_for_url(f"{base}/setup/")  # the first page is the set-up page
         assert page.inner_text("h1") == "设置麦麦"
-        page.fill("#id_code", code)  # asked for on loopback too
+        page.fill("#id_code", code)
         page.fill("#id_username", OPERATOR)
         page.fill("#id_password", PASSWORD)
         page.fill("#id_password2", PASSWORD)
@@ -135,8 +141,8 @@ def _set_up_in_browser(base: str, provider: FakeLLM, code: str) -> str:
         page.fill("#id_llm_api_key", "sk-test")
         page.fill("#id_llm_model", "fake-1")
         page.fill("#id_nickname", "PyzBot")
-        page.check("#id_adapter_mode_1")  # with a token
-        page.fill("#id_adapter_token", TOKEN)
+        assert page.is_checked("#id_adapter_mode_0")  # the adapter on this machine, without a token
+        snippet = page.inner_text("#snippet-local")
         page.click("#model-test")
         page.wait_for_selector("#model-test-result.warning")  # the fake answered without the tool call
         tested = page.inner_text("#model-test-result")
@@ -145,41 +151,60 @@ def _set_up_in_browser(base: str, provider: FakeLLM, code: str) -> str:
         assert OPERATOR.upper() in page.inner_text("#user-tools").upper()  # logged in as the new operator
         assert "仪表盘" in page.inner_text("#nav-sidebar")
         browser.close()
-    return tested
+    return tested, snippet
 
 
-async def _adapter_gets_reply_and_scheduled_message(base: str) -> list[dict]:
-    """The bot's reply at once, then the message it scheduled, delivered by the cluster's dispatcher."""
-    from tests.chat.gateway_helpers import Adapter06, envelope
+async def _adapter_gets_reply_and_scheduled_message(snippet: str) -> list[str]:
+    """The NapCat adapter configured with `snippet` (its config.toml's [maibot_server], legacy mode: it
+    dials ws://host:port/ws, as MaiBot-Napcat-Adapter 0.7's mmc_com_layer does) passes a QQ user's
+    message on; what its NapCat delivered: the bot's reply at once, then the message the bot scheduled,
+    delivered by the cluster's dispatcher."""
+    import tomllib
 
-    client = await Adapter06(base, token=TOKEN).start(timeout=30)
+    from tests.chat.gateway_helpers import envelope
+    from tests.chat.napcat_standin import NapCatStandIn
+    from tests.conftest import wait_for_async
+
+    server = tomllib.loads(snippet)["maibot_server"]
+    adapter = await NapCatStandIn(f"http://{server['host']}:{server['port']}").start(timeout=30)
     try:
-        await client.send(envelope(text="hello pyz, remind me in a moment", user_id=4242))
-        return [await client.next_message(timeout=60), await client.next_message(timeout=60)]
+        frame = envelope(text="hello pyz, remind me in a moment", user_id=4242)
+        assert await adapter.router.clients["qq"].send_message(frame)
+
+        async def both() -> bool:
+            texts = adapter.napcat.texts()
+            return any("pong from the file" in t for t in texts) and any("scheduled from the file" in t for t in texts)
+
+        await wait_for_async(both, timeout=90, what="the reply and the scheduled message at NapCat")
+        return adapter.napcat.texts()
     finally:
-        await client.stop()
+        await adapter.stop()
 
 
-def _login_sees_reply(base: str) -> None:
-    """The operator, in Chinese, finds the conversation, the message the bot scheduled and the spend."""
+def _console_shows_the_chat(base: str) -> None:
+    """The operator, in Chinese, logs in and finds from the sidebar the conversation's transcript, the
+    message the bot scheduled and the model's spend."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=require_chromium(), args=CHROMIUM_ARGS, headless=True)
         page = browser.new_context(locale="zh-CN").new_page()
         page.set_default_timeout(30_000)
-        page.goto(f"{base}/admin/chat/message/")
+        page.goto(f"{base}/admin/")  # the printed "operator console" address
         page.wait_for_url(f"{base}/admin/login/**")  # no set-up page any more: the normal login
         page.fill("#id_username", OPERATOR)
         page.fill("#id_password", PASSWORD)
         page.click("input[type=submit]")
-        page.wait_for_url(f"{base}/admin/chat/message/")
-        assert "pong from the file" in page.content()
-        page.click("#console-scheduled a")  # the sidebar's Scheduled
-        assert "scheduled from the file" in page.content()
-        page.click("#console-dashboard a")
+        page.wait_for_url(f"{base}/admin/console/")  # lands on the dashboard
         usage = page.inner_text("#llm-usage")
         assert "LLM 用量" in usage and "fake-1" in usage, usage
+        page.click("#console-chats a")  # the sidebar's Chats
+        page.click("a.transcript-link")
+        page.wait_for_url(f"{base}/admin/chats/*/")
+        bubbles = page.locator(".bubble .text").all_inner_texts()
+        assert bubbles[0] == "hello pyz, remind me in a moment" and "pong from the file" in bubbles, bubbles
+        page.click("#console-scheduled a")  # the sidebar's Scheduled
+        assert "scheduled from the file" in page.content()
         browser.close()
 
 
@@ -216,7 +241,9 @@ def test_the_single_file_sets_up_in_the_browser_replies_stops_upgrades_and_refus
     base = f"http://127.0.0.1:{port}"
     with FakeLLM() as provider:
         # As in many Dockerfiles: the file still keeps its bytecode (compiled once, into its extraction).
-        run = Run(python, folder, port=port, shiv_root=shiv_root, name="first", PYTHONDONTWRITEBYTECODE="1")
+        run = Run(
+            python, folder, port=port, shiv_root=shiv_root, name="first", PYTHONDONTWRITEBYTECODE="1", HOST="0.0.0.0"
+        )
         try:
             run.wait_for_output("one-time code:")
             first_start = run.output()
@@ -229,7 +256,13 @@ def test_the_single_file_sets_up_in_the_browser_replies_stops_upgrades_and_refus
             assert sorted(p.name for p in folder.iterdir()) == ["maibot-data", "maibot.pyz"]
 
             code = re.search(r"one-time code: (\S+)", run.output()).group(1)
-            tested = _set_up_in_browser(base, provider, code)
+            # Bound to every address, it prints each address a browser can open, never 0.0.0.0; the operator
+            # opens one that is not loopback, as from another machine.
+            pages = re.findall(r"set-up page: +(\S+)", run.output())
+            assert pages[0] == f"{base}/setup/" and "0.0.0.0" not in run.output(), run.output()
+            remote = next((u.removesuffix("/setup/") for u in pages if "127.0.0.1" not in u), None)
+            assert remote, f"this machine has no address but loopback (the walkthrough needs one): {pages}"
+            tested, snippet = _set_up_in_browser(remote, provider, code)
             # The outcome only, never the model's words (the fake answers "ok" without the tool call).
             assert tested.startswith("警告：模型在") and "没有调用提供的工具" in tested, tested
             assert not (data / "setup-code").exists()
@@ -246,9 +279,9 @@ def test_the_single_file_sets_up_in_the_browser_replies_stops_upgrades_and_refus
                 ),
                 provider.tool_call("reply", {"text": "pong from the file"}),
             )
-            reply, scheduled = asyncio.run(_adapter_gets_reply_and_scheduled_message(base))
-            assert "pong from the file" in json.dumps(reply, ensure_ascii=False), reply
-            assert "scheduled from the file" in json.dumps(scheduled, ensure_ascii=False), scheduled
+            assert snippet == f'[maibot_server]\nhost = "127.0.0.1"\nport = {port}', snippet
+            delivered = asyncio.run(_adapter_gets_reply_and_scheduled_message(snippet))
+            assert len(delivered) == 2, delivered  # the reply and the scheduled message, once each
             # daphne, the cluster, its workers, monitor and pusher
             assert wait_for(lambda: len(descendants(run.popen.pid)) >= 5, timeout=60), descendants(run.popen.pid)
             started = descendants(run.popen.pid)
@@ -269,7 +302,7 @@ def test_the_single_file_sets_up_in_the_browser_replies_stops_upgrades_and_refus
         )
         assert rollback.returncode == 0, rollback.stdout + rollback.stderr
         (data / "maibot-version.json").write_text(json.dumps({"version": "0.0.1"}))
-        again = Run(python, folder, port=port, shiv_root=shiv_root, name="upgrade")
+        again = Run(python, folder, port=port, shiv_root=shiv_root, name="upgrade", HOST="0.0.0.0")
         try:
             again.wait_for_output("operator console:")
             assert "unpacking" not in again.output(), "the extraction was not reused"
@@ -277,7 +310,7 @@ def test_the_single_file_sets_up_in_the_browser_replies_stops_upgrades_and_refus
             assert "migrated 100 %" in again.output(), again.output()
             assert wait_for(lambda: _answers(f"{base}/healthz") == 200, timeout=90), again.output()
             assert "one-time code" not in again.output()
-            _login_sees_reply(base)
+            _console_shows_the_chat(remote)  # the address the set-up was opened at is still answered
         finally:
             assert again.stop() == 0, again.output()
         assert json.loads((data / "maibot-version.json").read_text())["version"] == __version__
