@@ -4,10 +4,12 @@ import asyncio
 import os
 import sys
 
-from django.core.asgi import get_asgi_application
-
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "maibot.settings")
-django_asgi_app = get_asgi_application()
+
+from maibot.http_handler import get_pooled_asgi_application
+
+# Django's HTTP side: each request's middleware and view in one hop on a pool of threads.
+django_asgi_app = get_pooled_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import URLRouter  # noqa: E402

@@ -257,6 +257,12 @@ def _positive(name: str, default: float, kind: type[int] | type[float]) -> float
     return number
 
 
+# Threads of the ASGI process serving HTTP requests, each with its own database connection
+# (maibot.http_handler).
+HTTP_THREADS = int(_positive("MAIBOT_HTTP_THREADS", 4, int))
+if HTTP_THREADS > 64:
+    raise ImproperlyConfigured(f"MAIBOT_HTTP_THREADS: at most 64, got {HTTP_THREADS}")
+
 # Axes' backend first: it refuses a locked-out login before the password is checked.
 AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
 # This many failures from one address, or for one username, lock logging in for MAIBOT_LOGIN_LOCKOUT_MINUTES.

@@ -1,0 +1,59 @@
+"""Django's HTTP side under the ASGI server: each request's whole middleware chain and view run in one
+hop, on a bounded pool of threads, each with its own database connection.
+
+Django's own ASGIHandler runs the chain in async mode: every MiddlewareMixin middleware (security,
+sessions, locale, CSRF, auth, messages, ...) is one `sync_to_async` hop for its request half and one for
+its response half, and the sync view another: about 19 thread hand-offs per request, each to asgiref's
+one thread-sensitive thread, so every view of the process (API, MCP tokens, admin, console) and every
+chat runtime's database work waited in one line. Here the chain is built as under WSGI (sync) and a
+request is one call on the pool, as a WSGI server's worker thread would make it.
+
+Invariants:
+- A request's middleware and view run in one thread, start to end (thread-local state such as the
+  active language, time zone and urlconf is the request's own, as under WSGI).
+- A pool thread's connection is checked before and closed after each request as `request_started` /
+  `request_finished` would in that thread (CONN_MAX_AGE applies; a broken connection never poisons the
+  thread's next request). Code in a view that awaits async code (`async_to_sync`) runs it on the
+  server's event loop, as before.
+- What happens after the view (sending the body, `response.close()` and its `request_finished`) is
+  Django's ASGIHandler unchanged.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import django
+from django.conf import settings
+from django.core.handlers.asgi import ASGIHandler
+from django.http import FileResponse, HttpRequest, HttpResponseBase
+
+from core.aio import db
+
+
+class PooledASGIHandler(ASGIHandler):
+    """ASGIHandler whose middleware chain is sync and runs, with the view, in one hop on `pool`."""
+
+    def __init__(self, threads: int) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="http")
+        super().__init__()
+        self._respond = db(self.get_response, executor=self.pool, fresh=True)
+
+    def load_middleware(self, is_async: bool = False) -> None:
+        """The chain as a WSGI handler builds it: sync middleware around the sync `_get_response`."""
+        super().load_middleware(is_async=False)
+
+    async def run_get_response(self, request: HttpRequest) -> HttpResponseBase:
+        response = await self._respond(request)
+        response._handler_class = self.__class__
+        if isinstance(response, FileResponse):  # the ASGI server chunks it: larger blocks, as Django's own
+            response.block_size = self.chunk_size
+        return response
+
+
+def get_pooled_asgi_application() -> PooledASGIHandler:
+    """Django set up, and its HTTP handler on a pool of settings.HTTP_THREADS (MAIBOT_HTTP_THREADS) threads.
+    SQLite in WAL mode lets them read at once and write one after another (IMMEDIATE transactions, busy
+    timeout); PostgreSQL serves them in parallel."""
+    django.setup(set_prefix=False)
+    return PooledASGIHandler(settings.HTTP_THREADS)

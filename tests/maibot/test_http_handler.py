@@ -1,0 +1,132 @@
+"""maibot.http_handler: a request's middleware and view run in one thread of the HTTP pool (not the event
+loop's, not asgiref's one thread-sensitive thread), requests run side by side up to the pool's size, and a
+pool thread's database connection is closed after each request (CONN_MAX_AGE=0). Through the real
+PooledASGIHandler, called as an ASGI server calls it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.db import connection
+from django.http import HttpResponse, JsonResponse
+from django.urls import path
+
+from maibot.http_handler import PooledASGIHandler
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+seen: list[dict] = []
+together = threading.Barrier(3, timeout=10)
+
+
+def where(request):
+    seen.append({"thread": threading.current_thread().name, "middleware_thread": request.middleware_thread})
+    with connection.cursor() as cursor:  # the thread's own connection, opened for this request
+        cursor.execute("SELECT 1")
+    return JsonResponse({"thread": threading.current_thread().name})
+
+
+def wait_for_the_others(request):
+    together.wait()  # three requests at once, or a BrokenBarrierError after 10 s
+    return HttpResponse("together")
+
+
+def raises(request):
+    raise RuntimeError("a view that fails")
+
+
+urlpatterns = [path("where", where), path("together", wait_for_the_others), path("raises", raises)]
+
+
+def note_thread(get_response):
+    def middleware(request):
+        request.middleware_thread = threading.current_thread().name
+        return get_response(request)
+
+    return middleware
+
+
+@pytest.fixture
+def handler(settings):
+    settings.ROOT_URLCONF = __name__
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, f"{__name__}.note_thread"]
+    seen.clear()
+    together.reset()
+    app = PooledASGIHandler(threads=3)
+    yield app
+    app.pool.shutdown(wait=True)
+
+
+async def get(app, url: str) -> tuple[int, bytes]:
+    """One GET through the handler, as daphne calls an ASGI application."""
+    sent: list[dict] = []
+    received = 0
+
+    async def receive() -> dict:
+        nonlocal received
+        received += 1
+        if received == 1:
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await asyncio.Event().wait()  # the client stays connected
+        raise AssertionError("unreachable")
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+        "path": url, "raw_path": url.encode(), "query_string": b"", "root_path": "",
+        "headers": [(b"host", b"127.0.0.1")], "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8733),
+    }  # fmt: skip
+    await app(scope, receive, send)
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return sent[0]["status"], body
+
+
+async def test_middleware_and_view_run_in_one_pool_thread_never_the_loops_or_the_shared_db_thread(handler):
+    loop_thread = threading.current_thread().name
+    shared_db_thread = await sync_to_async(lambda: threading.current_thread().name, thread_sensitive=True)()
+    for _ in range(5):
+        status, _body = await get(handler, "/where")
+        assert status == 200
+    assert len(seen) == 5
+    for one in seen:
+        assert one["thread"] == one["middleware_thread"], one  # one hop: the chain and the view together
+        assert one["thread"].startswith("http") and one["thread"] not in (loop_thread, shared_db_thread), one
+
+
+async def test_requests_run_side_by_side_up_to_the_pools_size(handler):
+    answers = await asyncio.gather(*(get(handler, "/together") for _ in range(3)))
+    assert answers == [(200, b"together")] * 3  # each waited for the other two: all three at once
+
+
+async def test_a_pool_threads_connection_is_closed_after_each_request(handler):
+    await get(handler, "/where")
+    open_after = [handler.pool.submit(lambda: connection.connection is not None).result() for _ in range(6)]
+    assert open_after == [False] * 6
+
+
+async def test_a_failing_view_is_a_500_and_the_thread_serves_the_next_request(handler):
+    status, _body = await get(handler, "/raises")
+    assert status == 500
+    assert (await get(handler, "/where"))[0] == 200
+
+
+@pytest.mark.parametrize("value", ["0", "65", "many", "2.5"])
+def test_a_bad_pool_size_stops_start_up_naming_it(value):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, subprocess_env
+
+    result = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        env={**subprocess_env(), "DJANGO_SETTINGS_MODULE": "maibot.settings", "MAIBOT_HTTP_THREADS": value},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0 and "MAIBOT_HTTP_THREADS" in result.stderr, result.stderr[-500:]
