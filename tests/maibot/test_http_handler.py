@@ -1,7 +1,8 @@
 """maibot.http_handler: a request's middleware and view run in one thread of the HTTP pool (not the event
 loop's, not asgiref's one thread-sensitive thread), requests run side by side up to the pool's size, and a
-pool thread's database connection is closed after each request (CONN_MAX_AGE=0). Through the real
-PooledASGIHandler, called as an ASGI server calls it."""
+pool thread keeps its database connection for the next request until it is too old, and one the database
+ended (PostgreSQL) is replaced before a request uses it. Through the real PooledASGIHandler, called as an
+ASGI server calls it."""
 
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ together = threading.Barrier(3, timeout=10)
 
 def where(request):
     seen.append({"thread": threading.current_thread().name, "middleware_thread": request.middleware_thread})
-    with connection.cursor() as cursor:  # the thread's own connection, opened for this request
+    with connection.cursor() as cursor:  # the thread's own connection
         cursor.execute("SELECT 1")
-    return JsonResponse({"thread": threading.current_thread().name})
+    pid = connection.connection.info.backend_pid if connection.vendor == "postgresql" else None
+    return JsonResponse({"thread": threading.current_thread().name, "pid": pid})
 
 
 def wait_for_the_others(request):
@@ -38,7 +40,11 @@ def raises(request):
     raise RuntimeError("a view that fails")
 
 
-urlpatterns = [path("where", where), path("together", wait_for_the_others), path("raises", raises)]
+urlpatterns = [
+    path("where", where),
+    path("together", wait_for_the_others),
+    path("raises", raises),
+]
 
 
 def note_thread(get_response):
@@ -50,14 +56,26 @@ def note_thread(get_response):
 
 
 @pytest.fixture
-def handler(settings):
+def make_handler(settings):
     settings.ROOT_URLCONF = __name__
     settings.MIDDLEWARE = [*settings.MIDDLEWARE, f"{__name__}.note_thread"]
     seen.clear()
     together.reset()
-    app = PooledASGIHandler(threads=3)
-    yield app
-    app.pool.shutdown(wait=True)
+    made = []
+
+    def make(threads: int) -> PooledASGIHandler:
+        made.append(PooledASGIHandler(threads=threads))
+        return made[-1]
+
+    yield make
+    for app in made:
+        app.pool.submit(lambda: connection.close()).result()  # each thread's own (threads=1 where it matters)
+        app.pool.shutdown(wait=True)
+
+
+@pytest.fixture
+def handler(make_handler):
+    return make_handler(3)
 
 
 async def get(app, url: str) -> tuple[int, bytes]:
@@ -103,10 +121,46 @@ async def test_requests_run_side_by_side_up_to_the_pools_size(handler):
     assert answers == [(200, b"together")] * 3  # each waited for the other two: all three at once
 
 
-async def test_a_pool_threads_connection_is_closed_after_each_request(handler):
-    await get(handler, "/where")
-    open_after = [handler.pool.submit(lambda: connection.connection is not None).result() for _ in range(6)]
-    assert open_after == [False] * 6
+async def test_a_pool_thread_keeps_its_connection_until_it_is_too_old(make_handler, monkeypatch):
+    from django.db.backends.signals import connection_created
+
+    from maibot import http_handler
+
+    opened: list[str] = []
+
+    def count(sender, connection, **kwargs) -> None:
+        opened.append(threading.current_thread().name)
+
+    connection_created.connect(count)
+    try:
+        app = make_handler(1)
+        for _ in range(3):
+            assert (await get(app, "/where"))[0] == 200
+        assert len(opened) == 1 and opened[0].startswith("http")  # opened once, kept
+        app.pool.submit(lambda: connection.close()).result()
+        monkeypatch.setattr(http_handler, "POOL_CONNECTION_SECONDS", 0.0)
+        for _ in range(3):
+            assert (await get(app, "/where"))[0] == 200
+        assert len(opened) == 4  # too old at once: one per request
+    finally:
+        connection_created.disconnect(count)
+
+
+async def test_a_connection_the_database_killed_is_replaced_before_the_request_uses_it(make_handler):
+    import json
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite's connections are files: no server ends them")
+    app = make_handler(1)
+    pid = json.loads((await get(app, "/where"))[1])["pid"]
+
+    def kill() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+    await sync_to_async(kill)()
+    status, body = await get(app, "/where")  # as after a database restart: no error for this request
+    assert status == 200 and json.loads(body)["pid"] != pid
 
 
 async def test_a_failing_view_is_a_500_and_the_thread_serves_the_next_request(handler):
