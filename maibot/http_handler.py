@@ -3,19 +3,18 @@ hop, on a bounded pool of threads, each with its own database connection.
 
 Django's own ASGIHandler runs the chain in async mode: every MiddlewareMixin middleware (security,
 sessions, locale, CSRF, auth, messages, ...) is one `sync_to_async` hop for its request half and one for
-its response half, and the sync view another: about 19 thread hand-offs per request, each to asgiref's
-one thread-sensitive thread, so every view of the process (API, MCP tokens, admin, console) and every
-chat runtime's database work waited in one line. Here the chain is built as under WSGI (sync) and a
-request is one call on the pool, as a WSGI server's worker thread would make it.
+its response half, and the sync view another: about 19 thread hand-offs per request, to a thread asgiref
+starts for that request (ThreadSensitiveContext) and joins at its end, with a new database connection
+each time. Here the chain is built as under WSGI (sync) and a request is one call on a pool of threads
+that live on, as a WSGI server's worker thread would make it.
 
 Invariants:
 - A request's middleware and view run in one thread, start to end (thread-local state such as the
   active language, time zone and urlconf is the request's own, as under WSGI).
 - A pool thread keeps its database connection from one request to the next, for at most
-  POOL_CONNECTION_SECONDS (opening one, with SQLite's WAL pragma, was a third of a `/healthz`'s CPU).
-  Before and after each request it is dropped as Django's `request_started` / `request_finished` would
-  drop it (errors that left it unusable, autocommit left off, too old), never with a transaction open;
-  and it is health-checked at its first use in a request (CONN_HEALTH_CHECKS, one `SELECT 1` on
+  POOL_CONNECTION_SECONDS. Before and after each request it is dropped as Django's `request_started` /
+  `request_finished` would drop it (errors that left it unusable, autocommit left off: a transaction
+  left open, too old); and it is health-checked at its first use in a request (CONN_HEALTH_CHECKS, one `SELECT 1` on
   PostgreSQL; nothing on SQLite), so a database restart costs no request an error. Other threads keep
   the project's CONN_MAX_AGE (0: a connection per request).
 - Code in a view that awaits async code (`async_to_sync`) runs it on the server's event loop, as
