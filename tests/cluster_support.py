@@ -242,18 +242,31 @@ def _freeze(pid: int) -> None:
     assert wait_for(lambda: _all_threads_stopped(pid), timeout=10, interval=0.001), "SIGSTOP did not stop it"
 
 
-def kill_while_claimed(platform: str, pid: int, timeout: float = 30) -> tuple[str, float, list[int]]:
+def kill_while_claimed(
+    platform: str, pid: int, timeout: float = 30, *, held_until=None
+) -> tuple[str, float, list[int]]:
     """SIGKILL `pid` (the server holding `platform`'s adapter) while it holds a claim of that platform's
     outbound rows: the database is polled without pause, as a claim lasts only as long as its hand-over,
     from a thread raised above the load. Seen a claim, the process is frozen (SIGSTOP, until every thread
     has stopped) and the rows it still holds are read: none (the hand-over finished between the poll and
     the freeze) and it is let go on to its next claim; some, and it is killed frozen, so that it holds
-    exactly those. Returns (the claimer's instance, the kill's wall-clock time, the rows it left
-    claimed); the caller reaps the process."""
+    exactly those. `held_until`: the process is frozen first until that holds (e.g. the whole burst
+    written and waiting), then let go with the poller already running, so that it takes the burst in one
+    long hand-over rather than in pieces a poll may miss. Returns (the claimer's instance, the kill's
+    wall-clock time, the rows it left claimed); the caller reaps the process."""
     from chat.models import Message
 
     claimed = Message.objects.filter(session__platform=platform, delivery_status="sending")
+    if held_until is not None:
+        _freeze(pid)
+        try:
+            assert wait_for(held_until, timeout=timeout, interval=0.05), f"not ready to let {pid} go in {timeout}s"
+        except BaseException:
+            os.kill(pid, signal.SIGCONT)
+            raise
     with _above_the_load():
+        if held_until is not None:
+            os.kill(pid, signal.SIGCONT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             claimer = claimed.values_list("delivery_claimed_by", flat=True).first()
