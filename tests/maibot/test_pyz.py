@@ -204,7 +204,8 @@ def _console_shows_the_chat(base: str) -> None:
         bubbles = page.locator(".bubble .text").all_inner_texts()
         assert bubbles[0] == "hello pyz, remind me in a moment" and "pong from the file" in bubbles, bubbles
         page.click("#console-scheduled a")  # the sidebar's Scheduled
-        assert "scheduled from the file" in page.content()
+        page.wait_for_url(f"{base}/admin/scheduling/scheduledmessage/")
+        page.wait_for_selector("#result_list >> text=scheduled from the file")  # the list, once it has loaded
         browser.close()
 
 
