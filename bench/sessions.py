@@ -15,6 +15,8 @@ It prints, for the server process (read from /proc):
 - reply latency at the client, from just before its send to the reply's arrival: p50, p99, max
   against the target chat.debounce_seconds + 1 s;
 - the runtimes alive, as the operator console's dashboard shows them (a logged-in GET of /admin/console/);
+- an operator's admin pages while the sessions come (the chat sessions' list and the dashboard, each
+  fetched in turn by a logged-in client, one after another): p50 / p99 / max (target p99 <= 200 ms);
 - the server's garbage collections while the sessions came (a gc.callbacks probe, bench.common.GC_PROBE):
   the young ones' count and time, and each full (generation 2) collection's pause, during which the
   event loop, and every reply in flight, waits.
@@ -34,6 +36,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -96,6 +99,23 @@ def runtimes_alive(base: str, cookie: str) -> int:
     if not found:
         raise RuntimeError("the dashboard shows no runtime count")
     return int(found.group(1))
+
+
+ADMIN_PAGES = ("/admin/chat/chatsession/", "/admin/console/")
+
+
+def admin_pages_meanwhile(base: str, cookie: str, stop: threading.Event) -> dict[str, list[float]]:
+    """Each of ADMIN_PAGES fetched in turn, one after another, until `stop`: milliseconds per page."""
+    times: dict[str, list[float]] = {page: [] for page in ADMIN_PAGES}
+    while not stop.is_set():
+        for page in ADMIN_PAGES:
+            request = urllib.request.Request(f"{base}{page}", headers={"Cookie": cookie})
+            t0 = time.perf_counter()
+            with urllib.request.urlopen(request, timeout=120) as response:
+                response.read()
+                assert response.status == 200, (page, response.status)
+            times[page].append((time.perf_counter() - t0) * 1000)
+    return times
 
 
 def idle_cpu(pid: int, seconds: float) -> float:
@@ -178,7 +198,11 @@ async def run(args, base: str, pid: int, cookie: str, debounce: float, gc_log: P
 
     cpu0 = cpu_seconds(pid)
     first_sent = time.time()
+    stop_pages = threading.Event()
+    pages = asyncio.create_task(asyncio.to_thread(admin_pages_meanwhile, base, cookie, stop_pages))
     offered = await wave(1, args.sessions, args.rate)
+    stop_pages.set()
+    page_times = await pages
     last_reply = first_sent + max(sent_at[str(u)] - first_sent + latency[str(u)] for u in range(1, args.sessions + 1))
     busy_cpu = cpu_seconds(pid) - cpu0
     lat = [latency[str(u)] * 1000 for u in range(1, args.sessions + 1)]
@@ -195,6 +219,12 @@ async def run(args, base: str, pid: int, cookie: str, debounce: float, gc_log: P
         f"max {max(lat):.0f} ms; target <= debounce {debounce:g} s + 1 s = {target:.0f} ms: "
         f"{'met' if slow == 0 else f'NOT met ({slow} replies slower)'}"
     )
+    for page, ms in page_times.items():
+        print(
+            f"admin:    {page} while the sessions came: {len(ms)} fetched, p50 {pct(ms, 0.5):.0f} ms, "
+            f"p99 {pct(ms, 0.99):.0f} ms, max {max(ms):.0f} ms; target p99 <= 200 ms: "
+            f"{'met' if pct(ms, 0.99) <= 200 else 'NOT met'}"
+        )
     # Does a reply get slower as more runtimes are alive? Latency by arrival order, in fifths.
     fifth = max(1, len(lat) // 5)
     slices = [lat[i : i + fifth] for i in range(0, fifth * 5, fifth)]
