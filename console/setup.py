@@ -8,6 +8,7 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django import forms
 from django.conf import settings
@@ -56,6 +57,15 @@ def _client(request: HttpRequest) -> str | None:
     return request.META.get("REMOTE_ADDR") or None
 
 
+# The bot's fixed texts exist in these (bot.language; any BCP 47 tag can be written in the config).
+BOT_LANGUAGES = [("zh", "中文"), ("en", "English")]
+# Offered as the operator types (any IANA name is accepted).
+COMMON_TIME_ZONES = [
+    "Asia/Shanghai", "Asia/Hong_Kong", "Asia/Taipei", "Asia/Singapore", "Asia/Tokyo", "Asia/Seoul",
+    "Europe/London", "Europe/Berlin", "America/New_York", "America/Los_Angeles", "Australia/Sydney", "UTC",
+]  # fmt: skip
+
+
 class SetupForm(forms.Form):
     # First: a wrong code is counted before anything else is looked at.
     code = forms.CharField(max_length=64, label=_("One-time code (printed in the console)"))
@@ -69,6 +79,18 @@ class SetupForm(forms.Form):
     llm_model = forms.CharField(required=False, max_length=256, label=_("Model name (empty: offline mode)"))
     nickname = forms.CharField(max_length=64, label=_("Bot nickname"))
     persona = forms.CharField(max_length=8000, widget=forms.Textarea(attrs={"rows": 3}), label=_("Persona"))
+    # Empty (an older form): the config's own values stay.
+    language = forms.ChoiceField(required=False, choices=BOT_LANGUAGES, label=_("The bot speaks"))
+    time_zone = forms.CharField(
+        required=False,
+        max_length=64,
+        widget=forms.TextInput(attrs={"list": "time-zones", "autocomplete": "off"}),
+        label=_("The bot's time zone"),
+        help_text=_(
+            "An IANA name such as Asia/Shanghai: the times the bot and this console show, and what a "
+            '"tomorrow at 8" means.'
+        ),
+    )
     adapter_mode = forms.ChoiceField(
         required=False,
         choices=ADAPTER_MODES,
@@ -81,6 +103,9 @@ class SetupForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.client = client
         self.locked_for = 0  # seconds, when the attempt was refused by the lock-out
+        current = get_config().bot.language  # one written in the config stays a choice
+        if current not in dict(BOT_LANGUAGES):
+            self.fields["language"].choices = [*BOT_LANGUAGES, (current, current)]
 
     def clean_code(self) -> str:
         code = self.cleaned_data.get("code", "")
@@ -97,6 +122,18 @@ class SetupForm(forms.Form):
         if get_user_model().objects.filter(username=name).exists():
             raise ValidationError(_("A user with this name exists already."))
         return name
+
+    def clean_time_zone(self) -> str:
+        zone = self.cleaned_data.get("time_zone", "").strip()
+        if zone:
+            try:
+                ZoneInfo(zone)
+            except (ZoneInfoNotFoundError, ValueError):
+                raise ValidationError(
+                    _("“%(zone)s” is no time zone this machine knows; write one such as Asia/Shanghai."),
+                    params={"zone": zone},
+                ) from None
+        return zone
 
     def clean_adapter_token(self) -> str:
         token = self.cleaned_data["adapter_token"].strip()
@@ -129,6 +166,7 @@ def _bot_config(data: dict):
     """The current config with the set-up's values, validated (ConfigError/ValidationError name the key)."""
     values = get_config().model_dump()
     values["bot"].update(nickname=data["nickname"], persona=data["persona"])
+    values["bot"].update({key: data[key] for key in ("language", "time_zone") if data.get(key)})
     values["llm"].update(base_url=data.get("llm_base_url") or "", model=data.get("llm_model") or "")
     return BotConfig.model_validate(values)
 
@@ -177,13 +215,15 @@ def setup_view(request: HttpRequest) -> HttpResponse:
             initial={
                 "nickname": cfg.bot.nickname,
                 "persona": cfg.bot.persona,
+                "language": cfg.bot.language,
+                "time_zone": cfg.tzinfo.key,
                 "llm_base_url": cfg.llm.base_url,
                 "llm_model": cfg.llm.model,
                 "adapter_mode": LOCAL,
                 "adapter_token": secrets.token_urlsafe(24),
             },
         )
-    context = {"form": form, **adapter_snippets(request, form)}
+    context = {"form": form, "time_zones": COMMON_TIME_ZONES, **adapter_snippets(request, form)}
     return TemplateResponse(request, "setup/setup.html", context, status=status)
 
 

@@ -3,7 +3,8 @@ once per session; copied alone into an empty folder and run with the system pyth
 venv) bound to every address (HOST=0.0.0.0), it creates ./maibot-data and prints the set-up page's
 addresses; opened from another machine (this machine's own non-loopback address: the server sees a
 remote client) in headless Chromium set to Chinese, the set-up (operator, model with the test button,
-nickname, the adapter on this machine without a token) shows the snippet for the NapCat adapter; the
+nickname, the bot's language and time zone, the adapter on this machine without a token) shows the
+snippet for the NapCat adapter; the
 adapter (tests.chat.napcat_standin: MaiBot-Napcat-Adapter 0.7 in legacy mode) configured with exactly
 that snippet gets the bot's reply and, from the cluster's dispatcher, the message the bot scheduled; the
 operator, in Chinese, opens the conversation's transcript, the scheduled message and the model's spend
@@ -141,6 +142,9 @@ def _set_up_in_browser(base: str, provider: FakeLLM, code: str) -> tuple[str, st
         page.fill("#id_llm_api_key", "sk-test")
         page.fill("#id_llm_model", "fake-1")
         page.fill("#id_nickname", "PyzBot")
+        # The bot's language and time zone are asked, offered as the defaults (Chinese, Asia/Shanghai).
+        assert page.input_value("#id_language") == "zh" and page.input_value("#id_time_zone") == "Asia/Shanghai"
+        page.fill("#id_time_zone", "Asia/Hong_Kong")
         assert page.is_checked("#id_adapter_mode_0")  # the adapter on this machine, without a token
         snippet = page.inner_text("#snippet-local")
         page.click("#model-test")
@@ -269,6 +273,7 @@ def test_the_single_file_sets_up_in_the_browser_replies_stops_upgrades_and_refus
             assert not (data / "setup-code").exists()
             assert (data / "deployment.env").stat().st_mode & 0o077 == 0
             assert 'nickname = "PyzBot"' in (data / "bot_config.toml").read_text()
+            assert 'time_zone = "Asia/Hong_Kong"' in (data / "bot_config.toml").read_text()
 
             # The set-up's key reaches every process by the data dir's deployment.env, which each reads as it
             # changes: nothing is restarted for it.

@@ -156,6 +156,28 @@ def test_finishing_set_up_creates_the_operator_saves_the_settings_and_closes_the
     assert client.get("/setup/").url == "/admin/"
 
 
+def test_set_up_asks_for_the_bots_language_and_time_zone_and_saves_them(pending, client, data_dir):
+    page = client.get("/setup/", HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
+    assert "机器人使用的语言" in page and "机器人的时区" in page
+    assert 'value="Asia/Shanghai"' in page and '<option value="zh" selected>中文</option>' in page
+    assert '<datalist id="time-zones">' in page
+    done = client.post("/setup/", {**FORM, "code": pending, "language": "en", "time_zone": "Europe/Berlin"}, **FAR)
+    assert done.url == "/"
+    text = (data_dir / "bot_config.toml").read_text()
+    assert 'language = "en"' in text and 'time_zone = "Europe/Berlin"' in text
+    assert get_config().tzinfo.key == "Europe/Berlin" and get_config().bot.language == "en"
+
+
+def test_an_unknown_time_zone_is_refused_naming_it_and_nothing_is_made(pending, client, data_dir):
+    before = (data_dir / "bot_config.toml").read_text() if (data_dir / "bot_config.toml").exists() else None
+    for zone in ("Mars/Olympus_Mons", "../../etc/passwd", "北京"):
+        page = client.post("/setup/", {**FORM, "code": pending, "time_zone": zone}, **FAR)
+        assert page.status_code == 200 and "is no time zone this machine knows" in page.content.decode(), zone
+    assert not get_user_model().objects.exists() and setup.setup_pending()
+    after = (data_dir / "bot_config.toml").read_text() if (data_dir / "bot_config.toml").exists() else None
+    assert after == before
+
+
 def test_set_up_refuses_bad_input_and_keeps_the_page_open(pending, client):
     bad = {**FORM, "code": pending, "password2": "other", "llm_model": "gpt", "adapter_token": "a,b"}
     page = client.post("/setup/", bad)
