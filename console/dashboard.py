@@ -313,7 +313,7 @@ def llm_charts(usage: dict[str, Any]) -> list:
             counts=True,
         ),
         charts.bar_chart(
-            title=_("LLM cost per day and model"),
+            title=_("LLM cost per day and model, in the currency of the models' prices"),
             categories=labels,
             series=[charts.Series(m, [float(usage["cost"][m][d]) for d in usage["days"]]) for m in models],
             stacked=True,
