@@ -15,19 +15,20 @@ It prints, for the server process (read from /proc):
 - reply latency at the client, from just before its send to the reply's arrival: p50, p99, max
   against the target chat.debounce_seconds + 1 s;
 - the runtimes alive, as the operator console's dashboard shows them (a logged-in GET of /admin/console/);
-- an operator's admin pages while the sessions come (the chat sessions' list and the dashboard, each
-  fetched in turn by a logged-in client, one after another): p50 / p99 / max (target p99 <= 200 ms);
+- an operator's admin pages while the sessions come (the chat sessions' list and the dashboard, fetched
+  in turn by a logged-in client at an operator's pace, one a second): p50 / p99 / max (target p99 <= 200 ms);
 - the server's garbage collections while the sessions came (a gc.callbacks probe, bench.common.GC_PROBE):
   the young ones' count and time, and each full (generation 2) collection's pause, during which the
   event loop, and every reply in flight, waits.
 
-    .venv/bin/python bench/sessions.py [--sessions 10000] [--rate 500] [--debounce 1.0] [--llm]
+    .venv/bin/python bench/sessions.py [--sessions 10000] [--rate 500] [--debounce 1.0] [--llm] [--no-admin-pages]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import logging
 import os
 import platform
@@ -105,16 +106,18 @@ ADMIN_PAGES = ("/admin/chat/chatsession/", "/admin/console/")
 
 
 def admin_pages_meanwhile(base: str, cookie: str, stop: threading.Event) -> dict[str, list[float]]:
-    """Each of ADMIN_PAGES fetched in turn, one after another, until `stop`: milliseconds per page."""
+    """ADMIN_PAGES fetched in turn, one a second (an operator clicking, not a load of its own), until
+    `stop`: milliseconds per page."""
     times: dict[str, list[float]] = {page: [] for page in ADMIN_PAGES}
-    while not stop.is_set():
-        for page in ADMIN_PAGES:
-            request = urllib.request.Request(f"{base}{page}", headers={"Cookie": cookie})
-            t0 = time.perf_counter()
-            with urllib.request.urlopen(request, timeout=120) as response:
-                response.read()
-                assert response.status == 200, (page, response.status)
-            times[page].append((time.perf_counter() - t0) * 1000)
+    pages = itertools.cycle(ADMIN_PAGES)
+    while not stop.wait(1.0):  # the pace being offered, not a wait for a condition
+        page = next(pages)
+        request = urllib.request.Request(f"{base}{page}", headers={"Cookie": cookie})
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(request, timeout=120) as response:
+            response.read()
+            assert response.status == 200, (page, response.status)
+        times[page].append((time.perf_counter() - t0) * 1000)
     return times
 
 
@@ -199,7 +202,9 @@ async def run(args, base: str, pid: int, cookie: str, debounce: float, gc_log: P
     cpu0 = cpu_seconds(pid)
     first_sent = time.time()
     stop_pages = threading.Event()
-    pages = asyncio.create_task(asyncio.to_thread(admin_pages_meanwhile, base, cookie, stop_pages))
+    pages = asyncio.create_task(
+        asyncio.to_thread(admin_pages_meanwhile, base, cookie, stop_pages) if args.admin_pages else asyncio.sleep(0, {})
+    )
     offered = await wave(1, args.sessions, args.rate)
     stop_pages.set()
     page_times = await pages
@@ -271,6 +276,12 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=10.0)
     parser.add_argument("--llm", action="store_true", help="the scripted FakeLLM instead of the offline planner")
     parser.add_argument("--keep", action="store_true", help="keep the temporary data dir")
+    parser.add_argument(
+        "--admin-pages",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="fetch an operator's admin pages while the sessions come (default: yes)",
+    )
     args = parser.parse_args()
 
     llm_proc = None
