@@ -242,44 +242,37 @@ def _freeze(pid: int) -> None:
     assert wait_for(lambda: _all_threads_stopped(pid), timeout=10, interval=0.001), "SIGSTOP did not stop it"
 
 
-def kill_while_claimed(
-    platform: str, pid: int, timeout: float = 30, *, held_until=None
-) -> tuple[str, float, list[int]]:
+def kill_while_claimed(platform: str, pid: int, timeout: float = 30) -> tuple[str, float, list[int]]:
     """SIGKILL `pid` (the server holding `platform`'s adapter) while it holds a claim of that platform's
     outbound rows: the database is polled without pause, as a claim lasts only as long as its hand-over,
-    from a thread raised above the load. Seen a claim, the process is frozen (SIGSTOP, until every thread
-    has stopped) and the rows it still holds are read: none (the hand-over finished between the poll and
-    the freeze) and it is let go on to its next claim; some, and it is killed frozen, so that it holds
-    exactly those. `held_until`: the process is frozen first until that holds (e.g. the whole burst
-    written and waiting), then let go with the poller already running, so that it takes the burst in one
-    long hand-over rather than in pieces a poll may miss. Returns (the claimer's instance, the kill's
-    wall-clock time, the rows it left claimed); the caller reaps the process."""
+    from a thread raised above the load. Seen a claim, the claimer is kept from finishing it: a
+    transaction takes the write lock (SQLite's BEGIN IMMEDIATE; on PostgreSQL the claimed rows, FOR
+    UPDATE), so the server's mark of its hand-over waits, and the rows it still holds are read under it:
+    some, and the process is frozen (SIGSTOP, until every thread has stopped) and killed holding exactly
+    those; none (the hand-over was marked between the poll and the lock), and it is watched for its next
+    claim. A freeze alone came too late under load: a hand-over can end faster than every thread of a
+    busy process stops. Returns (the claimer's instance, the kill's wall-clock time, the rows it left
+    claimed); the caller reaps the process."""
+    from django.db import transaction
+
     from chat.models import Message
 
     claimed = Message.objects.filter(session__platform=platform, delivery_status="sending")
-    if held_until is not None:
-        _freeze(pid)
-        try:
-            assert wait_for(held_until, timeout=timeout, interval=0.05), f"not ready to let {pid} go in {timeout}s"
-        except BaseException:
-            os.kill(pid, signal.SIGCONT)
-            raise
     with _above_the_load():
-        if held_until is not None:
-            os.kill(pid, signal.SIGCONT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             claimer = claimed.values_list("delivery_claimed_by", flat=True).first()
             if not claimer:
                 continue
-            _freeze(pid)
-            left = list(claimed.filter(delivery_claimed_by=claimer).values_list("pk", flat=True))
-            if left:
-                os.kill(pid, signal.SIGKILL)
-                return claimer, time.time(), left
-            os.kill(pid, signal.SIGCONT)
+            with transaction.atomic():
+                held = claimed.filter(delivery_claimed_by=claimer).select_for_update(of=("self",))
+                left = list(held.values_list("pk", flat=True))
+                if left:
+                    _freeze(pid)
+                    os.kill(pid, signal.SIGKILL)
+                    return claimer, time.time(), left
     states = Message.objects.filter(session__platform=platform).values_list("delivery_status", flat=True)
-    raise AssertionError(f"no claim of {platform}'s rows held at a freeze in {timeout}s: {Counter(states)}")
+    raise AssertionError(f"no claim of {platform}'s rows held in {timeout}s: {Counter(states)}")
 
 
 def freeze_tree_when(proc: Proc, ready, timeout: float = 40) -> None:
