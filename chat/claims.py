@@ -39,18 +39,21 @@ The invariants, for every model run on it:
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection, models, transaction
+from django.db import OperationalError, connection, models, transaction
 from django.db.models import F, Q, QuerySet
 from django.db.models.functions import Now
 
 from core.models import ProcessHeartbeat
 from core.process import instance_id
+
+logger = logging.getLogger(__name__)
 
 # What a claim takes: a function choosing the candidates' keys, or the keys.
 Pick = Callable[[], Iterable[Any]] | Collection[Any]
@@ -170,14 +173,30 @@ def expire(spec: ClaimSpec, *, age: str, before: datetime, scope: Q | None = Non
     return _update(rows.filter(scope) if scope is not None else rows, **fields)
 
 
+# PostgreSQL's "deadlock detected": it aborted this transaction to break a cycle of waits.
+DEADLOCK_DETECTED = "40P01"
+DEADLOCK_RETRIES = 3
+
+
 def _update(rows: QuerySet, **fields: Any) -> int:
     """`rows.update(**fields)` with its row locks taken in primary-key order where the database locks rows
     (PostgreSQL): two of the machine's UPDATEs over the same rows (two releasers, a releaser and a
     claimer) then wait for one another, where locking in their scans' orders could deadlock. The row
     conditions are checked again once a lock is had, so each row still goes to one of them. (SQLite
-    writes one transaction at a time.)"""
+    writes one transaction at a time.) Should PostgreSQL still find a cycle of waits and abort this
+    UPDATE, it is run again, as PostgreSQL's manual advises, up to DEADLOCK_RETRIES times: only when it is
+    its own transaction (in a caller's, the whole transaction is lost and the error goes to the caller)."""
     if not connection.features.has_select_for_update:
         return rows.update(**fields)
-    with transaction.atomic(savepoint=False):
-        in_order = rows.order_by("pk").select_for_update(of=("self",)).values("pk")
-        return rows.filter(pk__in=in_order).update(**fields)
+    own_transaction = not connection.in_atomic_block
+    for attempt in range(DEADLOCK_RETRIES + 1):
+        try:
+            with transaction.atomic(savepoint=False):
+                in_order = rows.order_by("pk").select_for_update(of=("self",)).values("pk")
+                return rows.filter(pk__in=in_order).update(**fields)
+        except OperationalError as exc:
+            deadlock = getattr(exc.__cause__, "sqlstate", None) == DEADLOCK_DETECTED
+            if not (deadlock and own_transaction and attempt < DEADLOCK_RETRIES):
+                raise
+            logger.info("claims: PostgreSQL broke a deadlock by aborting an update of %s; running it again", rows.model)
+    raise AssertionError("unreachable")

@@ -33,7 +33,7 @@ from core.process import DEAD_AFTER_BEATS, Heartbeat, instance_id
 from scheduling import dispatcher
 from scheduling.models import ScheduledMessage, ScheduledStatus
 from scheduling.services import SYSTEM, scheduled_message_create
-from tests.conftest import db
+from tests.conftest import db, wait_for
 
 
 def heartbeat_row(instance: str, *, alive_for: float) -> ProcessHeartbeat:
@@ -495,3 +495,61 @@ def test_every_update_of_the_machine_locks_its_rows_in_primary_key_order(make_se
     assert len(machine) >= 5, machine  # the two claims, the take-back, the finish, the expiry
     for sql in machine:
         assert sql.startswith('UPDATE "chat_message"') and "ORDER BY" in sql and "FOR UPDATE OF" in sql, sql
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_update_postgresql_aborts_to_break_a_deadlock_is_run_again(make_session):
+    """Whatever order the machine locks in, another transaction can make a cycle of waits: here one that
+    holds the second of two rows and then asks for the first, which the machine's UPDATE holds while it
+    waits for the second. PostgreSQL aborts one of the two (this UPDATE: its deadlock_timeout is the
+    shorter); the UPDATE runs again, once the other has finished, and takes both rows."""
+    if not connection.features.has_select_for_update:
+        pytest.skip("SQLite writes one transaction at a time: no row locks, no deadlock")
+    from django.db import connections
+
+    session = make_session(platform="qq")
+    messages_send([Outbound(session=session, source_kind="proactive", text=f"m{i}") for i in range(2)])
+    first, second = Message.objects.order_by("pk").values_list("pk", flat=True)
+    connection.ensure_connection()
+    ours = connection.connection.info.backend_pid
+    holds_second, other_done = threading.Event(), threading.Event()
+    failure: list[BaseException] = []
+
+    def other() -> None:
+        try:
+            from django.db import transaction
+
+            with transaction.atomic():
+                with connections["default"].cursor() as cursor:
+                    cursor.execute("SET LOCAL deadlock_timeout = '60s'")  # never the one aborted
+                list(Message.objects.filter(pk=second).select_for_update())
+                holds_second.set()
+
+                def ours_waits() -> bool:
+                    with connections["default"].cursor() as cursor:
+                        cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [ours])
+                        return cursor.fetchone()[0] == "Lock"
+
+                assert wait_for(ours_waits, timeout=20, interval=0.01), "the machine's UPDATE never waited"
+                list(Message.objects.filter(pk=first).select_for_update())  # the cycle: ours holds the first
+        except BaseException as exc:
+            failure.append(exc)
+        finally:
+            connections["default"].close()
+            other_done.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    assert holds_second.wait(20)
+    with connection.cursor() as cursor:
+        cursor.execute("SET deadlock_timeout = '100ms'")
+    try:
+        expired = claims.expire(
+            outbox_rows.CLAIMS, age="created_at", before=timezone.now() + timedelta(seconds=5), delivery_error="x"
+        )
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET deadlock_timeout")
+        thread.join(30)
+    assert not failure, failure
+    assert expired == 2  # both rows, after the other transaction ended
