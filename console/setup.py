@@ -8,7 +8,6 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 from urllib.parse import urlsplit
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django import forms
 from django.conf import settings
@@ -29,6 +28,7 @@ from console.config_editor import read_config_file, toml_with_values
 from core import deployment_env, hosts, reload, setup
 from core.adapter_tokens import DEFAULT_PLATFORM
 from core.config import BotConfig, LLMModel, get_config
+from core.config.sections import known_zone
 
 WRONG_CODE = _("This is not the code printed in the console.")
 # How the QQ adapter is admitted (chat.gateway.auth): without a token from this machine only (the
@@ -125,15 +125,13 @@ class SetupForm(forms.Form):
 
     def clean_time_zone(self) -> str:
         zone = self.cleaned_data.get("time_zone", "").strip()
-        if zone:
-            try:
-                ZoneInfo(zone)
-            except (ZoneInfoNotFoundError, ValueError):
-                raise ValidationError(
-                    _("“%(zone)s” is no time zone this machine knows; write one such as Asia/Shanghai."),
-                    params={"zone": zone},
-                ) from None
-        return zone
+        try:
+            return known_zone(zone)  # the config's own check, here with the field's message
+        except ValueError:
+            raise ValidationError(
+                _("“%(zone)s” is no time zone this machine knows; write one such as Asia/Shanghai."),
+                params={"zone": zone},
+            ) from None
 
     def clean_adapter_token(self) -> str:
         token = self.cleaned_data["adapter_token"].strip()

@@ -22,6 +22,16 @@ from core.config.entries import (
 )
 
 
+def known_zone(value: str) -> str:
+    """`value` if it is empty or an IANA time zone this machine knows; else ValueError naming it."""
+    if value:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown time zone {value!r}") from exc
+    return value
+
+
 class BotSection(Section):
     __doc__ = gettext_noop("""Who the bot is.""")
 
@@ -77,12 +87,7 @@ class BotSection(Section):
     @field_validator("time_zone")
     @classmethod
     def _known_zone(cls, value: str) -> str:
-        if value:
-            try:
-                ZoneInfo(value)
-            except (ZoneInfoNotFoundError, ValueError) as exc:
-                raise ValueError(f"unknown time zone {value!r}") from exc
-        return value
+        return known_zone(value)
 
 
 # Fields of tables of their own ([[llm.models]], [llm.tasks], ...): the config template documents them in a
