@@ -14,9 +14,9 @@ Invariants:
 - A pool thread keeps its database connection from one request to the next, for at most
   POOL_CONNECTION_SECONDS. Before and after each request it is dropped as Django's `request_started` /
   `request_finished` would drop it (errors that left it unusable, autocommit left off: a transaction
-  left open, too old); and it is health-checked at its first use in a request (CONN_HEALTH_CHECKS, one `SELECT 1` on
-  PostgreSQL; nothing on SQLite), so a database restart costs no request an error. Other threads keep
-  the project's CONN_MAX_AGE (0: a connection per request).
+  left open, too old); and it is health-checked at its first use in a request (CONN_HEALTH_CHECKS:
+  one `SELECT 1` on PostgreSQL, nothing on SQLite), so a database restart costs no request an error.
+  Other threads keep the project's CONN_MAX_AGE (0: a connection per request).
 - Code in a view that awaits async code (`async_to_sync`) runs it on the server's event loop, as
   before.
 - What happens after the view (sending the body, `response.close()` and its `request_finished`) is

@@ -11,6 +11,7 @@ import threading
 
 import pytest
 from asgiref.sync import sync_to_async
+from channels.testing import HttpCommunicator
 from django.db import connection
 from django.http import HttpResponse, JsonResponse
 from django.urls import path
@@ -79,29 +80,13 @@ def handler(make_handler):
 
 
 async def get(app, url: str) -> tuple[int, bytes]:
-    """One GET through the handler, as daphne calls an ASGI application."""
-    sent: list[dict] = []
-    received = 0
-
-    async def receive() -> dict:
-        nonlocal received
-        received += 1
-        if received == 1:
-            return {"type": "http.request", "body": b"", "more_body": False}
-        await asyncio.Event().wait()  # the client stays connected
-        raise AssertionError("unreachable")
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
-        "path": url, "raw_path": url.encode(), "query_string": b"", "root_path": "",
-        "headers": [(b"host", b"127.0.0.1")], "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8733),
-    }  # fmt: skip
-    await app(scope, receive, send)
-    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return sent[0]["status"], body
+    """One GET through the handler, as an ASGI server calls it (Channels' HttpCommunicator)."""
+    communicator = HttpCommunicator(app, "GET", url, headers=[(b"host", b"127.0.0.1")])
+    try:
+        response = await communicator.get_response(timeout=30)
+    finally:
+        await communicator.wait()
+    return response["status"], response["body"]
 
 
 async def test_middleware_and_view_run_in_one_pool_thread_never_the_loops_or_the_shared_db_thread(handler):

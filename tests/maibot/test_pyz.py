@@ -1,16 +1,15 @@
-"""The single file, end to end, as the issue's new operator meets it: `make dist` builds dist/maibot.pyz
-once per session; copied alone into an empty folder and run with the system python3 (not the project's
-venv) bound to every address (HOST=0.0.0.0), it creates ./maibot-data and prints the set-up page's
-addresses; opened from another machine (this machine's own non-loopback address: the server sees a
-remote client) in headless Chromium set to Chinese, the set-up (operator, model with the test button,
-nickname, the bot's language and time zone, the adapter on this machine without a token) shows the
-snippet for the NapCat adapter; the
-adapter (tests.chat.napcat_standin: MaiBot-Napcat-Adapter 0.7 in legacy mode) configured with exactly
-that snippet gets the bot's reply and, from the cluster's dispatcher, the message the bot scheduled; the
-operator, in Chinese, opens the conversation's transcript, the scheduled message and the model's spend
-from the sidebar. SIGTERM stops everything; started again after a migration was rolled back and the
-stamp made older, it keeps the data and migrates, and the operator logs in from the same address; on a
-data dir newer than itself (by the stamp, or by a migration it does not have) it refuses to start,
+"""The single file, end to end, as the issue's new operator meets it: `make dist` builds dist/maibot.pyz once
+per session; copied alone into an empty folder and run with the system python3 (not the project's venv)
+bound to every address (HOST=0.0.0.0), it creates ./maibot-data and prints the set-up page's addresses;
+opened from another machine (this machine's own non-loopback address: the server sees a remote client) in
+headless Chromium set to Chinese, the set-up (operator, model with the test button, nickname, the bot's
+language and time zone, the adapter on this machine without a token) shows the snippet for the NapCat
+adapter; the adapter (tests.chat.napcat_standin: MaiBot-Napcat-Adapter 0.7 in legacy mode) configured with
+exactly that snippet gets the bot's reply and, from the cluster's dispatcher, the message the bot
+scheduled; the operator, in Chinese, opens the conversation's transcript, the scheduled message and the
+model's spend from the sidebar. SIGTERM stops everything; started again after a migration was rolled back
+and the stamp made older, it keeps the data and migrates, and the operator logs in from the same address;
+on a data dir newer than itself (by the stamp, or by a migration it does not have) it refuses to start,
 naming why."""
 
 from __future__ import annotations
