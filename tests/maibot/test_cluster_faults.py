@@ -102,6 +102,18 @@ def clusters(tmp_path, transactional_db):
         proc.stop()
 
 
+async def server_holding(deployment: Deployment, platform: str) -> int:
+    """The index of the server holding `platform`'s adapter, once one does."""
+
+    async def held() -> int:
+        try:
+            return deployment.holder(platform) + 1
+        except AssertionError:
+            return 0
+
+    return await wait_for_async(held, what=f"the server holding {platform}") - 1
+
+
 async def all_delivered(ids: list[int], timeout: float = 40) -> None:
     def done():
         return Message.objects.filter(pk__in=ids, delivery_status="delivered").count() == len(ids)
@@ -115,14 +127,7 @@ async def test_adapter_reconnects_through_the_balancer_when_its_server_is_killed
     adapter = await NapCatStandIn(deployment.base, platform=platform).start()
     killed = None
     try:
-
-        async def holding() -> int:
-            try:
-                return deployment.holder(platform) + 1
-            except AssertionError:
-                return 0
-
-        holder = await wait_for_async(holding, what="the server holding the adapter") - 1
+        holder = await server_holding(deployment, platform)
         other = 1 - holder
 
         async def send(texts: list[str]) -> list[int]:
@@ -271,14 +276,7 @@ async def test_a_server_killed_while_handing_a_burst_over_loses_its_claims_withi
     holder = None
     n = 400
     try:
-
-        async def holding() -> int:
-            try:
-                return deployment.holder(platform) + 1
-            except AssertionError:
-                return 0
-
-        holder = await wait_for_async(holding, what="the server holding the adapter") - 1
+        holder = await server_holding(deployment, platform)
         other = 1 - holder
         # A first message proves the connection (the gate) and that the platform echoes.
         warm = await db(message_send, session=sessions[0], source_kind="proactive", text="warm-up")
@@ -361,9 +359,9 @@ async def test_two_servers_and_two_clusters_under_mixed_load_lose_and_double_not
     deployment, clusters, make_session
 ):
     """A bounded soak (the hour-long one is bench/scaleout.py --soak): two adapters (one per server),
-    inbound messages, scheduled messages due throughout, proactive sends and
-    HTTP requests through the balancer, all at once for a few seconds. Nothing lost, and nothing doubled
-    that the rows do not record as handed over again."""
+    inbound messages, scheduled messages due throughout, proactive sends and HTTP requests through the
+    balancer, all at once for a few seconds. Nothing lost, and nothing doubled that the rows do not
+    record as handed over again."""
     import aiohttp
 
     from tests.chat.gateway_helpers import envelope
@@ -371,23 +369,14 @@ async def test_two_servers_and_two_clusters_under_mixed_load_lose_and_double_not
     clusters("m1", "m2")
     platforms = ["qq-mixed-a", "qq-mixed-b"]
 
-    async def holder(platform: str) -> int:
-        async def held() -> int:
-            try:
-                return deployment.holder(platform) + 1
-            except AssertionError:
-                return 0
-
-        return await wait_for_async(held, what=f"the server holding {platform}") - 1
-
     # The first adapter through the balancer; the second straight to the other server (leastconn alone
     # may put both on one: it counts a connection of an earlier scenario still closing, as ci13 saw).
     adapters = [await NapCatStandIn(deployment.base, platform=platforms[0]).start()]
     try:
-        other = 1 - await holder(platforms[0])
+        other = 1 - await server_holding(deployment, platforms[0])
         direct = f"http://127.0.0.1:{deployment.ports[other]}"
         adapters.append(await NapCatStandIn(direct, platform=platforms[1]).start())
-        assert await holder(platforms[1]) == other
+        assert await server_holding(deployment, platforms[1]) == other
         sessions = {p: [await db(make_session, platform=p) for _ in range(10)] for p in platforms}
         seconds, scheduled_each, sent_each, inbound_each = 5, 100, 40, 50
         start = timezone.now() + timedelta(seconds=1)
